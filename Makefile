@@ -1,0 +1,60 @@
+# Everything installs inside the project: .venv/ (Python), node_modules/ (the CDK CLI).
+# `make demo` and `make test` each set everything up on a fresh machine, then run.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+CDK := node_modules/.bin/cdk
+STAMP := $(VENV)/.installed
+DEB_PACKAGES := iproute2 procps
+export PATH := $(CURDIR)/$(BIN):$(CURDIR)/node_modules/.bin:$(PATH)
+export TF_CPP_MIN_LOG_LEVEL := 2
+export CDK_DISABLE_CLI_TELEMETRY := true
+export PIP_DISABLE_PIP_VERSION_CHECK := 1
+CDK_FLAGS := --no-notices --no-version-reporting
+PYTEST := $(BIN)/python -m pytest
+
+.PHONY: setup system-deps test test-fast demo synth bench-synth bench-checkpoint bench-agent clean
+
+setup: system-deps $(STAMP) $(CDK)
+
+system-deps:
+	@scripts/install-system-deps.sh $(DEB_PACKAGES)
+
+$(STAMP): requirements.txt requirements-agent.txt requirements-dev.txt requirements-train.txt pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -r requirements-dev.txt -r requirements-train.txt
+	$(BIN)/python -m pip install -q --no-deps -e .
+	touch $@
+
+$(CDK): package.json package-lock.json
+	npm ci --no-audit --no-fund --loglevel=error
+	touch $@
+
+# TensorFlow and MXNet never share a process: the MXNet tests run in a pytest of their own.
+test: setup
+	$(PYTEST) tests --ignore=tests/mxnet
+	$(PYTEST) tests/mxnet
+
+test-fast: setup
+	$(PYTEST) tests --ignore=tests/mxnet -m "not slow"
+	$(PYTEST) tests/mxnet -m "not slow"
+
+synth: setup
+	$(CDK) synth $(CDK_FLAGS) --quiet
+	@ls -l cdk.out/*.template.json
+
+demo: setup synth
+
+bench-synth: setup
+	$(BIN)/python bench/bench_synth.py
+
+bench-checkpoint: setup
+	$(BIN)/python bench/bench_checkpoint.py
+
+bench-agent: setup
+	$(BIN)/python bench/bench_agent.py
+
+clean:
+	rm -rf cdk.out out .pytest_cache
