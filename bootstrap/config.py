@@ -1,0 +1,414 @@
+"""Load and validate the node config JSON (docs/contracts.md, "Node config JSON").
+
+``load_config(path)`` reads the file the stack's user data writes to ``/etc/spot-training/config.json``
+and returns a frozen :class:`AgentConfig`. Every problem found is collected and reported together in
+one :class:`~bootstrap.errors.ConfigError` (exit 78), each naming the key path (``training.command[0]``),
+the bad value and what is allowed. Validation uses only the standard library and botocore's bundled
+endpoint data (for regions); it never creates an AWS client or makes a network call.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from types import MappingProxyType
+from typing import Any, Mapping
+from urllib.parse import urlparse
+
+from bootstrap.errors import ConfigError
+
+#: The path user data writes the config to on an instance.
+DEFAULT_CONFIG_PATH = Path("/etc/spot-training/config.json")
+
+SCHEMA_VERSION = 1
+STACK_TAG = "spot-training:stack"
+PURPOSE_TAG = "spot-training:purpose"
+DATA_VOLUME_PURPOSE = "data-volume"
+MIGRATION_SNAPSHOT_PURPOSE = "migration-snapshot"
+
+NODE_ROLES = ("single", "scheduler", "server", "worker")
+FRAMEWORKS = ("tensorflow", "mxnet")
+FS_TYPES = ("xfs", "ext4")
+CODE_TYPES = ("asset", "git")
+
+# CloudFormation stack names: a letter, then letters, digits and hyphens, at most 128 characters.
+_STACK_NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9-]{0,127}$")
+# Block device names EC2 accepts for attached EBS data volumes on Linux.
+_DEVICE_NAME_RE = re.compile(r"^/dev/(sd[b-z]|xvd[b-z]{1,2}|sd[b-z][1-9]?)$")
+# POSIX portable user names (useradd's default rule).
+_USER_RE = re.compile(r"^[a-z_][a-z0-9_-]{0,31}\$?$")
+_FS_ID_RE = re.compile(r"^fs-[0-9a-f]{8,40}$")
+_FSAP_ID_RE = re.compile(r"^fsap-[0-9a-f]{8,40}$")
+# Keys outside the sections defined here that other layers may add (the cluster stack's plan
+# settings); kept verbatim in AgentConfig.extensions instead of being rejected.
+EXTENSION_KEYS = ("cluster",)
+
+
+@dataclass(frozen=True)
+class VolumeConfig:
+    """The data volume: found by ``tags`` (both stack tags, never ``Name``), attached as ``device_name``,
+    mounted at ``mount_point`` with file system ``fs_type`` (``xfs`` or ``ext4``); the agent keeps the
+    newest ``keep_snapshots`` (>= 1) migration snapshots."""
+
+    tags: Mapping[str, str]
+    device_name: str
+    mount_point: Path
+    fs_type: str
+    keep_snapshots: int
+
+
+@dataclass(frozen=True)
+class EfsConfig:
+    """An EFS file system shared by the nodes: ``file_system_id`` (``fs-…``), optional
+    ``access_point_id`` (``fsap-…``), mounted at ``mount_point``."""
+
+    file_system_id: str
+    access_point_id: str | None
+    mount_point: Path
+
+
+@dataclass(frozen=True)
+class CodeConfig:
+    """Where the training code comes from: ``type="asset"`` with ``path`` (already unpacked on disk),
+    or ``type="git"`` with ``url`` and a pinned ``ref`` (commit or tag), cloned into
+    ``<volume.mount_point>/workspace``."""
+
+    type: str
+    path: Path | None = None
+    url: str | None = None
+    ref: str | None = None
+
+
+@dataclass(frozen=True)
+class TrainingConfig:
+    """The trainer: ``framework`` (``tensorflow``/``mxnet``), its interpreter ``python`` (absolute path),
+    ``command`` (argv; ``{python}`` is replaced by ``python``), the Unix ``user`` it runs as, and the
+    dataset, checkpoint and log directories (absolute paths) handed over in the environment."""
+
+    framework: str
+    python: Path
+    command: tuple[str, ...]
+    user: str
+    dataset_dir: Path
+    checkpoint_dir: Path
+    log_dir: Path
+    code: CodeConfig
+
+    def argv(self) -> list[str]:
+        """The command with every ``{python}`` placeholder replaced by ``self.python``."""
+        return [part.replace("{python}", str(self.python)) for part in self.command]
+
+
+@dataclass(frozen=True)
+class CleanupConfig:
+    """What to do when training completes: ``cancel_fleet_on_success`` (default True) cancels this
+    instance's spot fleet request with TerminateInstances=True."""
+
+    cancel_fleet_on_success: bool = True
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    """The whole validated node config (docs/contracts.md). ``imds_endpoint`` is ``None`` on AWS
+    (the agent then uses ``AWS_EC2_METADATA_SERVICE_ENDPOINT`` or ``http://169.254.169.254``)."""
+
+    schema_version: int
+    region: str
+    stack_name: str
+    node_role: str
+    volume: VolumeConfig
+    efs: EfsConfig | None
+    training: TrainingConfig
+    cleanup: CleanupConfig
+    imds_endpoint: str | None
+    extensions: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+
+
+def known_regions() -> frozenset[str]:
+    """Every EC2 region in botocore's bundled endpoint data, across all partitions (aws, aws-cn,
+    aws-us-gov, ...). Reads local data only; no network call."""
+    import botocore.session  # botocore ships with boto3, the agent's one dependency
+
+    session = botocore.session.get_session()
+    regions: set[str] = set()
+    for partition in session.get_available_partitions():
+        regions.update(session.get_available_regions("ec2", partition_name=partition))
+    return frozenset(regions)
+
+
+def load_config(path: str | os.PathLike[str]) -> AgentConfig:
+    """Read and validate the config file at ``path``.
+
+    Raises ConfigError (exit 78) when the file is missing or unreadable, is not JSON (with line and
+    column), or fails validation (every problem listed).
+    """
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"config file {str(path)!r} does not exist; pass --config with the path of "
+                          f"the node config JSON (on an instance: {DEFAULT_CONFIG_PATH})") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"config file {str(path)!r} cannot be read: {exc}") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"config file {str(path)!r} is not valid JSON: {exc.msg} at line {exc.lineno} "
+                          f"column {exc.colno}") from None
+    return parse_config(data)
+
+
+def parse_config(data: Any) -> AgentConfig:
+    """Validate an already-decoded config document and build the frozen AgentConfig.
+
+    Raises ConfigError listing every problem: missing or unknown keys, wrong types (``true`` is not
+    an integer), values outside the allowed set (region, framework, node_role, fs_type), relative
+    paths, a volume tag filter that does not scope to this stack.
+    """
+    v = _Validator()
+    root = v.object(data, "")
+    if root is None:
+        raise ConfigError(problems=v.problems)
+    v.keys(root, "", required=("schema_version", "region", "stack_name", "node_role", "volume", "training"),
+           optional=("efs", "cleanup", "imds_endpoint") + EXTENSION_KEYS)
+
+    schema_version = v.integer(root, "schema_version", "", minimum=1)
+    if schema_version is not None and schema_version != SCHEMA_VERSION:
+        v.problem("schema_version", schema_version, f"{SCHEMA_VERSION} (the only version this agent reads)")
+    region = v.string(root, "region", "")
+    if region is not None:
+        regions = known_regions()
+        if region not in regions:
+            v.problem("region", region, "an AWS region known to botocore, e.g. 'us-east-1' "
+                      f"({len(regions)} known)")
+    stack_name = v.string(root, "stack_name", "", pattern=_STACK_NAME_RE,
+                          allowed="a CloudFormation stack name (a letter, then letters, digits, '-')")
+    node_role = v.choice(root, "node_role", "", NODE_ROLES)
+
+    volume = _volume(v, root, stack_name)
+    efs = _efs(v, root)
+    training = _training(v, root)
+    cleanup = _cleanup(v, root)
+    imds_endpoint = None
+    if root.get("imds_endpoint") is not None:
+        imds_endpoint = v.string(root, "imds_endpoint", "")
+        if imds_endpoint is not None:
+            parsed = urlparse(imds_endpoint)
+            if parsed.scheme not in ("http", "https") or not parsed.hostname or parsed.path not in ("", "/"):
+                v.problem("imds_endpoint", imds_endpoint,
+                          "null or an http(s) URL with host and optional port, e.g. 'http://127.0.0.1:1338'")
+                imds_endpoint = None
+            else:
+                imds_endpoint = imds_endpoint.rstrip("/")
+
+    if v.problems:
+        raise ConfigError(problems=v.problems)
+    extensions = {k: root[k] for k in EXTENSION_KEYS if k in root}
+    return AgentConfig(schema_version=schema_version, region=region, stack_name=stack_name,
+                       node_role=node_role, volume=volume, efs=efs, training=training, cleanup=cleanup,
+                       imds_endpoint=imds_endpoint, extensions=MappingProxyType(extensions))
+
+
+def _volume(v: "_Validator", root: Mapping[str, Any], stack_name: str | None) -> VolumeConfig | None:
+    section = v.object(root.get("volume"), "volume") if "volume" in root else None
+    if section is None:
+        return None
+    v.keys(section, "volume", required=("tags", "device_name", "mount_point"),
+           optional=("fs_type", "keep_snapshots"))
+    tags = v.string_map(section, "tags", "volume")
+    if tags is not None:
+        if STACK_TAG not in tags:
+            v.problem("volume.tags", tags, f"a map that includes {STACK_TAG!r} (the stack name)")
+        elif stack_name is not None and tags[STACK_TAG] != stack_name:
+            v.problem(f"volume.tags.{STACK_TAG}", tags[STACK_TAG],
+                      f"the stack name {stack_name!r} (stack_name), so the agent never takes another stack's volume")
+        if tags.get(PURPOSE_TAG) != DATA_VOLUME_PURPOSE:
+            v.problem(f"volume.tags.{PURPOSE_TAG}", tags.get(PURPOSE_TAG), repr(DATA_VOLUME_PURPOSE))
+    device_name = v.string(section, "device_name", "volume", pattern=_DEVICE_NAME_RE,
+                           allowed="an EBS device name such as '/dev/sdf' or '/dev/xvdf'")
+    mount_point = v.abs_path(section, "mount_point", "volume")
+    fs_type = v.choice(section, "fs_type", "volume", FS_TYPES, default="xfs")
+    keep = v.integer(section, "keep_snapshots", "volume", minimum=1, default=2)
+    if None in (tags, device_name, mount_point, fs_type, keep):
+        return None
+    return VolumeConfig(tags=MappingProxyType(dict(tags)), device_name=device_name, mount_point=mount_point,
+                        fs_type=fs_type, keep_snapshots=keep)
+
+
+def _efs(v: "_Validator", root: Mapping[str, Any]) -> EfsConfig | None:
+    if root.get("efs") is None:
+        return None
+    section = v.object(root["efs"], "efs", allowed="null or an object")
+    if section is None:
+        return None
+    v.keys(section, "efs", required=("file_system_id", "mount_point"), optional=("access_point_id",))
+    fs_id = v.string(section, "file_system_id", "efs", pattern=_FS_ID_RE, allowed="an EFS id like 'fs-0123abcd'")
+    ap_id = None
+    if section.get("access_point_id") is not None:
+        ap_id = v.string(section, "access_point_id", "efs", pattern=_FSAP_ID_RE,
+                         allowed="null or an access point id like 'fsap-0123abcd'")
+    mount_point = v.abs_path(section, "mount_point", "efs")
+    if fs_id is None or mount_point is None:
+        return None
+    return EfsConfig(file_system_id=fs_id, access_point_id=ap_id, mount_point=mount_point)
+
+
+def _training(v: "_Validator", root: Mapping[str, Any]) -> TrainingConfig | None:
+    section = v.object(root.get("training"), "training") if "training" in root else None
+    if section is None:
+        return None
+    v.keys(section, "training",
+           required=("framework", "python", "command", "user", "checkpoint_dir", "code"),
+           optional=("dataset_dir", "log_dir"))
+    framework = v.choice(section, "framework", "training", FRAMEWORKS)
+    python = v.abs_path(section, "python", "training")
+    command = None
+    if "command" in section:
+        raw = section["command"]
+        if not isinstance(raw, list) or not raw:
+            v.problem("training.command", raw, "a non-empty list of strings, e.g. ['{python}', 'train.py']")
+        elif not all(isinstance(p, str) and p for p in raw):
+            for i, p in enumerate(raw):
+                if not isinstance(p, str) or not p:
+                    v.problem(f"training.command[{i}]", p, "a non-empty string")
+        else:
+            command = tuple(raw)
+    user = v.string(section, "user", "training", pattern=_USER_RE, allowed="a Unix user name, e.g. 'ubuntu'")
+    dataset_dir = v.abs_path(section, "dataset_dir", "training", default="/dltraining/datasets")
+    checkpoint_dir = v.abs_path(section, "checkpoint_dir", "training")
+    log_dir = v.abs_path(section, "log_dir", "training", default="/dltraining/logs")
+    code = _code(v, section)
+    values = (framework, python, command, user, dataset_dir, checkpoint_dir, log_dir, code)
+    if any(x is None for x in values):
+        return None
+    return TrainingConfig(framework=framework, python=python, command=command, user=user,
+                          dataset_dir=dataset_dir, checkpoint_dir=checkpoint_dir, log_dir=log_dir, code=code)
+
+
+def _code(v: "_Validator", training: Mapping[str, Any]) -> CodeConfig | None:
+    if "code" not in training:
+        return None
+    section = v.object(training["code"], "training.code")
+    if section is None:
+        return None
+    kind = v.choice(section, "type", "training.code", CODE_TYPES)
+    if kind == "asset":
+        v.keys(section, "training.code", required=("type", "path"), optional=())
+        path = v.abs_path(section, "path", "training.code")
+        return CodeConfig(type="asset", path=path) if path is not None else None
+    if kind == "git":
+        v.keys(section, "training.code", required=("type", "url", "ref"), optional=())
+        url = v.string(section, "url", "training.code")
+        ref = v.string(section, "ref", "training.code", pattern=re.compile(r"^[^\s~^:?*\[\\]+$"),
+                       allowed="a pinned commit or tag (no spaces or git revision operators)")
+        if url is None or ref is None:
+            return None
+        return CodeConfig(type="git", url=url, ref=ref)
+    return None
+
+
+def _cleanup(v: "_Validator", root: Mapping[str, Any]) -> CleanupConfig:
+    if root.get("cleanup") is None:
+        return CleanupConfig()
+    section = v.object(root["cleanup"], "cleanup", allowed="null or an object")
+    if section is None:
+        return CleanupConfig()
+    v.keys(section, "cleanup", required=(), optional=("cancel_fleet_on_success",))
+    value = section.get("cancel_fleet_on_success", True)
+    if not isinstance(value, bool):
+        v.problem("cleanup.cancel_fleet_on_success", value, "true or false")
+        value = True
+    return CleanupConfig(cancel_fleet_on_success=value)
+
+
+class _Validator:
+    """Collects problems as '<path>: got <value>; expected <allowed>' lines."""
+
+    _MISSING = object()
+
+    def __init__(self) -> None:
+        self.problems: list[str] = []
+
+    def problem(self, path: str, value: Any, allowed: str) -> None:
+        shown = "missing" if value is self._MISSING else f"got {json.dumps(value, default=str)}"
+        self.problems.append(f"{path or '<root>'}: {shown}; expected {allowed}")
+
+    @staticmethod
+    def _join(parent: str, key: str) -> str:
+        return f"{parent}.{key}" if parent else key
+
+    def object(self, value: Any, path: str, allowed: str = "an object") -> Mapping[str, Any] | None:
+        if not isinstance(value, dict):
+            self.problem(path, value, allowed)
+            return None
+        return value
+
+    def keys(self, section: Mapping[str, Any], path: str, *, required: tuple[str, ...],
+             optional: tuple[str, ...]) -> None:
+        for key in required:
+            if key not in section:
+                self.problem(self._join(path, key), self._MISSING, "a value (required key)")
+        known = set(required) | set(optional)
+        for key in section:
+            if key not in known:
+                self.problem(self._join(path, key), section[key],
+                             f"no such key; allowed keys here: {', '.join(sorted(known))}")
+
+    def _get(self, section: Mapping[str, Any], key: str, default: Any) -> Any:
+        return section.get(key, default)
+
+    def string(self, section: Mapping[str, Any], key: str, parent: str, *, pattern: re.Pattern[str] | None = None,
+               allowed: str = "a non-empty string") -> str | None:
+        if key not in section:
+            return None  # reported by keys()
+        value = section[key]
+        if not isinstance(value, str) or not value or (pattern is not None and not pattern.match(value)):
+            self.problem(self._join(parent, key), value, allowed)
+            return None
+        return value
+
+    def choice(self, section: Mapping[str, Any], key: str, parent: str, choices: tuple[str, ...],
+               default: str | None = None) -> str | None:
+        if key not in section:
+            return default
+        value = section[key]
+        if value not in choices or not isinstance(value, str):
+            self.problem(self._join(parent, key), value, "one of " + ", ".join(repr(c) for c in choices))
+            return None
+        return value
+
+    def integer(self, section: Mapping[str, Any], key: str, parent: str, *, minimum: int,
+                default: int | None = None) -> int | None:
+        if key not in section:
+            return default
+        value = section[key]
+        # bool is a subclass of int: reject true/false explicitly.
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            self.problem(self._join(parent, key), value, f"an integer >= {minimum}")
+            return None
+        return value
+
+    def abs_path(self, section: Mapping[str, Any], key: str, parent: str, default: str | None = None) -> Path | None:
+        value = section.get(key, default)
+        if value is None:
+            return None  # missing required key: reported by keys()
+        if not isinstance(value, str) or not value or not PurePosixPath(value).is_absolute() or "\0" in value:
+            self.problem(self._join(parent, key), value, "an absolute path (starting with '/')")
+            return None
+        if ".." in PurePosixPath(value).parts:
+            self.problem(self._join(parent, key), value, "an absolute path without '..' components")
+            return None
+        return Path(value)
+
+    def string_map(self, section: Mapping[str, Any], key: str, parent: str) -> dict[str, str] | None:
+        if key not in section:
+            return None
+        value = section[key]
+        if not isinstance(value, dict) or not value or not all(
+                isinstance(k, str) and k and isinstance(x, str) for k, x in value.items()):
+            self.problem(self._join(parent, key), value, "a non-empty object of string tag keys to string values")
+            return None
+        return value
