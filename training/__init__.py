@@ -1,0 +1,35 @@
+"""Resumable training on interruptible capacity: used inside the user's training process.
+
+``training.store`` (atomic, verified keep-N checkpoints) and ``training.notice`` (SIGTERM /
+SIGUSR1 / request file, save cadence) are framework-neutral and stdlib only; they are re-exported
+here. The framework adapters import their framework, so import them explicitly:
+``from training.keras_adapter import ...`` (TensorFlow/Keras) or ``from training.mxnet_adapter
+import ...`` (MXNet Gluon). Never import both in one process: MXNet 1.9.1 segfaults after TensorFlow.
+No boto3 or AWS import anywhere in this package (design.md, "Layers").
+"""
+
+from training.notice import REQUEST_FILE_ENV, NoticeHandler, SaveSchedule
+from training.store import (
+    BackgroundSaver,
+    Checkpoint,
+    CheckpointError,
+    CheckpointPathError,
+    CheckpointStore,
+    CorruptCheckpointError,
+    FrameworkMismatchError,
+    ShapeMismatchError,
+)
+
+__all__ = [
+    "BackgroundSaver",
+    "Checkpoint",
+    "CheckpointError",
+    "CheckpointPathError",
+    "CheckpointStore",
+    "CorruptCheckpointError",
+    "FrameworkMismatchError",
+    "NoticeHandler",
+    "REQUEST_FILE_ENV",
+    "SaveSchedule",
+    "ShapeMismatchError",
+]
