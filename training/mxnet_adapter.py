@@ -1,0 +1,404 @@
+"""Resumable MXNet Gluon training: parameters, trainer (optimizer) states, step counter, notices.
+
+MXNet is imported lazily (inside functions), so importing this module costs nothing and never
+pulls MXNet into a process that has TensorFlow (MXNet 1.9.1 segfaults when TensorFlow came first).
+
+A plain Gluon loop becomes resumable with four added lines (docs/training-mxnet.md)::
+
+    ckpt = GluonCheckpointer(net, trainer, every_steps=50, steps_per_epoch=spe)   # + 1
+    for step in ckpt.steps(total_steps):                                          # loop over steps
+        idx = batch_indices(step, batch_size=bs, n=len(x), seed=seed)             # + 1 (data from the step)
+        with autograd.record():
+            loss = loss_fn(net(mx.nd.array(x[idx])), mx.nd.array(y[idx]))
+        loss.backward()
+        trainer.step(bs)
+
+``steps()`` restores the newest valid checkpoint, yields the 0-based global step indices still to
+run, saves on the cadence and on request (SIGUSR1 or the request file), and on SIGTERM finishes the
+current step, saves and exits 0. After the last step it writes the final checkpoint and
+``COMPLETED`` (docs/contracts.md).
+
+What one checkpoint holds (inside the store's ``ckpt-<step>`` directory, see training/store.py):
+
+``model.params.npz``
+    every parameter (BatchNorm running statistics included), keyed by the structural names
+    ``Block.save_parameters`` uses (``features.0.weight``), as numpy arrays of the parameter's dtype.
+``trainer.states``
+    the bytes ``gluon.Trainer.save_states`` writes (the updater's states and the optimizer with its
+    update counts and learning-rate schedule), so ``trainer.load_states(path)`` reads it.
+manifest metadata
+    ``steps_per_epoch`` and the adapter's format version. The step counter is the manifest's ``step``:
+    the number of completed optimizer steps, which is also the data position (training/datasets.py).
+
+Background saving: at the step boundary the state is copied to host memory (``asnumpy()`` for the
+parameters, ``Updater.get_states()`` for the trainer, both on the training thread, so the copy is
+consistent); the copy is written on the :class:`~training.store.BackgroundSaver` thread, which calls
+no MXNet function at all (MXNet's NaiveEngine is not thread-safe, and numpy writes release the GIL).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import numpy as np
+
+from training.datasets import default_checkpoint_dir
+from training.notice import NoticeHandler, SaveSchedule
+from training.store import (
+    BackgroundSaver,
+    Checkpoint,
+    CheckpointError,
+    CheckpointStore,
+    ShapeMismatchError,
+)
+
+__all__ = ["GluonCheckpointer", "GluonState", "PARAMS_FILE", "TRAINER_FILE", "capture_state", "check_shapes",
+           "load_state"]
+
+PARAMS_FILE = "model.params.npz"
+TRAINER_FILE = "trainer.states"
+ADAPTER_FORMAT = 1
+FRAMEWORK = "mxnet"
+
+
+def _mxnet_version() -> str:
+    import mxnet as mx
+
+    return str(mx.__version__)
+
+
+class GluonState:
+    """A host-memory copy of a Gluon model's parameters and trainer states at one step boundary.
+
+    params: ``{structural name: numpy array}``; trainer_states: the bytes of
+    ``Updater.get_states(dump_optimizer=True)`` (what ``Trainer.save_states`` writes).
+    :meth:`write` puts both into a directory using numpy and file I/O only (safe on any thread).
+    """
+
+    def __init__(self, params: dict[str, np.ndarray], trainer_states: bytes) -> None:
+        self.params = params
+        self.trainer_states = trainer_states
+
+    @property
+    def nbytes(self) -> int:
+        """Size of the copy in bytes."""
+        return sum(a.nbytes for a in self.params.values()) + len(self.trainer_states)
+
+    def write(self, directory: Path) -> None:
+        """Write ``model.params.npz`` and ``trainer.states`` into ``directory`` (fsync is the store's job)."""
+        directory = Path(directory)
+        with open(directory / PARAMS_FILE, "wb") as handle:
+            np.savez(handle, **self.params)
+        with open(directory / TRAINER_FILE, "wb") as handle:
+            handle.write(self.trainer_states)
+
+
+def _named_parameters(net) -> dict:
+    # Block._collect_params_with_prefix() is what Block.save_parameters/load_parameters use: names
+    # from the block structure ("features.0.weight"), stable across processes, unlike the global
+    # name-counter prefixes of collect_params() ("resnet0_conv0_weight"). MXNet has no public
+    # accessor for them in 1.9.1.
+    return net._collect_params_with_prefix()
+
+
+def _updater(trainer):
+    """The trainer's single-context updater; raises ValueError when states live in the kvstore."""
+    if not trainer._kv_initialized:  # what Trainer.save_states does first (MXNet 1.9.1)
+        trainer._init_kvstore()
+    if trainer._update_on_kvstore:
+        raise ValueError(
+            "the Gluon Trainer updates on the kvstore (update_on_kvstore=True), where "
+            "Trainer.save_states refuses in distributed mode and states cannot be copied to host "
+            "memory; create it with gluon.Trainer(..., update_on_kvstore=False)"
+        )
+    return trainer._updaters[0]
+
+
+def capture_state(net, trainer) -> GluonState:
+    """Copy ``net``'s parameters and ``trainer``'s states to host memory (call between steps).
+
+    Uses ``asnumpy()`` per parameter (waits for pending MXNet operations on it) and
+    ``Updater.get_states(dump_optimizer=True)``, the serialisation ``Trainer.save_states`` writes.
+
+    Raises:
+        ValueError: the trainer has ``update_on_kvstore=True`` (see :func:`_updater`), or a
+            parameter is not initialized yet.
+    """
+    params = {}
+    for name, param in _named_parameters(net).items():
+        if param._data is None:
+            raise ValueError(
+                f"parameter {name!r} is not initialized (deferred initialization): run one forward "
+                "pass or give the layers their input sizes before saving a checkpoint"
+            )
+        copies = param.list_data()
+        # One context: copy it straight to numpy. Several: _reduce() (what save_parameters
+        # stores) averages them on the CPU first.
+        params[name] = (copies[0] if len(copies) == 1 else param._reduce()).asnumpy()
+    states = _updater(trainer).get_states(dump_optimizer=True)
+    return GluonState(params, states)
+
+
+def check_shapes(net, params: dict[str, np.ndarray], *, path: Path) -> None:
+    """Raise ShapeMismatchError unless ``params`` has exactly ``net``'s parameters with matching shapes.
+
+    A dimension of 0 in the model (unknown before deferred initialization) matches any size.
+    The message names the checkpoint ``path``, each parameter and both shapes.
+    """
+    model = _named_parameters(net)
+    missing = sorted(set(model) - set(params))
+    unexpected = sorted(set(params) - set(model))
+    problems = []
+    for name in sorted(set(model) & set(params)):
+        want = tuple(model[name].shape or ())
+        got = tuple(params[name].shape)
+        if len(want) != len(got) or any(w not in (0, -1, g) for w, g in zip(want, got)):
+            problems.append(f"parameter {name!r}: checkpoint has shape {got}, model has shape {want}")
+    if missing:
+        problems.append(f"model parameter(s) missing from the checkpoint: {missing}")
+    if unexpected:
+        problems.append(f"checkpoint parameter(s) the model does not have: {unexpected}")
+    if problems:
+        raise ShapeMismatchError(
+            f"checkpoint {str(path)!r} does not match the model: " + "; ".join(problems)
+            + ". Build the same model as the run that wrote it, or use another checkpoint directory."
+        )
+
+
+def load_state(net, trainer, path: Path) -> None:
+    """Load a checkpoint directory written by :class:`GluonState` into ``net`` and ``trainer``.
+
+    All shapes are checked before anything is changed (ShapeMismatchError, nothing modified).
+    Trainer states go through the public ``Trainer.load_states``.
+    """
+    import mxnet as mx
+
+    path = Path(path)
+    with np.load(path / PARAMS_FILE, allow_pickle=False) as data:
+        params = {name: data[name] for name in data.files}
+    check_shapes(net, params, path=path)
+    _updater(trainer)  # fails clearly before any change when update_on_kvstore=True
+    for name, param in _named_parameters(net).items():
+        value = params[name]
+        param.set_data(mx.nd.array(value, dtype=value.dtype))
+    trainer.load_states(str(path / TRAINER_FILE))
+
+
+class GluonCheckpointer:
+    """Checkpoint, resume and interruption handling for a Gluon ``net`` trained with ``trainer``.
+
+    Args:
+        net: the ``gluon.Block``; its parameters must be initialized before the first save.
+        trainer: a ``gluon.Trainer`` with ``update_on_kvstore=False`` (the default on one device).
+        directory: checkpoint directory (default ``$SPOT_TRAINING_CHECKPOINT_DIR`` or
+            ``/dltraining/checkpoints``). CheckpointPathError if it is a file.
+        every_steps: save when the completed step count is a multiple of it (default 50; None: off).
+        every_seconds: also save when this many seconds passed since the last save (default None).
+        background: copy to host memory and write on a background thread (default True); False
+            writes synchronously inside :meth:`after_step`.
+        keep: checkpoints kept, >= 2 (default 3).
+        steps_per_epoch: used to record the epoch of each checkpoint (default None: epoch 0).
+        notices: a :class:`~training.notice.NoticeHandler` (default: a new one for SIGTERM,
+            SIGUSR1 and ``$SPOT_TRAINING_CHECKPOINT_REQUEST_FILE``), installed by :meth:`steps`
+            or :meth:`install`.
+        metadata: optional callable returning a JSON-serialisable dict stored in each manifest.
+        logger: default ``logging.getLogger("training.mxnet")``.
+
+    Attributes:
+        step: completed optimizer steps (the data position); set by :meth:`restore`.
+        restored: the checkpoint restored from, or None.
+    """
+
+    def __init__(
+        self,
+        net,
+        trainer,
+        *,
+        directory: str | os.PathLike | None = None,
+        every_steps: int | None = 50,
+        every_seconds: float | None = None,
+        background: bool = True,
+        keep: int = 3,
+        steps_per_epoch: int | None = None,
+        notices: NoticeHandler | None = None,
+        metadata: Callable[[], dict] | None = None,
+        logger: logging.Logger | None = None,
+    ) -> None:
+        if steps_per_epoch is not None and (
+            isinstance(steps_per_epoch, bool) or not isinstance(steps_per_epoch, int) or steps_per_epoch < 1
+        ):
+            raise ValueError(
+                f"steps_per_epoch must be an integer >= 1 or None. Received: steps_per_epoch={steps_per_epoch!r}"
+            )
+        if not isinstance(background, bool):
+            raise ValueError(f"background must be True or False. Received: background={background!r}")
+        self.net = net
+        self.trainer = trainer
+        self.log = logger or logging.getLogger("training.mxnet")
+        self.store = CheckpointStore(
+            directory if directory is not None else default_checkpoint_dir(),
+            framework=FRAMEWORK,
+            framework_version=_mxnet_version(),
+            keep=keep,
+            logger=self.log,
+        )
+        self.schedule = SaveSchedule(every_steps=every_steps, every_seconds=every_seconds)
+        self.background = background
+        self.saver = BackgroundSaver(self.store) if background else None
+        self.steps_per_epoch = steps_per_epoch
+        self.notices = notices if notices is not None else NoticeHandler()
+        self.metadata = metadata
+        self.step = 0
+        self.restored: Checkpoint | None = None
+        self.last_saved_step: int | None = None
+        self.save_seconds: list[float] = []  # time the training thread spent per save (copy or full write)
+
+    # ------------------------------------------------------------------ state
+    @property
+    def directory(self) -> Path:
+        """The checkpoint directory."""
+        return self.store.directory
+
+    def epoch_of(self, step: int) -> int:
+        """Epoch (0-based) that the step after ``step`` completed steps belongs to."""
+        return step // self.steps_per_epoch if self.steps_per_epoch else 0
+
+    def restore(self) -> int:
+        """Load the newest valid checkpoint into the net and trainer; return the completed steps (0 if none).
+
+        Torn or corrupt newer checkpoints are skipped with a warning (the store's fallback).
+
+        Raises:
+            FrameworkMismatchError: the newest checkpoint was written by TensorFlow.
+            ShapeMismatchError: its parameters do not match the model (message names path,
+                parameter and both shapes). Nothing is changed or deleted on either error.
+        """
+        ckpt = self.store.restore(lambda c: load_state(self.net, self.trainer, c.path))
+        self.restored = ckpt
+        self.step = ckpt.step if ckpt is not None else 0
+        self.last_saved_step = ckpt.step if ckpt is not None else None
+        if ckpt is not None:
+            self.log.info("restored %s: step %d, epoch %d", ckpt.path, ckpt.step, ckpt.epoch)
+        return self.step
+
+    def _metadata(self) -> dict:
+        meta: dict[str, Any] = {"adapter": "gluon", "adapter_format": ADAPTER_FORMAT,
+                                "steps_per_epoch": self.steps_per_epoch}
+        if self.metadata is not None:
+            meta["user"] = self.metadata()
+        return meta
+
+    def save(self, *, wait: bool = False) -> Checkpoint | None:
+        """Checkpoint the current state at :attr:`step` (call between steps).
+
+        Background mode copies to host memory and queues the write (returns None unless ``wait``,
+        then the committed checkpoint); synchronous mode writes and returns the checkpoint.
+        A step already saved is not written again.
+        """
+        started = time.perf_counter()
+        if self.last_saved_step == self.step:
+            return self.saver.wait() if (wait and self.saver) else None
+        state = capture_state(self.net, self.trainer)
+        step, epoch = self.step, self.epoch_of(self.step)
+        if self.saver is not None:
+            self.saver.submit(state.write, step=step, epoch=epoch, metadata=self._metadata())
+            ckpt = self.saver.wait() if wait else None
+        else:
+            ckpt = self.store.save(state.write, step=step, epoch=epoch, metadata=self._metadata())
+        self.last_saved_step = step
+        self.schedule.saved()
+        self.save_seconds.append(time.perf_counter() - started)
+        return ckpt
+
+    # ------------------------------------------------------------------ loop
+    def install(self) -> "GluonCheckpointer":
+        """Install the notice handlers (SIGTERM, SIGUSR1); must run on the main thread."""
+        self.notices.install()
+        return self
+
+    def after_step(self, *, exit_on_stop: bool = True) -> bool:
+        """Count one completed step, then save if due, requested, or a stop was requested.
+
+        On a stop request (SIGTERM) the checkpoint is written and waited for, then
+        ``SystemExit(0)`` is raised (exit_on_stop=True, the default) or True is returned.
+        Returns False otherwise.
+        """
+        self.step += 1
+        if self.notices.stop_requested:
+            self.save(wait=True)
+            self.log.info("stop requested (signal %s): checkpoint at step %d written, exiting 0",
+                          self.notices.stop_signal, self.step)
+            self.close()
+            if exit_on_stop:
+                raise SystemExit(0)
+            return True
+        requested = self.notices.consume_checkpoint_request()
+        if requested or self.schedule.due(self.step):
+            if requested:
+                self.log.info("checkpoint requested at step %d", self.step)
+            self.save()
+        return False
+
+    def finish(self) -> Checkpoint:
+        """Write the final checkpoint (waited for), then ``COMPLETED``; returns the checkpoint."""
+        ckpt = self.save(wait=True) if self.saver is not None else (self.save() or self.store.latest())
+        if ckpt is None or ckpt.step != self.step:
+            ckpt = self.store.latest()
+        if ckpt is None or ckpt.step != self.step:
+            raise CheckpointError(
+                f"final checkpoint at step {self.step} is not in {str(self.directory)!r}; not writing COMPLETED"
+            )
+        self.store.mark_complete(step=self.step, epoch=self.epoch_of(self.step))
+        self.log.info("training complete at step %d; wrote %s", self.step, self.directory / "COMPLETED")
+        return ckpt
+
+    def close(self) -> None:
+        """Wait for a pending background write, stop the writer thread and uninstall the handlers."""
+        try:
+            if self.saver is not None:
+                self.saver.close()
+        finally:
+            self.notices.uninstall()
+
+    def steps(self, total_steps: int) -> Iterator[int]:
+        """Yield the 0-based global step indices from the restored step up to ``total_steps - 1``.
+
+        Installs the notice handlers, restores, and after each yielded step calls
+        :meth:`after_step` (saves on cadence/request; on SIGTERM saves and raises SystemExit(0)).
+        After the last step calls :meth:`finish` and :meth:`close`. If ``COMPLETED`` already
+        exists with a checkpoint at ``total_steps`` nothing is yielded.
+
+        Raises:
+            ValueError: ``total_steps`` is not a positive integer.
+        """
+        if isinstance(total_steps, bool) or not isinstance(total_steps, int) or total_steps < 1:
+            raise ValueError(f"total_steps must be an integer >= 1. Received: total_steps={total_steps!r}")
+        self.install()
+        try:
+            start = self.restore()
+            if start > total_steps:
+                raise ValueError(
+                    f"checkpoint {str(self.restored.path)!r} is at step {start}, past total_steps={total_steps}; "
+                    "raise total_steps or use another checkpoint directory"
+                )
+            if self.notices.stop_requested:
+                # Stopped before any step ran: the restored checkpoint (or the untrained start)
+                # is already the state, so there is nothing new to save.
+                self.log.info("stop requested before the first step; exiting 0 at step %d", self.step)
+                raise SystemExit(0)
+            for step in range(start, total_steps):
+                yield step
+                self.after_step()
+            self.finish()
+        finally:
+            self.close()
+
+
+def state_bytes(net, trainer) -> int:
+    """Size in bytes of one host-memory copy of ``net`` and ``trainer`` (what a checkpoint holds)."""
+    return capture_state(net, trainer).nbytes
+
