@@ -240,18 +240,46 @@ class CheckpointStore:
         """
         _check_int("step", step, 0)
         _check_int("epoch", epoch, 0)
-        metadata = dict(metadata or {})
         try:
-            json.dumps(metadata)
+            json.dumps(dict(metadata or {}))
         except (TypeError, ValueError) as err:
             raise ValueError(f"metadata must be JSON-serialisable. Received: metadata={metadata!r} ({err})") from err
-
-        name = f"{CHECKPOINT_PREFIX}{step:012d}"
-        target = self.directory / name
-        tmp = self.directory / f"{TMP_PREFIX}{name}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        tmp.mkdir()
+        tmp = self.begin(step)
         try:
             write(tmp)
+        except BaseException:
+            self.abort(tmp)
+            raise
+        return self.commit(tmp, step=step, epoch=epoch, metadata=metadata)
+
+    def begin(self, step: int) -> Path:
+        """First half of a two-phase save: create and return an empty temporary directory beside the
+        target for ``step``. Fill it, then call :meth:`commit` (or :meth:`abort`). Used when the
+        framework writes asynchronously (``tf.train.CheckpointOptions(experimental_enable_async_checkpoint=True)``)."""
+        _check_int("step", step, 0)
+        tmp = self.directory / f"{TMP_PREFIX}{CHECKPOINT_PREFIX}{step:012d}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        tmp.mkdir()
+        return tmp
+
+    def abort(self, tmp: str | os.PathLike) -> None:
+        """Remove a temporary directory from :meth:`begin` (the committed checkpoints stay)."""
+        shutil.rmtree(tmp, ignore_errors=True)
+
+    def commit(self, tmp: str | os.PathLike, *, step: int, epoch: int, metadata: dict | None = None) -> Checkpoint:
+        """Second half of a two-phase save: fsync and checksum every file in ``tmp``, write the
+        manifest, rename to ``ckpt-<step:012d>``, replace ``LATEST``, prune. See :meth:`save`.
+        On any error ``tmp`` is removed and the previous checkpoints stay as they were."""
+        tmp = Path(tmp)
+        try:
+            _check_int("step", step, 0)
+            _check_int("epoch", epoch, 0)
+            metadata = dict(metadata or {})
+            try:
+                json.dumps(metadata)
+            except (TypeError, ValueError) as err:
+                raise ValueError(f"metadata must be JSON-serialisable. Received: metadata={metadata!r} ({err})") from err
+            name = f"{CHECKPOINT_PREFIX}{step:012d}"
+            target = self.directory / name
             files = {}
             for p in _content_files(tmp):
                 _fsync_file(p)
@@ -487,6 +515,19 @@ class BackgroundSaver:
         self._idle.clear()
         self._queue.put((write, step, epoch, metadata))
 
+    def submit_prepared(self, tmp: Path, finish: Callable[[], None], *, step: int, epoch: int,
+                        metadata: dict | None = None) -> None:
+        """Queue the commit of a two-phase save: the writer thread calls ``finish()`` (e.g. TF's
+        ``Checkpoint.sync()``, which waits for its own asynchronous write into ``tmp``), then
+        :meth:`CheckpointStore.commit`. ``tmp`` comes from :meth:`CheckpointStore.begin`. Call
+        :meth:`wait` before starting the framework's write so that writes never overlap."""
+        if self._closed:
+            raise RuntimeError("BackgroundSaver.submit_prepared() called after close()")
+        self._idle.wait()
+        self._raise_pending()
+        self._idle.clear()
+        self._queue.put((("prepared", Path(tmp), finish), step, epoch, metadata))
+
     def wait(self) -> Checkpoint | None:
         """Block until no write is running; return the last checkpoint written (None if none)."""
         self._idle.wait()
@@ -521,7 +562,16 @@ class BackgroundSaver:
                 return
             write, step, epoch, metadata = item
             try:
-                self._last = self.store.save(write, step=step, epoch=epoch, metadata=metadata)
+                if isinstance(write, tuple):
+                    _kind, tmp, finish = write
+                    try:
+                        finish()
+                    except BaseException:
+                        self.store.abort(tmp)
+                        raise
+                    self._last = self.store.commit(tmp, step=step, epoch=epoch, metadata=metadata)
+                else:
+                    self._last = self.store.save(write, step=step, epoch=epoch, metadata=metadata)
             except BaseException as err:  # handed to the training thread, not swallowed
                 self._error = err
             finally:
