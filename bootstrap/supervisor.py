@@ -1,0 +1,400 @@
+"""Run the training command, restart it after a crash, and decide when training is complete.
+
+The supervisor (docs/contracts.md, "Environment the agent gives the trainer" and "Signals and files"):
+
+1. refuses to do anything unless the data volume is mounted (``is_mounted``, from the storage half),
+   so training never writes checkpoints to the root disk;
+2. gets the training code: the CDK asset already on disk, or ``git clone`` at a pinned ref into
+   ``<volume.mount_point>/workspace`` (idempotent: an existing checkout at that ref is kept);
+3. runs ``training.command`` (``{python}`` -> ``training.python``) in the code directory, as
+   ``training.user`` (privileges dropped when the agent is root; the current user otherwise), in a
+   process group of its own, with ``SPOT_TRAINING_DATA_DIR``, ``_CHECKPOINT_DIR``, ``_LOG_DIR`` and
+   ``_CHECKPOINT_REQUEST_FILE`` in its environment;
+4. restarts it after a crash with bounded, jittered exponential backoff, giving up after
+   ``max_restarts`` consecutive crashes (:class:`TrainerFailedError`, exit 75);
+5. returns :attr:`Outcome.COMPLETED` only when the trainer exited 0, the agent did not stop it, and
+   ``<checkpoint_dir>/COMPLETED`` exists (a node that boots and finds COMPLETED returns it at once).
+
+It implements :class:`bootstrap.interruption.TrainerControl` (``terminate``, ``request_checkpoint``)
+and polls an :class:`~bootstrap.interruption.InterruptionWatcher` while it waits.
+
+Why not systemd or a library for restarts: the restart decision depends on our completion contract
+(exit 0 + COMPLETED + not stopped by us) and on interruption notices, which a generic process manager
+cannot see; subprocess + a process group is all it takes.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import logging
+import os
+import pwd
+import random
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Mapping
+
+from bootstrap.config import AgentConfig
+from bootstrap.errors import AgentError, ConfigError, ExitCode, TemporaryError
+
+if TYPE_CHECKING:
+    from bootstrap.interruption import InterruptionWatcher
+
+log = logging.getLogger(__name__)
+
+COMPLETED_FILE = "COMPLETED"
+CHECKPOINT_REQUEST_FILE = "CHECKPOINT_REQUEST"
+WORKSPACE_DIR = "workspace"
+ENV_DATA_DIR = "SPOT_TRAINING_DATA_DIR"
+ENV_CHECKPOINT_DIR = "SPOT_TRAINING_CHECKPOINT_DIR"
+ENV_LOG_DIR = "SPOT_TRAINING_LOG_DIR"
+ENV_REQUEST_FILE = "SPOT_TRAINING_CHECKPOINT_REQUEST_FILE"
+
+
+_UNSET = object()
+
+
+class Outcome(enum.Enum):
+    """How supervision ended: ``COMPLETED`` (run cleanup), ``INTERRUPTED`` (stopped for a spot
+    notice), ``STOPPED`` (the agent itself was asked to stop)."""
+
+    COMPLETED = "completed"
+    INTERRUPTED = "interrupted"
+    STOPPED = "stopped"
+
+
+class TrainerFailedError(AgentError):
+    """The trainer crashed more than ``max_restarts`` times in a row: exit 75."""
+
+    exit_code = ExitCode.TEMPFAIL
+
+
+class VolumeNotMountedError(AgentError):
+    """The data volume is not mounted: training must not start on the root disk. Exit 75."""
+
+    exit_code = ExitCode.TEMPFAIL
+
+
+class Supervisor:
+    """Runs and restarts the trainer (see the module docstring).
+
+    Args:
+        config: the validated node config.
+        is_mounted: returns True when the data volume is mounted and verified (storage half).
+        max_restarts: consecutive crash restarts allowed before giving up (default 5, >= 0).
+        backoff_base_s, backoff_max_s: the n-th restart waits ``min(max, base * 2**(n-1))`` seconds,
+            scaled by a jitter in [0.5, 1] (defaults 2 s and 60 s).
+        stable_after_s: a run longer than this (seconds, default 600) resets the crash count.
+        stop_timeout_s: how long an agent stop (SIGTERM to the agent) waits for the trainer, seconds
+            (default 90).
+        checkpoint_request: ``"file"`` (create SPOT_TRAINING_CHECKPOINT_REQUEST_FILE, default) or
+            ``"signal"`` (SIGUSR1 to the trainer's group; kills a trainer that does not handle it).
+        run_as_current_user_if_missing: when root and ``training.user`` does not exist, run as root
+            instead of raising ConfigError (local mode only; default False).
+        environ: base environment for the trainer (default ``os.environ``).
+        poll_s: how often the wait loop checks the trainer and ticks the watcher, seconds (0.2).
+        clock, sleep, rng: injectable time sources.
+    """
+
+    def __init__(self, config: AgentConfig, *, is_mounted: Callable[[], bool], max_restarts: int = 5,
+                 backoff_base_s: float = 2.0, backoff_max_s: float = 60.0, stable_after_s: float = 600.0,
+                 stop_timeout_s: float = 90.0, checkpoint_request: str = "file",
+                 run_as_current_user_if_missing: bool = False, environ: Mapping[str, str] | None = None,
+                 poll_s: float = 0.2, clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], None] = time.sleep, rng: Callable[[], float] = random.random) -> None:
+        if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
+            raise ValueError(f"max_restarts must be an integer >= 0, got {max_restarts!r}")
+        if backoff_base_s < 0 or backoff_max_s < backoff_base_s:
+            raise ValueError(f"need 0 <= backoff_base_s <= backoff_max_s, got backoff_base_s={backoff_base_s!r}, "
+                             f"backoff_max_s={backoff_max_s!r}")
+        if checkpoint_request not in ("file", "signal"):
+            raise ValueError(f"checkpoint_request must be 'file' or 'signal', got {checkpoint_request!r}")
+        self.config = config
+        self.training = config.training
+        self.is_mounted = is_mounted
+        self.max_restarts = max_restarts
+        self.backoff_base_s, self.backoff_max_s = backoff_base_s, backoff_max_s
+        self.stable_after_s = stable_after_s
+        self.stop_timeout_s = stop_timeout_s
+        self.checkpoint_request = checkpoint_request
+        self.run_as_current_user_if_missing = run_as_current_user_if_missing
+        self.environ = dict(os.environ if environ is None else environ)
+        self.poll_s = poll_s
+        self._clock, self._sleep, self._rng = clock, sleep, rng
+        self._proc: subprocess.Popen | None = None
+        self._stopped_by_us: str | None = None
+        self._stop_requested = False
+        self._account_cache: object = _UNSET
+        self.restarts = 0
+        self.starts = 0
+        self.last_status: int | None = None
+
+    # ---- paths ------------------------------------------------------------------------------
+    @property
+    def completed_file(self) -> Path:
+        """``<checkpoint_dir>/COMPLETED``."""
+        return self.training.checkpoint_dir / COMPLETED_FILE
+
+    @property
+    def request_file(self) -> Path:
+        """``<checkpoint_dir>/CHECKPOINT_REQUEST`` (SPOT_TRAINING_CHECKPOINT_REQUEST_FILE)."""
+        return self.training.checkpoint_dir / CHECKPOINT_REQUEST_FILE
+
+    def completed(self) -> bool:
+        """True when the trainer has written COMPLETED."""
+        return self.completed_file.is_file()
+
+    # ---- code -------------------------------------------------------------------------------
+    def prepare_code(self) -> Path:
+        """The directory the trainer runs in: the asset path, or the git checkout in
+        ``<mount_point>/workspace`` at the pinned ref. Raises ConfigError when the asset directory is
+        missing or the ref does not exist, TemporaryError when ``git clone``/``fetch`` fails."""
+        code = self.training.code
+        if code.type == "asset":
+            if not code.path.is_dir():
+                raise ConfigError(f"training.code.path: {str(code.path)!r} is not a directory on this node; "
+                                  "expected the unpacked training code asset")
+            return code.path
+        self._require_mounted()
+        dest = self.config.volume.mount_point / WORKSPACE_DIR
+        _git_checkout(code.url, code.ref, dest, env=self._git_env())
+        self._chown_tree(dest)
+        return dest
+
+    def _git_env(self) -> dict[str, str]:
+        env = dict(self.environ)
+        env["GIT_TERMINAL_PROMPT"] = "0"  # never wait for a password on a headless node
+        return env
+
+    # ---- user and environment -----------------------------------------------------------------
+    def _account(self) -> pwd.struct_passwd | None:
+        """The account to drop to, or None to run as the current user (looked up once)."""
+        if self._account_cache is not _UNSET:
+            return self._account_cache  # type: ignore[return-value]
+        self._account_cache = self._lookup_account()
+        return self._account_cache  # type: ignore[return-value]
+
+    def _lookup_account(self) -> pwd.struct_passwd | None:
+        if os.geteuid() != 0:
+            return None
+        try:
+            return pwd.getpwnam(self.training.user)
+        except KeyError:
+            if self.run_as_current_user_if_missing:
+                log.warning("training user does not exist; running the trainer as the current user (local mode)",
+                            extra={"user": self.training.user})
+                return None
+            raise ConfigError(f"training.user: {self.training.user!r} does not exist on this node; expected an "
+                              "existing Unix user (the agent runs as root and will not run training as root)") from None
+
+    def _chown(self, path: Path) -> None:
+        account = self._account()
+        if account is not None:
+            os.chown(path, account.pw_uid, account.pw_gid)
+
+    def _chown_tree(self, root: Path) -> None:
+        account = self._account()
+        if account is None:
+            return
+        for dirpath, dirnames, filenames in os.walk(root):
+            for name in [dirpath, *(os.path.join(dirpath, n) for n in dirnames + filenames)]:
+                os.lchown(name, account.pw_uid, account.pw_gid)
+
+    def trainer_environment(self) -> dict[str, str]:
+        """The trainer's environment: the base environment plus the four SPOT_TRAINING_* variables (and
+        HOME/USER/LOGNAME of the training user when privileges are dropped)."""
+        env = dict(self.environ)
+        env.update({
+            ENV_DATA_DIR: str(self.training.dataset_dir),
+            ENV_CHECKPOINT_DIR: str(self.training.checkpoint_dir),
+            ENV_LOG_DIR: str(self.training.log_dir),
+            ENV_REQUEST_FILE: str(self.request_file),
+            "PYTHONUNBUFFERED": "1",
+        })
+        account = self._account()
+        if account is not None:
+            env.update({"HOME": account.pw_dir, "USER": account.pw_name, "LOGNAME": account.pw_name})
+        return env
+
+    def _prepare_dirs(self) -> None:
+        for directory in (self.training.dataset_dir, self.training.checkpoint_dir, self.training.log_dir):
+            directory.mkdir(parents=True, exist_ok=True)
+            self._chown(directory)
+
+    def _require_mounted(self) -> None:
+        if not self.is_mounted():
+            raise VolumeNotMountedError(
+                f"the data volume is not mounted at {self.config.volume.mount_point}; refusing to start training "
+                "on the root disk (checkpoints there are lost with the instance)")
+
+    # ---- running ----------------------------------------------------------------------------
+    def start(self, workdir: Path) -> subprocess.Popen:
+        """Start one trainer process in its own session/process group; returns the Popen."""
+        self._require_mounted()
+        self._prepare_dirs()
+        argv = self.training.argv()
+        account = self._account()
+        kwargs: dict = {}
+        if account is not None:
+            kwargs = {"user": account.pw_uid, "group": account.pw_gid,
+                      "extra_groups": os.getgrouplist(account.pw_name, account.pw_gid)}
+        try:
+            proc = subprocess.Popen(argv, cwd=workdir, env=self.trainer_environment(), start_new_session=True,
+                                    stdin=subprocess.DEVNULL, **kwargs)
+        except FileNotFoundError as exc:
+            raise ConfigError(f"training.command[0]: {argv[0]!r} cannot be run ({exc.strerror}); expected an "
+                              "executable (training.python for '{python}')") from None
+        self.starts += 1
+        log.info("training started", extra={"pid": proc.pid, "argv": argv, "cwd": str(workdir),
+                                             "user": account.pw_name if account else None, "start": self.starts})
+        self._proc = proc
+        return proc
+
+    def run(self, watcher: "InterruptionWatcher | None" = None) -> Outcome:
+        """Supervise until training completes, is interrupted, or the agent is stopped.
+
+        Raises VolumeNotMountedError (before anything starts, and before each restart),
+        ConfigError (bad code location, unknown user, command not executable), TrainerFailedError
+        (more than ``max_restarts`` consecutive crashes).
+        """
+        self._require_mounted()
+        if self.completed():
+            log.info("training already completed (COMPLETED found); not starting it",
+                     extra={"completed_file": str(self.completed_file)})
+            return Outcome.COMPLETED
+        workdir = self.prepare_code()
+        crashes = 0
+        while True:
+            if self._stop_requested or (watcher is not None and watcher.interrupted is not None):
+                return self._stopped_outcome(watcher)
+            started = self._clock()
+            proc = self.start(workdir)
+            status = self._wait(proc, watcher)
+            self.last_status = status
+            ran_s = self._clock() - started
+            self._proc = None
+            if self._stopped_by_us is not None:
+                log.info("trainer stopped by the agent", extra={"exit_status": status, "reason": self._stopped_by_us})
+                return self._stopped_outcome(watcher)
+            if status == 0 and self.completed():
+                log.info("training completed", extra={"run_s": round(ran_s, 1), "completed_file": str(self.completed_file)})
+                return Outcome.COMPLETED
+            crashes = 1 if ran_s >= self.stable_after_s else crashes + 1
+            why = "exited 0 without writing COMPLETED" if status == 0 else f"exited with status {status}"
+            if crashes > self.max_restarts:
+                raise TrainerFailedError(f"the trainer {why}; it failed {crashes} times in a row, more than "
+                                         f"max_restarts={self.max_restarts}; giving up")
+            delay = min(self.backoff_max_s, self.backoff_base_s * 2 ** (crashes - 1)) * (0.5 + self._rng() / 2)
+            self.restarts += 1
+            log.warning(f"trainer {why}; restarting after backoff", extra={
+                "exit_status": status, "run_s": round(ran_s, 1), "crashes": crashes,
+                "max_restarts": self.max_restarts, "backoff_s": round(delay, 2)})
+            self._backoff(delay, watcher)
+
+    def _stopped_outcome(self, watcher: "InterruptionWatcher | None") -> Outcome:
+        return Outcome.INTERRUPTED if watcher is not None and watcher.interrupted is not None else Outcome.STOPPED
+
+    def _wait(self, proc: subprocess.Popen, watcher: "InterruptionWatcher | None") -> int:
+        while True:
+            try:
+                return proc.wait(timeout=self.poll_s)
+            except subprocess.TimeoutExpired:
+                pass
+            if self._stop_requested and self._stopped_by_us is None:
+                self.terminate(timeout_s=self.stop_timeout_s, reason="agent stop requested")
+            if watcher is not None:
+                watcher.tick()
+
+    def _backoff(self, delay: float, watcher: "InterruptionWatcher | None") -> None:
+        deadline = self._clock() + delay
+        while not self._stop_requested and (watcher is None or watcher.interrupted is None):
+            left = deadline - self._clock()
+            if left <= 0:
+                return
+            self._sleep(min(left, self.poll_s))
+            if watcher is not None:
+                watcher.tick()
+
+    # ---- TrainerControl -----------------------------------------------------------------------
+    def terminate(self, *, timeout_s: float, reason: str) -> int | None:
+        """SIGTERM the trainer's process group and wait up to ``timeout_s`` seconds. Returns its exit
+        status, or None when it is still running or none is running. Never SIGKILLs: checkpoints are
+        atomic, and a trainer still saving at the deadline has the best chance if left alone."""
+        self._stopped_by_us = self._stopped_by_us or reason
+        proc = self._proc
+        if proc is None or proc.poll() is not None:
+            return None if proc is None else proc.returncode
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass  # exited between poll() and killpg()
+        log.info("sent SIGTERM to the trainer's process group", extra={"pgid": proc.pid, "reason": reason,
+                                                                       "timeout_s": round(timeout_s, 1)})
+        try:
+            return proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def request_checkpoint(self) -> bool:
+        """Ask the running trainer for an extra checkpoint (request file or SIGUSR1, per
+        ``checkpoint_request``). False when no trainer is running."""
+        proc = self._proc
+        if proc is None or proc.poll() is not None:
+            return False
+        if self.checkpoint_request == "signal":
+            os.killpg(proc.pid, signal.SIGUSR1)
+            return True
+        tmp = self.request_file.with_name(f".{CHECKPOINT_REQUEST_FILE}.tmp")
+        tmp.write_text(json.dumps({"reason": "rebalance-recommendation", "time": time.time()}))
+        self._chown(tmp)  # the trainer deletes it when it has saved
+        os.replace(tmp, self.request_file)
+        return True
+
+    def request_stop(self) -> None:
+        """Ask for a stop from a signal handler (the agent got SIGTERM): the wait loop sends SIGTERM to
+        the trainer's group and returns :attr:`Outcome.STOPPED`. Only sets a flag."""
+        self._stop_requested = True
+
+
+def _git(args: list[str], *, cwd: Path | None, env: Mapping[str, str]) -> subprocess.CompletedProcess:
+    return subprocess.run(["git", *args], cwd=cwd, env=dict(env), capture_output=True, text=True, timeout=600)
+
+
+def _git_checkout(url: str, ref: str, dest: Path, *, env: Mapping[str, str]) -> None:
+    """Make ``dest`` a checkout of ``url`` at ``ref`` (detached). Idempotent: an existing checkout at
+    that ref is left alone; one at another ref is fetched and switched. A clone goes to a sibling
+    directory first and is renamed into place, so a crash never leaves a half clone at ``dest``."""
+    if shutil.which("git", path=env.get("PATH")) is None:
+        raise ConfigError("training.code.type is 'git' but there is no git executable on this node's PATH")
+    safe = ["-c", f"safe.directory={dest}"]  # the checkout belongs to the training user, git runs as root
+    if (dest / ".git").exists():
+        head = _git([*safe, "rev-parse", "HEAD"], cwd=dest, env=env).stdout.strip()
+        want = _git([*safe, "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}"], cwd=dest, env=env).stdout.strip()
+        if head and head == want:
+            log.info("training code already checked out", extra={"ref": ref, "commit": head, "path": str(dest)})
+            return
+        fetched = _git([*safe, "fetch", "--tags", "--force", "origin"], cwd=dest, env=env)
+        if fetched.returncode != 0:
+            raise TemporaryError(f"git fetch of {url} failed: {fetched.stderr.strip()[-500:]}")
+        target = dest
+    else:
+        partial = dest.with_name(dest.name + ".partial")
+        if partial.exists():
+            shutil.rmtree(partial)  # our own unfinished clone from a crashed run: only code, no data
+        cloned = _git(["clone", "--quiet", "--no-checkout", url, str(partial)], cwd=None, env=env)
+        if cloned.returncode != 0:
+            raise TemporaryError(f"git clone of {url} failed: {cloned.stderr.strip()[-500:]}")
+        target = partial
+    tsafe = ["-c", f"safe.directory={target}"]
+    checked = _git([*tsafe, "checkout", "--quiet", "--detach", "--force", ref], cwd=target, env=env)
+    if checked.returncode != 0:
+        raise ConfigError(f"training.code.ref: {ref!r} cannot be checked out from {url}: "
+                          f"{checked.stderr.strip()[-300:]}; expected an existing commit or tag")
+    if target != dest:
+        os.rename(target, dest)
+    commit = _git([*safe, "rev-parse", "HEAD"], cwd=dest, env=env).stdout.strip()
+    log.info("training code checked out", extra={"url": url, "ref": ref, "commit": commit, "path": str(dest)})
