@@ -70,6 +70,9 @@ class MotoServer:
         port: TCP port (default: a free one chosen by the kernel).
         compat: apply :mod:`localmode.moto_compat` inside the server (default ``True``).
         startup_timeout: seconds to wait for the server to answer HTTP (default 30).
+        load_default_amis: load moto's catalogue of public AMIs into every fresh EC2 backend
+            (default ``False``: it costs seconds after each reset; moto accepts any ``ImageId``
+            since AMI validation is off by default).
 
     Raises:
         MotoServerError: from :meth:`start` when the process exits or does not answer in time.
@@ -83,6 +86,7 @@ class MotoServer:
         port: int | None = None,
         compat: bool = True,
         startup_timeout: float = 30.0,
+        load_default_amis: bool = False,
     ) -> None:
         if host not in ("127.0.0.1", "localhost", "::1"):
             raise ValueError(f"host must be a loopback address (127.0.0.1), got host={host!r}")
@@ -94,6 +98,7 @@ class MotoServer:
         self.port: int | None = None
         self.compat = compat
         self.startup_timeout = startup_timeout
+        self.load_default_amis = load_default_amis
         self.process: subprocess.Popen[bytes] | None = None
 
     # -- paths and addresses ------------------------------------------------------------------
@@ -158,7 +163,8 @@ class MotoServer:
         ]
         if not self.compat:
             command.append("--no-compat")
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
+        env = {**os.environ, "MOTO_EC2_LOAD_DEFAULT_AMIS": "true" if self.load_default_amis else "false",
+               "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
                 command, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,

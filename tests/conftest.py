@@ -4,7 +4,7 @@
   (with :mod:`localmode.moto_compat` applied inside it; its EBS data plane under the session's tmp dir).
 - ``moto_server``: the same server, emptied with moto's reset API before the test, and the
   environment (fake credentials, ``AWS_ENDPOINT_URL``, region us-east-1) pointed at it for the test.
-- ``ec2``: a boto3 EC2 client for that server (standard retry mode).
+- ``ec2``: a boto3 EC2 client for that server (standard retry mode); ``image_id``: an AMI id for it.
 
 Nothing here imports TensorFlow or MXNet.
 """
@@ -20,6 +20,8 @@ from botocore.config import Config
 from localmode.moto_server import MotoServer
 
 REGION = "us-east-1"
+#: Any AMI id works: the server does not load moto's AMI catalogue and moto does not validate ids.
+IMAGE_ID = "ami-0123456789abcdef0"
 
 
 @pytest.fixture(scope="session")
@@ -51,3 +53,9 @@ def ec2(moto_server: MotoServer):
         aws_secret_access_key="testing",
         config=Config(retries={"mode": "standard"}),
     )
+
+
+@pytest.fixture
+def image_id() -> str:
+    """An AMI id to pass to RunInstances on the moto server (not validated by moto)."""
+    return IMAGE_ID

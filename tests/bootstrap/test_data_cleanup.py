@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+
 import importlib.util
 from pathlib import Path
 
 import pytest
+
+IMAGE_ID = "ami-0123456789abcdef0"  # moto does not validate AMI ids
 
 HANDLER_PATH = Path(__file__).resolve().parents[2] / "infra" / "handlers" / "data_cleanup" / "index.py"
 STACK = "SpotTraining"
@@ -40,7 +43,7 @@ def _snapshot(ec2, volume_id: str, stack: str) -> str:
 
 
 def _instance(ec2, az: str = "us-east-1a") -> str:
-    image_id = ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
+    image_id = IMAGE_ID
     return ec2.run_instances(
         ImageId=image_id, MinCount=1, MaxCount=1, InstanceType="t3.micro", Placement={"AvailabilityZone": az}
     )["Instances"][0]["InstanceId"]
