@@ -57,7 +57,7 @@ from training.store import (
 )
 
 __all__ = ["GluonCheckpointer", "GluonState", "PARAMS_FILE", "TRAINER_FILE", "capture_state", "check_shapes",
-           "load_state"]
+           "load_state", "remap_trainer_states", "trainer_order"]
 
 PARAMS_FILE = "model.params.npz"
 TRAINER_FILE = "trainer.states"
@@ -169,7 +169,50 @@ def check_shapes(net, params: dict[str, np.ndarray], *, path: Path) -> None:
         )
 
 
-def load_state(net, trainer, path: Path) -> None:
+def trainer_order(net, trainer) -> list[str]:
+    """Structural names of ``trainer``'s parameters in the trainer's index order.
+
+    ``gluon.Trainer`` keys optimizer states and update counts by the parameter's index in its own
+    list, which it builds by sorting the global names (``conv10_weight`` sorts before
+    ``conv9_weight``) or takes as given; the same model built in another order or process can get
+    another order. Checkpoints record this list so that :func:`remap_trainer_states` can move each
+    state back to its parameter. Parameters that ``net`` does not hold keep their global name.
+    """
+    by_id: dict[int, str] = {}
+    for name, param in _named_parameters(net).items():
+        by_id.setdefault(id(param), name)
+    return [by_id.get(id(param), param.name) for param in trainer._params]
+
+
+def remap_trainer_states(trainer, saved_order: list[str], current_order: list[str], *, path: Path) -> None:
+    """Re-key the loaded updater states and Adam-style per-index update counts from the saved
+    parameter order to the current one (no-op when they are equal).
+
+    Raises:
+        ShapeMismatchError: the two orders do not hold the same parameter names.
+    """
+    if saved_order == current_order:
+        return
+    if sorted(saved_order) != sorted(current_order):
+        raise ShapeMismatchError(
+            f"checkpoint {str(path)!r}: the trainer optimizes other parameters than the one that wrote it "
+            f"(only in checkpoint: {sorted(set(saved_order) - set(current_order))}, only in this trainer: "
+            f"{sorted(set(current_order) - set(saved_order))})"
+        )
+    where = {name: i for i, name in enumerate(current_order)}
+    perm = {old: where[name] for old, name in enumerate(saved_order)}
+    for updater in trainer._updaters:
+        updater.states = {perm.get(k, k): v for k, v in updater.states.items()}
+        updater.states_synced = dict.fromkeys(updater.states, False)
+    optimizer = trainer._optimizer
+    # The optimizer's counts dicts are shared by reference (_index_update_count is one of them): edit in place.
+    for counts in optimizer._all_index_update_counts.values():
+        remapped = {perm.get(k, k): v for k, v in counts.items()}
+        counts.clear()
+        counts.update(remapped)
+
+
+def load_state(net, trainer, path: Path, *, saved_order: list[str] | None = None) -> None:
     """Load a checkpoint directory written by :class:`GluonState` into ``net`` and ``trainer``.
 
     All shapes are checked before anything is changed (ShapeMismatchError, nothing modified).
@@ -186,6 +229,8 @@ def load_state(net, trainer, path: Path) -> None:
         value = params[name]
         param.set_data(mx.nd.array(value, dtype=value.dtype))
     trainer.load_states(str(path / TRAINER_FILE))
+    if saved_order is not None:
+        remap_trainer_states(trainer, saved_order, trainer_order(net, trainer), path=path)
 
 
 class GluonCheckpointer:
@@ -252,6 +297,7 @@ class GluonCheckpointer:
         self.steps_per_epoch = steps_per_epoch
         self.notices = notices if notices is not None else NoticeHandler()
         self.metadata = metadata
+        self._trainer_order = trainer_order(net, trainer)
         self.step = 0
         self.restored: Checkpoint | None = None
         self.last_saved_step: int | None = None
@@ -277,7 +323,8 @@ class GluonCheckpointer:
             ShapeMismatchError: its parameters do not match the model (message names path,
                 parameter and both shapes). Nothing is changed or deleted on either error.
         """
-        ckpt = self.store.restore(lambda c: load_state(self.net, self.trainer, c.path))
+        ckpt = self.store.restore(lambda c: load_state(
+            self.net, self.trainer, c.path, saved_order=c.metadata.get("trainer_params")))
         self.restored = ckpt
         self.step = ckpt.step if ckpt is not None else 0
         self.last_saved_step = ckpt.step if ckpt is not None else None
@@ -287,7 +334,8 @@ class GluonCheckpointer:
 
     def _metadata(self) -> dict:
         meta: dict[str, Any] = {"adapter": "gluon", "adapter_format": ADAPTER_FORMAT,
-                                "steps_per_epoch": self.steps_per_epoch}
+                                "steps_per_epoch": self.steps_per_epoch,
+                                "trainer_params": self._trainer_order}
         if self.metadata is not None:
             meta["user"] = self.metadata()
         return meta
