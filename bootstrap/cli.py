@@ -1,0 +1,264 @@
+"""Command line of the node agent: ``python3 -m bootstrap <command> --config PATH``.
+
+Commands:
+
+- ``run``: the whole boot sequence of a node: IMDS identity -> data volume (find, move, attach,
+  mount) -> EFS if configured -> supervise the trainer while watching for interruption notices ->
+  cancel the fleet when training completed. This is what the systemd unit runs.
+- ``check-config``: validate the config and print a summary; touches nothing.
+- ``attach-volume``: only the data-volume step (prints the mount point).
+- ``supervise``: only the trainer (the volume must already be mounted) with the notice watcher.
+- ``cleanup``: only the fleet cancellation (our stack's fleet only).
+
+``main()`` reads straight through: parse, load and validate the config, set up logging once, act. The
+exit status is an :class:`~bootstrap.errors.ExitCode`: 0 done, 75 try again later, 78 bad config. A
+bad config exits 78 before any AWS client is created or any request made.
+
+Local mode: when ``SPOT_TRAINING_BLOCKDEV_DIR`` is set, volumes are directories under it
+(``bootstrap.blockdev.DirectoryBlockDevices``) instead of Linux block devices, and a training user that
+does not exist falls back to the current user.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from bootstrap.config import DEFAULT_CONFIG_PATH, AgentConfig, load_config
+from bootstrap.errors import AgentError, ConfigError, ExitCode
+from bootstrap.logs import add_file_handler, flush_logs, setup_logging
+
+log = logging.getLogger("bootstrap.cli")
+
+#: Local mode: volumes are directories under this path (bootstrap.blockdev.DirectoryBlockDevices).
+BLOCKDEV_DIR_ENV = "SPOT_TRAINING_BLOCKDEV_DIR"
+# AWS error codes that waiting will not fix: the instance role or the config is wrong.
+_PERMANENT_AWS_ERRORS = frozenset({"UnauthorizedOperation", "AccessDenied", "AccessDeniedException",
+                                   "AuthFailure", "InvalidClientTokenId", "OptInRequired"})
+
+
+@dataclass(frozen=True)
+class Identity:
+    """Who this node is, from IMDS."""
+
+    instance_id: str
+    availability_zone: str
+    region: str
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """Parse the command line (argparse exits 2 on a usage error)."""
+    parser = argparse.ArgumentParser(prog="python3 -m bootstrap", description="Spot training node agent.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    helps = {
+        "run": "find/move/attach/mount the data volume, supervise training, clean up when complete",
+        "check-config": "validate the config and print a summary (touches nothing)",
+        "attach-volume": "only bring the data volume to this instance and mount it",
+        "supervise": "only run and supervise the trainer (volume already mounted)",
+        "cleanup": "only cancel this instance's spot fleet (if it belongs to our stack)",
+    }
+    for name, text in helps.items():
+        cmd = sub.add_parser(name, help=text, description=text)
+        cmd.add_argument("--config", type=Path, default=DEFAULT_CONFIG_PATH,
+                         help=f"node config JSON (default: {DEFAULT_CONFIG_PATH})")
+        cmd.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point; returns the exit status (see the module docstring)."""
+    args = parse_args(argv)
+    setup_logging(level=args.log_level)
+    try:
+        config = load_config(args.config)
+    except ConfigError as exc:
+        return _fail(exc, ExitCode.CONFIG)
+    try:
+        return int(COMMANDS[args.command](config))
+    except AgentError as exc:
+        return _fail(exc, exc.exit_code)
+    except Exception as exc:  # botocore errors: classified, not swallowed (logged with the traceback)
+        code = _aws_exit_code(exc)
+        if code is None:
+            raise
+        return _fail(exc, code)
+    finally:
+        flush_logs()
+
+
+def _fail(exc: BaseException, code: ExitCode) -> int:
+    log.error(str(exc), extra={"error": type(exc).__name__, "exit_code": int(code)})
+    flush_logs()
+    print(f"bootstrap: error: {exc}", file=sys.stderr)
+    return int(code)
+
+
+def _aws_exit_code(exc: BaseException) -> ExitCode | None:
+    """Exit code for a botocore error, or None for anything else (a bug: let it raise)."""
+    try:
+        from botocore.exceptions import BotoCoreError, ClientError
+    except ImportError:  # pragma: no cover - boto3 is the agent's one dependency
+        return None
+    if isinstance(exc, ClientError):
+        code = exc.response.get("Error", {}).get("Code", "")
+        return ExitCode.CONFIG if code in _PERMANENT_AWS_ERRORS else ExitCode.TEMPFAIL
+    if isinstance(exc, BotoCoreError):  # no credentials, endpoint unreachable, waiter timeout
+        return ExitCode.TEMPFAIL
+    return None
+
+
+# ---- the steps ----------------------------------------------------------------------------------
+def _imds(config: AgentConfig):
+    from bootstrap.imds import ENDPOINT_ENV, ImdsClient
+
+    if config.imds_endpoint:
+        os.environ[ENDPOINT_ENV] = config.imds_endpoint  # botocore's own IMDS use follows the same endpoint
+    return ImdsClient(config.imds_endpoint)
+
+
+def _identity(imds: Any, config: AgentConfig) -> Identity:
+    identity = Identity(instance_id=imds.instance_id(), availability_zone=imds.availability_zone(),
+                        region=imds.region())
+    if identity.region != config.region:
+        raise ConfigError(f"region: got {config.region!r} but this instance runs in {identity.region!r}; expected "
+                          "the instance's region (the stack writes its own region)")
+    log.info("instance identity", extra={"instance_id": identity.instance_id,
+                                         "availability_zone": identity.availability_zone, "region": identity.region})
+    return identity
+
+
+def _ec2(config: AgentConfig) -> Any:
+    from bootstrap.cleanup import ec2_client
+
+    return ec2_client(config.region)
+
+
+def _block_devices() -> Any:
+    from bootstrap import blockdev
+
+    root = os.environ.get(BLOCKDEV_DIR_ENV)
+    return blockdev.DirectoryBlockDevices(Path(root)) if root else blockdev.LinuxBlockDevices()
+
+
+def _local_mode() -> bool:
+    return bool(os.environ.get(BLOCKDEV_DIR_ENV))
+
+
+def _attach_volume(config: AgentConfig, ec2: Any, identity: Identity, blockdev: Any) -> Path:
+    from bootstrap.ebs import prepare_data_volume
+
+    mount_point = prepare_data_volume(ec2=ec2, config=config, instance_id=identity.instance_id,
+                                      availability_zone=identity.availability_zone, blockdev=blockdev,
+                                      log=logging.getLogger("bootstrap.ebs"))
+    add_file_handler(config.training.log_dir)  # from now on the agent's log is on the volume too
+    log.info("data volume mounted", extra={"mount_point": str(mount_point)})
+    return Path(mount_point)
+
+
+def _mount_efs(config: AgentConfig) -> None:
+    if config.efs is None:
+        return
+    from bootstrap import efs
+
+    efs.mount_efs(config.efs, region=config.region, log=logging.getLogger("bootstrap.efs"))
+
+
+def _is_mounted(blockdev: Any, mount_point: Path) -> Callable[[], bool]:
+    return lambda: bool(blockdev.is_mounted(mount_point))
+
+
+def _supervise(config: AgentConfig, imds: Any, is_mounted: Callable[[], bool]):
+    from bootstrap.interruption import InterruptionWatcher, imds_monitors
+    from bootstrap.supervisor import Supervisor
+
+    supervisor = Supervisor(config, is_mounted=is_mounted, run_as_current_user_if_missing=_local_mode())
+    watcher = InterruptionWatcher(imds_monitors(imds), supervisor)
+    previous = {sig: signal.signal(sig, lambda *_: supervisor.request_stop()) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        outcome = supervisor.run(watcher)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    log.info("supervision ended", extra={"outcome": outcome.value, "starts": supervisor.starts,
+                                         "restarts": supervisor.restarts})
+    return outcome
+
+
+def _cleanup(config: AgentConfig, ec2: Any, identity: Identity) -> None:
+    from bootstrap.cleanup import cancel_own_fleet
+
+    if not config.cleanup.cancel_fleet_on_success:
+        log.info("training completed; cleanup.cancel_fleet_on_success is false, leaving the fleet running")
+        return
+    cancel_own_fleet(ec2=ec2, instance_id=identity.instance_id, stack_name=config.stack_name)
+
+
+# ---- commands -----------------------------------------------------------------------------------
+def cmd_run(config: AgentConfig) -> ExitCode:
+    """The whole node lifecycle (see the module docstring)."""
+    from bootstrap.supervisor import Outcome
+
+    imds = _imds(config)
+    identity = _identity(imds, config)
+    ec2 = _ec2(config)
+    blockdev = _block_devices()
+    mount_point = _attach_volume(config, ec2, identity, blockdev)
+    _mount_efs(config)
+    outcome = _supervise(config, imds, _is_mounted(blockdev, mount_point))
+    if outcome is Outcome.COMPLETED:
+        _cleanup(config, ec2, identity)
+    return ExitCode.OK
+
+
+def cmd_check_config(config: AgentConfig) -> ExitCode:
+    """Print a one-line JSON summary of the valid config."""
+    print(json.dumps({"config": "valid", "stack_name": config.stack_name, "region": config.region,
+                      "node_role": config.node_role, "mount_point": str(config.volume.mount_point),
+                      "framework": config.training.framework, "command": config.training.argv(),
+                      "code": config.training.code.type, "efs": config.efs is not None}))
+    return ExitCode.OK
+
+
+def cmd_attach_volume(config: AgentConfig) -> ExitCode:
+    """Find, move if needed, attach and mount the data volume; print its mount point."""
+    imds = _imds(config)
+    identity = _identity(imds, config)
+    mount_point = _attach_volume(config, _ec2(config), identity, _block_devices())
+    print(json.dumps({"mount_point": str(mount_point)}))
+    return ExitCode.OK
+
+
+def cmd_supervise(config: AgentConfig) -> ExitCode:
+    """Run the trainer on the already-mounted volume, watching for notices (no cleanup)."""
+    blockdev = _block_devices()
+    if blockdev.is_mounted(config.volume.mount_point):
+        add_file_handler(config.training.log_dir)
+    outcome = _supervise(config, _imds(config), _is_mounted(blockdev, config.volume.mount_point))
+    print(json.dumps({"outcome": outcome.value}))
+    return ExitCode.OK
+
+
+def cmd_cleanup(config: AgentConfig) -> ExitCode:
+    """Cancel this instance's spot fleet if it carries our stack tag."""
+    from bootstrap.cleanup import cancel_own_fleet
+
+    identity = _identity(_imds(config), config)
+    fleet_id = cancel_own_fleet(ec2=_ec2(config), instance_id=identity.instance_id, stack_name=config.stack_name)
+    print(json.dumps({"cancelled_fleet_request_id": fleet_id}))
+    return ExitCode.OK
+
+
+COMMANDS: dict[str, Callable[[AgentConfig], ExitCode]] = {
+    "run": cmd_run,
+    "check-config": cmd_check_config,
+    "attach-volume": cmd_attach_volume,
+    "supervise": cmd_supervise,
+    "cleanup": cmd_cleanup,
+}
