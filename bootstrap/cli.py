@@ -170,8 +170,10 @@ def _mount_efs(config: AgentConfig) -> None:
     efs.mount_efs(config.efs, region=config.region, log=logging.getLogger("bootstrap.efs"))
 
 
-def _is_mounted(blockdev: Any, mount_point: Path) -> Callable[[], bool]:
-    return lambda: bool(blockdev.is_mounted(mount_point))
+def _is_mounted(devices: Any, mount_point: Path) -> Callable[[], bool]:
+    from bootstrap.blockdev import is_mounted
+
+    return lambda: is_mounted(devices, str(mount_point))
 
 
 def _supervise(config: AgentConfig, imds: Any, is_mounted: Callable[[], bool]):
@@ -237,10 +239,10 @@ def cmd_attach_volume(config: AgentConfig) -> ExitCode:
 
 def cmd_supervise(config: AgentConfig) -> ExitCode:
     """Run the trainer on the already-mounted volume, watching for notices (no cleanup)."""
-    blockdev = _block_devices()
-    if blockdev.is_mounted(config.volume.mount_point):
+    mounted = _is_mounted(_block_devices(), config.volume.mount_point)
+    if mounted():
         add_file_handler(config.training.log_dir)
-    outcome = _supervise(config, _imds(config), _is_mounted(blockdev, config.volume.mount_point))
+    outcome = _supervise(config, _imds(config), mounted)
     print(json.dumps({"outcome": outcome.value}))
     return ExitCode.OK
 

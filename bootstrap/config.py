@@ -9,6 +9,7 @@ endpoint data (for regions); it never creates an AWS client or makes a network c
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -127,6 +128,7 @@ class AgentConfig:
     extensions: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
 
 
+@functools.lru_cache(maxsize=1)
 def known_regions() -> frozenset[str]:
     """Every EC2 region in botocore's bundled endpoint data, across all partitions (aws, aws-cn,
     aws-us-gov, ...). Reads local data only; no network call."""

@@ -1,0 +1,169 @@
+"""Node config validation: every problem named with its key path, value and what is allowed."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+
+from bootstrap.config import AgentConfig, load_config, parse_config
+from bootstrap.errors import ConfigError, ExitCode
+
+# The example of docs/contracts.md, verbatim.
+CONTRACT_EXAMPLE = json.loads(r'''{
+  "schema_version": 1,
+  "region": "us-east-1",
+  "stack_name": "SpotTraining",
+  "node_role": "single",
+  "volume": {
+    "tags": {"spot-training:stack": "SpotTraining", "spot-training:purpose": "data-volume"},
+    "device_name": "/dev/sdf",
+    "mount_point": "/dltraining",
+    "fs_type": "xfs",
+    "keep_snapshots": 2
+  },
+  "efs": null,
+  "training": {
+    "framework": "tensorflow",
+    "python": "/opt/conda/envs/tensorflow/bin/python",
+    "command": ["{python}", "training/examples/keras_resnet.py"],
+    "user": "ubuntu",
+    "dataset_dir": "/dltraining/datasets",
+    "checkpoint_dir": "/dltraining/checkpoints",
+    "log_dir": "/dltraining/logs",
+    "code": {"type": "asset", "path": "/opt/spot-training/code"}
+  },
+  "cleanup": {"cancel_fleet_on_success": true},
+  "imds_endpoint": null
+}''')
+
+
+def _problems(data) -> tuple[str, ...]:
+    with pytest.raises(ConfigError) as info:
+        parse_config(data)
+    assert info.value.exit_code == ExitCode.CONFIG
+    return info.value.problems
+
+
+def _set(path: str, value):
+    data = copy.deepcopy(CONTRACT_EXAMPLE)
+    *parents, last = path.split(".")
+    section = data
+    for key in parents:
+        section = section[key]
+    if value is _DELETE:
+        del section[last]
+    else:
+        section[last] = value
+    return data
+
+
+_DELETE = object()
+
+
+def test_the_contract_example_is_valid():
+    config = parse_config(CONTRACT_EXAMPLE)
+    assert isinstance(config, AgentConfig)
+    assert config.volume.mount_point == Path("/dltraining") and config.volume.keep_snapshots == 2
+    assert config.training.argv() == ["/opt/conda/envs/tensorflow/bin/python", "training/examples/keras_resnet.py"]
+    assert config.training.code.type == "asset" and config.training.code.path == Path("/opt/spot-training/code")
+    assert config.efs is None and config.imds_endpoint is None and config.cleanup.cancel_fleet_on_success is True
+    with pytest.raises(AttributeError):
+        config.region = "eu-west-1"  # frozen
+    with pytest.raises(TypeError):
+        config.volume.tags["x"] = "y"  # read-only mapping
+
+
+def test_defaults_for_optional_keys():
+    data = _set("volume.fs_type", _DELETE)
+    del data["volume"]["keep_snapshots"], data["cleanup"], data["efs"], data["imds_endpoint"]
+    del data["training"]["dataset_dir"], data["training"]["log_dir"]
+    config = parse_config(data)
+    assert (config.volume.fs_type, config.volume.keep_snapshots) == ("xfs", 2)
+    assert config.cleanup.cancel_fleet_on_success is True
+    assert config.training.dataset_dir == Path("/dltraining/datasets")
+    assert config.training.log_dir == Path("/dltraining/logs")
+
+
+@pytest.mark.parametrize("path,value,expected", [
+    ("region", "mars-east-1", 'region: got "mars-east-1"; expected an AWS region known to botocore'),
+    ("region", 7, "region: got 7"),
+    ("stack_name", "1bad name", 'stack_name: got "1bad name"; expected a CloudFormation stack name'),
+    ("node_role", "boss", "node_role: got \"boss\"; expected one of 'single', 'scheduler', 'server', 'worker'"),
+    ("schema_version", 2, "schema_version: got 2; expected 1"),
+    ("schema_version", True, "schema_version: got true; expected an integer >= 1"),
+    ("volume.keep_snapshots", 0, "volume.keep_snapshots: got 0; expected an integer >= 1"),
+    ("volume.keep_snapshots", 2.5, "volume.keep_snapshots: got 2.5"),
+    ("volume.device_name", "/dev/nvme1n1", 'volume.device_name: got "/dev/nvme1n1"; expected an EBS device name'),
+    ("volume.mount_point", "dltraining", 'volume.mount_point: got "dltraining"; expected an absolute path'),
+    ("volume.fs_type", "ntfs", "volume.fs_type: got \"ntfs\"; expected one of 'xfs', 'ext4'"),
+    ("volume.tags", {}, "volume.tags: got {}; expected a non-empty object"),
+    ("volume.tags", {"Name": "data"}, "expected a map that includes 'spot-training:stack'"),
+    ("training.framework", "pytorch", "training.framework: got \"pytorch\"; expected one of 'tensorflow', 'mxnet'"),
+    ("training.python", "python3", 'training.python: got "python3"; expected an absolute path'),
+    ("training.command", [], "training.command: got []; expected a non-empty list of strings"),
+    ("training.command", ["{python}", 3], "training.command[1]: got 3; expected a non-empty string"),
+    ("training.user", "Robert'); DROP", "training.user: got"),
+    ("training.checkpoint_dir", "/dltraining/../etc", "expected an absolute path without '..' components"),
+    ("training.code", {"type": "svn"}, "training.code.type: got \"svn\"; expected one of 'asset', 'git'"),
+    ("training.code", {"type": "git", "url": "https://example.com/r.git"}, "training.code.ref: missing"),
+    ("training.code", {"type": "git", "url": "https://example.com/r.git", "ref": "main~1"}, "training.code.ref: got \"main~1\""),
+    ("training.code", {"type": "asset", "path": "code"}, 'training.code.path: got "code"; expected an absolute path'),
+    ("efs", {"file_system_id": "vol-1", "mount_point": "/mnt/efs"}, 'efs.file_system_id: got "vol-1"'),
+    ("efs", "fs-12345678", 'efs: got "fs-12345678"; expected null or an object'),
+    ("cleanup", {"cancel_fleet_on_success": "yes"}, 'cleanup.cancel_fleet_on_success: got "yes"; expected true or false'),
+    ("imds_endpoint", "169.254.169.254", 'imds_endpoint: got "169.254.169.254"; expected null or an http(s) URL'),
+    ("training", _DELETE, "training: missing; expected a value (required key)"),
+    ("volume.device_name", _DELETE, "volume.device_name: missing"),
+    ("colour", "blue", 'colour: got "blue"; expected no such key'),
+])
+def test_each_bad_value_is_named(path, value, expected):
+    problems = _problems(_set(path, value))
+    assert any(expected in p for p in problems), problems
+
+
+def test_volume_tags_must_scope_to_this_stack():
+    problems = _problems(_set("volume.tags", {"spot-training:stack": "Other", "spot-training:purpose": "data-volume"}))
+    assert problems == ('volume.tags.spot-training:stack: got "Other"; expected the stack name \'SpotTraining\' '
+                        "(stack_name), so the agent never takes another stack's volume",)
+
+
+def test_all_problems_are_reported_together():
+    data = _set("region", "nowhere-1")
+    data["training"]["framework"] = "caffe"
+    data["volume"]["mount_point"] = "rel"
+    problems = _problems(data)
+    assert len(problems) == 3
+    message = str(ConfigError(problems=problems))
+    assert "region" in message and "training.framework" in message and "volume.mount_point" in message
+
+
+def test_root_must_be_an_object():
+    assert _problems([1, 2]) == ("<root>: got [1, 2]; expected an object",)
+
+
+def test_valid_efs_git_and_endpoint():
+    data = _set("efs", {"file_system_id": "fs-0123abcd", "access_point_id": "fsap-0123abcd4567", "mount_point": "/mnt/efs"})
+    data["training"]["code"] = {"type": "git", "url": "https://github.com/example/repo.git", "ref": "v1.2.0"}
+    data["imds_endpoint"] = "http://127.0.0.1:1338/"
+    data["region"] = "cn-north-1"  # other partitions are known regions too
+    data["cluster"] = {"generation": 0}
+    config = parse_config(data)
+    assert config.efs.file_system_id == "fs-0123abcd" and config.efs.mount_point == Path("/mnt/efs")
+    assert (config.training.code.url, config.training.code.ref) == ("https://github.com/example/repo.git", "v1.2.0")
+    assert config.imds_endpoint == "http://127.0.0.1:1338"
+    assert dict(config.extensions) == {"cluster": {"generation": 0}}
+
+
+def test_load_config_file_errors(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist; pass --config"):
+        load_config(tmp_path / "missing.json")
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"region": "us-east-1",\n  oops}')
+    with pytest.raises(ConfigError, match=r"is not valid JSON: .* at line 2 column 3"):
+        load_config(bad)
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps(CONTRACT_EXAMPLE))
+    assert load_config(good).stack_name == "SpotTraining"
