@@ -170,10 +170,14 @@ def _mount_efs(config: AgentConfig) -> None:
     efs.mount_efs(config.efs, region=config.region, log=logging.getLogger("bootstrap.efs"))
 
 
-def _is_mounted(devices: Any, mount_point: Path) -> Callable[[], bool]:
+def _is_mounted(devices: Any, mount_point: Path, *, device: str | None = None) -> Callable[[], bool]:
+    """A check for the supervisor: something is mounted at ``mount_point`` and, when ``device`` is given
+    (what the volume step mounted), it is still that device."""
     from bootstrap.blockdev import is_mounted
 
-    return lambda: is_mounted(devices, str(mount_point))
+    if device is None:
+        return lambda: is_mounted(devices, str(mount_point))
+    return lambda: devices.mounted_source(str(mount_point)) == device
 
 
 def _supervise(config: AgentConfig, imds: Any, is_mounted: Callable[[], bool]):
@@ -213,7 +217,8 @@ def cmd_run(config: AgentConfig) -> ExitCode:
     blockdev = _block_devices()
     mount_point = _attach_volume(config, ec2, identity, blockdev)
     _mount_efs(config)
-    outcome = _supervise(config, imds, _is_mounted(blockdev, mount_point))
+    device = blockdev.mounted_source(str(mount_point))
+    outcome = _supervise(config, imds, _is_mounted(blockdev, mount_point, device=device))
     if outcome is Outcome.COMPLETED:
         _cleanup(config, ec2, identity)
     return ExitCode.OK
