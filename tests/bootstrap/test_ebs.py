@@ -1,0 +1,193 @@
+"""bootstrap.ebs.prepare_data_volume in-process against the moto server over HTTP, volumes as directories."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+from storage_helpers import (
+    FAST,
+    aws_state,
+    create_data_volume,
+    data_volumes,
+    make_config,
+    migration_snapshots,
+    run_instance,
+)
+
+from bootstrap.blockdev import DirectoryBlockDevices
+from bootstrap.ebs import MOVE_STATE_TAG, SOURCE_VOLUME_TAG, VolumeTimeouts, prepare_data_volume, verify_mounted
+from bootstrap.errors import ConfigError, TemporaryError
+from bootstrap.lease import LEASE_TAG
+from localmode.moto_compat import volume_dir
+
+LOG = logging.getLogger("tests.ebs")
+
+
+def _prepare(ec2, moto_server, config, instance_id, az, **overrides):
+    return prepare_data_volume(ec2=ec2, config=config, instance_id=instance_id, availability_zone=az,
+                               blockdev=DirectoryBlockDevices(moto_server.volumes_dir), log=LOG,
+                               timeouts=VolumeTimeouts(**{**FAST, **overrides}))
+
+
+def _count_calls(ec2) -> list[str]:
+    calls: list[str] = []
+    ec2.meta.events.register("before-call.ec2", lambda model, **_: calls.append(model.name))
+    return calls
+
+
+def _tags(resource) -> dict[str, str]:
+    return {t["Key"]: t["Value"] for t in resource.get("Tags", [])}
+
+
+def test_same_az_attaches_mounts_formats_once_and_keeps_the_volume(ec2, moto_server, tmp_path):
+    config, _ = make_config(tmp_path)
+    volume_id = create_data_volume(ec2, "us-east-1a")
+    instance_id = run_instance(ec2, "us-east-1a")
+    calls = _count_calls(ec2)
+
+    mount_point = _prepare(ec2, moto_server, config, instance_id, "us-east-1a")
+    agent_calls = list(calls)
+
+    assert mount_point == config.volume.mount_point
+    [volume] = data_volumes(ec2)
+    assert volume["VolumeId"] == volume_id
+    assert [(a["InstanceId"], a["State"]) for a in volume["Attachments"]] == [(instance_id, "attached")]
+    assert LEASE_TAG not in _tags(volume)  # released once attached
+    assert mount_point.resolve() == volume_dir(moto_server.ebs_dir, volume_id).resolve()
+    assert (volume_dir(moto_server.ebs_dir, volume_id) / DirectoryBlockDevices.FS_MARKER).read_text() == "xfs"
+    assert migration_snapshots(ec2) == []
+    assert agent_calls == ["DescribeVolumes", "CreateTags", "DescribeVolumes", "AttachVolume", "DescribeVolumes",
+                           "DeleteTags"]
+    verify_mounted(DirectoryBlockDevices(moto_server.volumes_dir), volume_id, mount_point)
+
+
+def test_rerun_when_attached_and_mounted_makes_one_call_and_changes_nothing(ec2, moto_server, tmp_path):
+    config, _ = make_config(tmp_path)
+    create_data_volume(ec2, "us-east-1a")
+    instance_id = run_instance(ec2, "us-east-1a")
+    _prepare(ec2, moto_server, config, instance_id, "us-east-1a")
+    (config.volume.mount_point / "checkpoint").write_text("step 10")
+    before = aws_state(ec2)
+    calls = _count_calls(ec2)
+
+    _prepare(ec2, moto_server, config, instance_id, "us-east-1a")
+    agent_calls = list(calls)
+
+    assert agent_calls == ["DescribeVolumes"]
+    assert aws_state(ec2) == before
+    assert (config.volume.mount_point / "checkpoint").read_text() == "step 10"  # not reformatted
+
+
+def test_cross_az_move_preserves_data_and_properties_and_retires_the_old_volume(ec2, moto_server, tmp_path):
+    config, _ = make_config(tmp_path)
+    key_id = "arn:aws:kms:us-east-1:123456789012:key/11111111-2222-3333-4444-555555555555"
+    old_id = create_data_volume(ec2, "us-east-1a", Size=50, VolumeType="gp3", Iops=4000, Throughput=250,
+                                Encrypted=True, KmsKeyId=key_id, extra_tags={"team": "vision"})
+    old_dir = volume_dir(moto_server.ebs_dir, old_id)
+    (old_dir / DirectoryBlockDevices.FS_MARKER).write_text("xfs")
+    (old_dir / "checkpoints").mkdir()
+    (old_dir / "checkpoints" / "step-500.ckpt").write_bytes(b"weights at step 500")
+    instance_id = run_instance(ec2, "us-east-1b")
+
+    mount_point = _prepare(ec2, moto_server, config, instance_id, "us-east-1b")
+
+    assert (mount_point / "checkpoints" / "step-500.ckpt").read_bytes() == b"weights at step 500"
+    [new] = data_volumes(ec2)
+    assert new["VolumeId"] != old_id
+    assert new["AvailabilityZone"] == "us-east-1b"
+    assert (new["Size"], new["VolumeType"], new["Iops"], new["Throughput"], new["Encrypted"], new["KmsKeyId"]) == (
+        50, "gp3", 4000, 250, True, key_id)
+    tags = _tags(new)
+    assert tags["team"] == "vision"
+    assert tags[SOURCE_VOLUME_TAG] == old_id
+    assert tags[MOVE_STATE_TAG] == "verified"
+    assert LEASE_TAG not in tags
+    assert [a["InstanceId"] for a in new["Attachments"]] == [instance_id]
+    assert not old_dir.exists()
+    [snapshot] = migration_snapshots(ec2)
+    assert snapshot["VolumeId"] == old_id
+    assert _tags(snapshot)[SOURCE_VOLUME_TAG] == old_id
+
+
+def test_moves_keep_only_the_newest_snapshots(ec2, moto_server, tmp_path):
+    config, _ = make_config(tmp_path, keep_snapshots=2)
+    create_data_volume(ec2, "us-east-1a")
+    seen = []
+    for hop, az in enumerate(["us-east-1b", "us-east-1c", "us-east-1a", "us-east-1b"]):
+        instance_id = run_instance(ec2, az)
+        _prepare(ec2, moto_server, config, instance_id, az)
+        ec2.terminate_instances(InstanceIds=[instance_id])  # detaches the volume, as a spot interruption does
+        snapshots = migration_snapshots(ec2)
+        seen.append(len(snapshots))
+        assert len(data_volumes(ec2)) == 1
+    assert seen == [1, 2, 2, 2]
+
+
+def test_waits_for_a_terminated_instance_to_release_the_volume(ec2, moto_server, tmp_path):
+    config, _ = make_config(tmp_path)
+    volume_id = create_data_volume(ec2, "us-east-1a")
+    old_instance = run_instance(ec2, "us-east-1a")
+    ec2.attach_volume(VolumeId=volume_id, InstanceId=old_instance, Device="/dev/sdf")
+    new_instance = run_instance(ec2, "us-east-1a")
+    ec2.terminate_instances(InstanceIds=[old_instance])
+
+    _prepare(ec2, moto_server, config, new_instance, "us-east-1a")
+
+    [volume] = data_volumes(ec2)
+    assert [a["InstanceId"] for a in volume["Attachments"]] == [new_instance]
+
+
+def test_volume_held_by_a_running_instance_is_a_temporary_failure(ec2, moto_server, tmp_path):
+    config, _ = make_config(tmp_path)
+    volume_id = create_data_volume(ec2, "us-east-1a")
+    holder = run_instance(ec2, "us-east-1a")
+    ec2.attach_volume(VolumeId=volume_id, InstanceId=holder, Device="/dev/sdf")
+    me = run_instance(ec2, "us-east-1a")
+
+    with pytest.raises(TemporaryError, match="volume_available"):
+        _prepare(ec2, moto_server, config, me, "us-east-1a", detach_wait_s=1.0)
+
+    [volume] = data_volumes(ec2)
+    assert [a["InstanceId"] for a in volume["Attachments"]] == [holder]
+    assert LEASE_TAG not in _tags(volume)  # released on failure
+    assert not config.volume.mount_point.exists()
+
+
+def test_fails_when_no_volume_carries_the_tags_and_touches_nothing(ec2, moto_server, tmp_path):
+    config, _ = make_config(tmp_path)
+    create_data_volume(ec2, "us-east-1a", stack="OtherStack")  # another stack's volume is never taken
+    ec2.create_volume(AvailabilityZone="us-east-1a", Size=20,
+                      TagSpecifications=[{"ResourceType": "volume", "Tags": [{"Key": "Name", "Value": "SpotTraining"}]}])
+    instance_id = run_instance(ec2, "us-east-1a")
+    before = aws_state(ec2)
+
+    with pytest.raises(ConfigError, match=r"no EBS volume.*spot-training:stack.*SpotTraining.*volume.tags"):
+        _prepare(ec2, moto_server, config, instance_id, "us-east-1a")
+
+    assert aws_state(ec2) == before
+    assert not config.volume.mount_point.exists()
+
+
+def test_fails_on_two_independent_data_volumes_naming_both_and_touches_nothing(ec2, moto_server, tmp_path):
+    config, _ = make_config(tmp_path)
+    first, second = create_data_volume(ec2, "us-east-1a"), create_data_volume(ec2, "us-east-1b")
+    instance_id = run_instance(ec2, "us-east-1a")
+    before = aws_state(ec2)
+
+    with pytest.raises(ConfigError, match=rf"2 independent EBS volumes.*({first}.*{second}|{second}.*{first})"):
+        _prepare(ec2, moto_server, config, instance_id, "us-east-1a")
+
+    assert aws_state(ec2) == before
+
+
+def test_refuses_to_mount_over_another_mount(ec2, moto_server, tmp_path):
+    config, _ = make_config(tmp_path)
+    create_data_volume(ec2, "us-east-1a")
+    other = tmp_path / "other-disk"
+    other.mkdir()
+    config.volume.mount_point.symlink_to(other)  # something else is "mounted" there
+    instance_id = run_instance(ec2, "us-east-1a")
+
+    with pytest.raises(TemporaryError, match="already has .*other-disk mounted"):
+        _prepare(ec2, moto_server, config, instance_id, "us-east-1a")
