@@ -267,6 +267,17 @@ class Supervisor:
                      extra={"completed_file": str(self.completed_file)})
             return Outcome.COMPLETED
         workdir = self.prepare_code()
+        try:
+            return self._supervise(workdir, watcher)
+        except BaseException as exc:
+            # Never leave a trainer running behind an agent that is about to exit (an IMDS 403 while
+            # polling, a bug): stop it the contract's way, so it saves and exits.
+            if self._proc is not None and self._proc.poll() is None:
+                log.error("the agent is failing; stopping the trainer first", extra={"error": repr(exc)})
+                self.terminate(timeout_s=self.stop_timeout_s, reason=f"agent error: {type(exc).__name__}")
+            raise
+
+    def _supervise(self, workdir: Path, watcher: "InterruptionWatcher | None") -> Outcome:
         crashes = 0
         while True:
             if self._stop_requested or (watcher is not None and watcher.interrupted is not None):

@@ -197,3 +197,21 @@ def test_interruption_during_restart_backoff_prevents_the_restart(tmp_path, imds
     assert [e[0] for e in events(tmp_path)] == ["start"]
     assert sup.starts == 1
     assert time.monotonic() - started < 2.0 + 1.5
+
+
+def test_agent_failing_while_training_stops_the_trainer_first(tmp_path, imds):
+    sup = make_supervisor(tmp_path, stop_timeout_s=20)
+    watcher = InterruptionWatcher(imds_monitors(ImdsClient(imds.endpoint)), sup, poll_interval_s=0.1)
+
+    def forbid_after_start() -> None:
+        _wait_for(lambda: events(tmp_path))
+        time.sleep(0.3)
+        imds.set_fail_mode(status=403)
+
+    thread = threading.Thread(target=forbid_after_start)
+    thread.start()
+    with pytest.raises(ImdsForbiddenError):
+        sup.run(watcher)
+    thread.join(timeout=20)
+    # The trainer was not orphaned: it got SIGTERM, saved and exited before the agent gave up.
+    assert [e[0] for e in events(tmp_path)] == ["start", "sigterm-checkpoint"]
