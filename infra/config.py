@@ -1,0 +1,303 @@
+"""Settings of the single-node stack, read from CDK context (``cdk.json`` or ``cdk synth -c key=value``).
+
+:func:`StackSettings.from_context` reads every key listed in :data:`CONTEXT_KEYS`, converts the
+strings that ``-c`` passes (``-c target_capacity=2``, ``-c instance_types=g5.xlarge,g4dn.xlarge``,
+``-c retain_data=true``) and validates them before any construct is built, so a bad value fails
+``cdk synth`` with a :class:`ValueError` that names the context key, the value received and what is
+allowed. ``docs/infra.md`` lists the same keys for users; a test keeps the two in step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from .fleet import DEFAULT_INSTANCE_TYPES, AllocationStrategy, validate_instance_type
+
+#: Frameworks the node agent can run, with the Python interpreter the trainer uses by default
+#: (the AWS Deep Learning AMI's conda environments; override with ``training_python``).
+FRAMEWORK_PYTHON = {
+    "tensorflow": "/opt/conda/envs/tensorflow/bin/python",
+    "mxnet": "/opt/conda/envs/mxnet/bin/python",
+}
+#: Default training command; ``{python}`` is replaced by ``training_python`` on the node.
+DEFAULT_TRAINING_COMMAND = ("{python}", "training/examples/keras_resnet.py")
+#: Public SSM parameter of the AWS Deep Learning Base AMI (x86_64, NVIDIA driver, Ubuntu 22.04).
+DEFAULT_AMI_SSM_PARAMETER = "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-ubuntu-22.04/latest/ami-id"
+
+_AZ_RE = re.compile(r"^[a-z]{2}(-[a-z]+)+-\d[a-z]$")
+_REGION_RE = re.compile(r"^[a-z]{2}(-[a-z]+)+-\d$")
+_ACCOUNT_RE = re.compile(r"^\d{12}$")
+_VPC_ID_RE = re.compile(r"^vpc-[0-9a-f]{8,17}$")
+_AMI_ID_RE = re.compile(r"^ami-[0-9a-f]{8,17}$")
+_STACK_NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9-]{0,127}$")
+_MAX_PRICE_RE = re.compile(r"^\d+(\.\d+)?$")
+
+
+@dataclasses.dataclass(frozen=True)
+class ContextKey:
+    """One context key: its name, default (as stored in ``cdk.json``), unit and meaning."""
+
+    name: str
+    default: Any
+    unit: str
+    help: str
+
+
+#: Every context key the app reads, in the order docs/infra.md lists them.
+CONTEXT_KEYS: tuple[ContextKey, ...] = (
+    ContextKey("stack_name", "SpotTraining", "-", "CloudFormation stack name; also the value of the `spot-training:stack` tag"),
+    ContextKey("account", None, "-", "12-digit AWS account id; default: none (environment-agnostic stack)"),
+    ContextKey("region", None, "-", "AWS region such as us-east-1; default: none (environment-agnostic: the region you deploy to)"),
+    ContextKey("availability_zones", None, "list", "pin the Availability Zones (no lookup); default: the stack's AZs (2 when environment-agnostic)"),
+    ContextKey("vpc_id", None, "-", "use this existing VPC (Vpc.from_lookup; needs account and region) instead of a new one"),
+    ContextKey("vpc_flow_logs", True, "bool", "VPC flow logs to CloudWatch Logs for a new VPC"),
+    ContextKey("instance_types", list(DEFAULT_INSTANCE_TYPES), "list", "EC2 instance types the fleet may launch"),
+    ContextKey("target_capacity", 1, "instances", "Spot Fleet target capacity (0 pauses the fleet)"),
+    ContextKey("allocation_strategy", AllocationStrategy.PRICE_CAPACITY_OPTIMIZED.value, "-", "one of " + ", ".join(s.value for s in AllocationStrategy)),
+    ContextKey("max_price", None, "USD/hour", "highest Spot price per instance-hour; default: the On-Demand price"),
+    ContextKey("volume_size_gib", 100, "GiB", "data volume size, 1..16384"),
+    ContextKey("volume_iops", 3000, "IOPS", "data volume provisioned IOPS (gp3: 3000..16000)"),
+    ContextKey("volume_throughput_mibps", 125, "MiB/s", "data volume throughput (gp3: 125..1000)"),
+    ContextKey("volume_kms_key_arn", None, "-", "customer managed KMS key for the data volume; default: the AWS managed EBS key"),
+    ContextKey("root_volume_size_gib", 150, "GiB", "encrypted gp3 root volume of each instance"),
+    ContextKey("image_id", None, "-", "AMI id; default: the Deep Learning AMI from `ami_ssm_parameter`"),
+    ContextKey("ami_ssm_parameter", DEFAULT_AMI_SSM_PARAMETER, "-", "public SSM parameter resolved to the AMI id at deploy time"),
+    ContextKey("framework", "tensorflow", "-", "one of " + ", ".join(FRAMEWORK_PYTHON)),
+    ContextKey("training_python", None, "-", "trainer's interpreter; default per framework: " + ", ".join(f"{k}: {v}" for k, v in FRAMEWORK_PYTHON.items())),
+    ContextKey("training_command", list(DEFAULT_TRAINING_COMMAND), "list", "trainer command; `{python}` becomes `training_python`"),
+    ContextKey("training_user", "ubuntu", "-", "OS user that runs the trainer"),
+    ContextKey("code_git_url", None, "-", "clone the training code from this git URL instead of using the bootstrap asset"),
+    ContextKey("code_git_ref", None, "-", "commit or tag to check out (required with `code_git_url`)"),
+    ContextKey("mount_point", "/dltraining", "-", "where the data volume is mounted; datasets/, checkpoints/, logs/ live under it"),
+    ContextKey("keep_snapshots", 2, "snapshots", "migration snapshots the agent keeps, 1..100"),
+    ContextKey("cancel_fleet_on_success", True, "bool", "the agent cancels the fleet when training completes"),
+    ContextKey("efs", False, "bool", "add an encrypted EFS file system (with access point) mounted at /mnt/efs"),
+    ContextKey("retain_data", False, "bool", "keep the data volume and snapshots on `cdk destroy`"),
+    ContextKey("imds_endpoint", None, "URL", "instance metadata endpoint for the agent; default: http://169.254.169.254 (local mode sets its emulator)"),
+)
+_KEY_NAMES = tuple(k.name for k in CONTEXT_KEYS)
+
+
+def _bad(key: str, value: Any, allowed: str) -> ValueError:
+    return ValueError(f"context key {key!r}: got {value!r}; allowed: {allowed}")
+
+
+def _as_int(key: str, value: Any, lo: int, hi: int | None, unit: str) -> int:
+    allowed = f"an integer {unit} from {lo} to {hi}" if hi is not None else f"an integer {unit} >= {lo}"
+    if isinstance(value, bool):
+        raise _bad(key, value, allowed)
+    if isinstance(value, str) and re.fullmatch(r"[+-]?\d+", value.strip()):
+        number = int(value.strip())
+    elif isinstance(value, int):
+        number = value
+    else:
+        raise _bad(key, value, allowed)
+    if number < lo or (hi is not None and number > hi):
+        raise _bad(key, value, allowed)
+    return number
+
+
+def _as_bool(key: str, value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
+        return value.strip().lower() == "true"
+    raise _bad(key, value, "true or false")
+
+
+def _as_list(key: str, value: Any) -> list[str]:
+    """A list from JSON (cdk.json) or from a ``-c`` string: a JSON list or comma-separated items."""
+    allowed = 'a non-empty list of strings (in cdk.json a JSON list; with -c a JSON list or "a,b,c")'
+    if isinstance(value, str):
+        text = value.strip()
+        if text.startswith("["):
+            try:
+                value = json.loads(text)
+            except json.JSONDecodeError as exc:
+                raise _bad(key, value, allowed) from exc
+        else:
+            value = [item.strip() for item in text.split(",") if item.strip()]
+    if not isinstance(value, list) or not value or not all(isinstance(v, str) and v for v in value):
+        raise _bad(key, value, allowed)
+    return value
+
+
+def _as_optional_str(key: str, value: Any, pattern: re.Pattern[str] | None, allowed: str) -> str | None:
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str) or (pattern is not None and not pattern.match(value)):
+        raise _bad(key, value, allowed)
+    return value
+
+
+@dataclasses.dataclass(frozen=True)
+class StackSettings:
+    """Validated settings of :class:`infra.stack.SpotTrainingStack` (see :data:`CONTEXT_KEYS` for units)."""
+
+    stack_name: str = "SpotTraining"
+    account: str | None = None
+    region: str | None = None
+    availability_zones: tuple[str, ...] | None = None
+    vpc_id: str | None = None
+    vpc_flow_logs: bool = True
+    instance_types: tuple[str, ...] = DEFAULT_INSTANCE_TYPES
+    target_capacity: int = 1
+    allocation_strategy: AllocationStrategy = AllocationStrategy.PRICE_CAPACITY_OPTIMIZED
+    max_price: str | None = None
+    volume_size_gib: int = 100
+    volume_iops: int = 3000
+    volume_throughput_mibps: int = 125
+    volume_kms_key_arn: str | None = None
+    root_volume_size_gib: int = 150
+    image_id: str | None = None
+    ami_ssm_parameter: str = DEFAULT_AMI_SSM_PARAMETER
+    framework: str = "tensorflow"
+    training_python: str = FRAMEWORK_PYTHON["tensorflow"]
+    training_command: tuple[str, ...] = DEFAULT_TRAINING_COMMAND
+    training_user: str = "ubuntu"
+    code_git_url: str | None = None
+    code_git_ref: str | None = None
+    mount_point: str = "/dltraining"
+    keep_snapshots: int = 2
+    cancel_fleet_on_success: bool = True
+    efs: bool = False
+    retain_data: bool = False
+    imds_endpoint: str | None = None
+
+    @classmethod
+    def from_context(cls, get: Callable[[str], Any]) -> StackSettings:
+        """Read and validate every context key.
+
+        Args:
+            get: returns a context value or ``None`` (``app.node.try_get_context``).
+
+        Raises:
+            ValueError: a key holds a bad value; the message names the key, the value and what is allowed.
+        """
+        raw = {key: get(key) for key in _KEY_NAMES}
+        return cls.from_mapping(raw)
+
+    @classmethod
+    def from_mapping(cls, raw: Mapping[str, Any]) -> StackSettings:
+        """Like :meth:`from_context` from a plain mapping (missing or ``None`` values take the default).
+
+        Raises:
+            ValueError: an unknown key, or a bad value (the message names the key, the value and what is allowed).
+        """
+        unknown = sorted(set(raw) - set(_KEY_NAMES))
+        if unknown:
+            raise ValueError(f"unknown setting(s) {unknown}; allowed: {', '.join(_KEY_NAMES)}")
+        v = {k: raw.get(k) for k in _KEY_NAMES}
+        out: dict[str, Any] = {}
+
+        stack_name = v["stack_name"] if v["stack_name"] is not None else "SpotTraining"
+        if not isinstance(stack_name, str) or not _STACK_NAME_RE.match(stack_name):
+            raise _bad("stack_name", stack_name, "a CloudFormation stack name: a letter, then up to 127 letters, digits or hyphens")
+        out["stack_name"] = stack_name
+        out["account"] = _as_optional_str(
+            "account", v["account"], _ACCOUNT_RE, "a 12-digit AWS account id"
+        )
+        out["region"] = _as_optional_str(
+            "region", v["region"], _REGION_RE, "an AWS region name such as us-east-1"
+        )
+        if v["availability_zones"] is not None:
+            azs = _as_list("availability_zones", v["availability_zones"])
+            bad = [az for az in azs if not _AZ_RE.match(az)]
+            if bad or len(set(azs)) != len(azs):
+                raise _bad("availability_zones", v["availability_zones"], "distinct Availability Zone names such as us-east-1a")
+            if out["region"] and any(not az.startswith(out["region"]) for az in azs):
+                raise _bad("availability_zones", v["availability_zones"], f"Availability Zones of region {out['region']}")
+            out["availability_zones"] = tuple(azs)
+        out["vpc_id"] = _as_optional_str("vpc_id", v["vpc_id"], _VPC_ID_RE, "a VPC id such as vpc-0123456789abcdef0")
+        if out["vpc_id"] and not (out["account"] and out["region"]):
+            raise _bad("vpc_id", out["vpc_id"], "an existing VPC only together with an explicit account and region (Vpc.from_lookup needs them)")
+        if v["vpc_flow_logs"] is not None:
+            out["vpc_flow_logs"] = _as_bool("vpc_flow_logs", v["vpc_flow_logs"])
+
+        if v["instance_types"] is not None:
+            if v["instance_types"] in ([], ""):
+                raise _bad("instance_types", v["instance_types"], "a non-empty list of EC2 instance types such as g5.xlarge")
+            types = _as_list("instance_types", v["instance_types"])
+            for t in types:
+                validate_instance_type(t, prop="context key 'instance_types'")
+            if len(set(types)) != len(types):
+                raise _bad("instance_types", v["instance_types"], "distinct instance types")
+            out["instance_types"] = tuple(types)
+        if v["target_capacity"] is not None:
+            out["target_capacity"] = _as_int("target_capacity", v["target_capacity"], 0, None, "(instances)")
+        if v["allocation_strategy"] is not None:
+            names = [s.value for s in AllocationStrategy]
+            if v["allocation_strategy"] not in names:
+                raise _bad("allocation_strategy", v["allocation_strategy"], "one of " + ", ".join(names))
+            out["allocation_strategy"] = AllocationStrategy(v["allocation_strategy"])
+        if v["max_price"] is not None:
+            price = str(v["max_price"]) if isinstance(v["max_price"], (int, float)) and not isinstance(v["max_price"], bool) else v["max_price"]
+            if not isinstance(price, str) or not _MAX_PRICE_RE.match(price) or float(price) <= 0:
+                raise _bad("max_price", v["max_price"], "a positive decimal price in USD per instance-hour, such as 0.75")
+            out["max_price"] = price
+
+        if v["volume_size_gib"] is not None:
+            out["volume_size_gib"] = _as_int("volume_size_gib", v["volume_size_gib"], 1, 16384, "(GiB)")
+        if v["volume_iops"] is not None:
+            out["volume_iops"] = _as_int("volume_iops", v["volume_iops"], 3000, 16000, "(IOPS)")
+        if v["volume_throughput_mibps"] is not None:
+            out["volume_throughput_mibps"] = _as_int("volume_throughput_mibps", v["volume_throughput_mibps"], 125, 1000, "(MiB/s)")
+        out["volume_kms_key_arn"] = _as_optional_str(
+            "volume_kms_key_arn", v["volume_kms_key_arn"], re.compile(r"^arn:aws[a-z-]*:kms:"), "a KMS key ARN (arn:aws:kms:REGION:ACCOUNT:key/ID)"
+        )
+        if v["root_volume_size_gib"] is not None:
+            out["root_volume_size_gib"] = _as_int("root_volume_size_gib", v["root_volume_size_gib"], 8, 16384, "(GiB)")
+
+        out["image_id"] = _as_optional_str("image_id", v["image_id"], _AMI_ID_RE, "an AMI id such as ami-0123456789abcdef0")
+        if v["ami_ssm_parameter"] is not None:
+            if not isinstance(v["ami_ssm_parameter"], str) or not v["ami_ssm_parameter"].startswith("/"):
+                raise _bad("ami_ssm_parameter", v["ami_ssm_parameter"], "an SSM parameter name starting with /")
+            out["ami_ssm_parameter"] = v["ami_ssm_parameter"]
+
+        framework = v["framework"] if v["framework"] is not None else "tensorflow"
+        if framework not in FRAMEWORK_PYTHON:
+            raise _bad("framework", framework, "one of " + ", ".join(FRAMEWORK_PYTHON))
+        out["framework"] = framework
+        python = v["training_python"] if v["training_python"] is not None else FRAMEWORK_PYTHON[framework]
+        if not isinstance(python, str) or not python.startswith("/"):
+            raise _bad("training_python", python, "an absolute path to a Python interpreter")
+        out["training_python"] = python
+        if v["training_command"] is not None:
+            out["training_command"] = tuple(_as_list("training_command", v["training_command"]))
+        if v["training_user"] is not None:
+            if not isinstance(v["training_user"], str) or not re.fullmatch(r"[a-z_][a-z0-9_-]{0,31}", v["training_user"]):
+                raise _bad("training_user", v["training_user"], "a Linux user name such as ubuntu")
+            out["training_user"] = v["training_user"]
+        out["code_git_url"] = _as_optional_str(
+            "code_git_url", v["code_git_url"], re.compile(r"^(https://|ssh://|git@)\S+$"), "a git URL (https://..., ssh://... or git@host:path)"
+        )
+        out["code_git_ref"] = _as_optional_str("code_git_ref", v["code_git_ref"], re.compile(r"^\S+$"), "a commit or tag")
+        if out["code_git_url"] and not out["code_git_ref"]:
+            raise _bad("code_git_ref", v["code_git_ref"], "a commit or tag to check out, required when code_git_url is set")
+        if out["code_git_ref"] and not out["code_git_url"]:
+            raise _bad("code_git_url", v["code_git_url"], "a git URL, required when code_git_ref is set")
+        if v["mount_point"] is not None:
+            mp = v["mount_point"]
+            if not isinstance(mp, str) or not re.fullmatch(r"(/[A-Za-z0-9._-]+)+", mp):
+                raise _bad("mount_point", mp, "an absolute directory path such as /dltraining")
+            out["mount_point"] = mp
+        if v["keep_snapshots"] is not None:
+            out["keep_snapshots"] = _as_int("keep_snapshots", v["keep_snapshots"], 1, 100, "(snapshots)")
+        for key in ("cancel_fleet_on_success", "efs", "retain_data"):
+            if v[key] is not None:
+                out[key] = _as_bool(key, v[key])
+        out["imds_endpoint"] = _as_optional_str(
+            "imds_endpoint", v["imds_endpoint"], re.compile(r"^https?://[^\s/]+/?$"), "an http(s)://host[:port] URL"
+        )
+        return cls(**out)
+
+    def describe_defaults(self) -> dict[str, Any]:
+        """The settings as plain JSON-able values (for logs and the docs test)."""
+        data = dataclasses.asdict(self)
+        data["allocation_strategy"] = self.allocation_strategy.value
+        return {k: list(val) if isinstance(val, tuple) else val for k, val in data.items()}
+

@@ -1,0 +1,123 @@
+"""cdk-nag (``AwsSolutionsChecks``) for our stacks, and every acknowledgement with its reason.
+
+This is the one place findings are acknowledged. cdk-nag v2 (``NagSuppressions``) is pinned in
+requirements.txt; v3 replaced the API with ``Validations.of(x).acknowledge``. Acknowledgements are
+attached by construct type (not by path) so they follow our constructs into any stack, and each
+names exactly the finding it covers (``applies_to``), so a new wildcard still fails synth.
+"""
+
+from __future__ import annotations
+
+import aws_cdk as cdk
+import cdk_nag
+import constructs
+
+from .cleanup import DataCleanup
+from .roles import SpotFleetRole, TrainingNodeRole
+from .stack import SpotTrainingStack
+
+_EC2_TAG_SCOPED = cdk_nag.RegexAppliesTo(regex=r"/^Resource::arn:<AWS::Partition>:ec2:<AWS::Region>:(<AWS::AccountId>)?:(volume|snapshot|instance|spot-fleet-request)\/\*$/g")
+
+#: (construct type, rule id, applies_to, reason)
+ACKNOWLEDGEMENTS: tuple[tuple[type, str, list[object], str], ...] = (
+    (
+        TrainingNodeRole,
+        "AwsSolutions-IAM4",
+        ["Policy::arn:<AWS::Partition>:iam::aws:policy/AmazonSSMManagedInstanceCore"],
+        "SSM Session Manager replaces SSH (no key pair, no ingress); AmazonSSMManagedInstanceCore is the "
+        "policy AWS documents for it and AWS keeps it current with the SSM agent's needs.",
+    ),
+    (
+        TrainingNodeRole,
+        "AwsSolutions-IAM5",
+        ["Resource::*"],
+        "Only the ec2:Describe* calls the agent needs (volumes, snapshots, instances, spot fleet requests, "
+        "AZs); EC2 supports no resource-level permissions for Describe actions.",
+    ),
+    (
+        TrainingNodeRole,
+        "AwsSolutions-IAM5",
+        [_EC2_TAG_SCOPED],
+        "The agent creates, moves, attaches and deletes volumes and snapshots whose ids are not known at "
+        "deploy time; every such statement is conditioned on the stack tag (aws:ResourceTag / "
+        "aws:RequestTag spot-training:stack), which a test asserts.",
+    ),
+    (
+        TrainingNodeRole,
+        "AwsSolutions-IAM5",
+        [
+            "Action::s3:GetBucket*",
+            "Action::s3:GetObject*",
+            "Action::s3:List*",
+            cdk_nag.RegexAppliesTo(regex=r"/^Resource::arn:<AWS::Partition>:s3:::cdk-[a-z0-9]+-assets-.*\/\*$/g"),
+        ],
+        "Read-only access to the CDK asset bucket from Asset.grant_read (aws-cdk-lib's own grant), so the "
+        "node can download the bootstrap asset.",
+    ),
+    (
+        SpotFleetRole,
+        "AwsSolutions-IAM4",
+        ["Policy::arn:<AWS::Partition>:iam::aws:policy/service-role/AmazonEC2SpotFleetTaggingRole"],
+        "The Spot Fleet documentation prescribes this AWS managed policy for the fleet role; AWS updates "
+        "it when Spot Fleet needs new permissions.",
+    ),
+    (
+        DataCleanup,
+        "AwsSolutions-IAM4",
+        ["Policy::arn:<AWS::Partition>:iam::aws:policy/service-role/AWSLambdaBasicExecutionRole"],
+        "Lambda's basic execution policy (CloudWatch Logs only) for the cleanup handler and the "
+        "custom_resources.Provider framework function, which aws-cdk-lib attaches itself.",
+    ),
+    (
+        DataCleanup,
+        "AwsSolutions-IAM5",
+        ["Resource::*"],
+        "ec2:DescribeVolumes/DescribeSnapshots/DescribeInstances to find the stack's tagged resources; EC2 "
+        "supports no resource-level permissions for Describe actions.",
+    ),
+    (
+        DataCleanup,
+        "AwsSolutions-IAM5",
+        [_EC2_TAG_SCOPED],
+        "DeleteVolume/DeleteSnapshot on ids created at run time by the agents, conditioned on "
+        "aws:ResourceTag/spot-training:stack.",
+    ),
+    (
+        DataCleanup,
+        "AwsSolutions-IAM5",
+        [cdk_nag.RegexAppliesTo(regex=r"/^Resource::<DataCleanupHandler[A-Za-z0-9]*\.Arn>:\*$/g")],
+        "custom_resources.Provider lets its framework function invoke every version of the handler "
+        "(aws-cdk-lib's own grant).",
+    ),
+)
+
+
+def apply_nag(scope: cdk.App | cdk.Stack, *, verbose: bool = True) -> None:
+    """Run ``AwsSolutionsChecks`` on ``scope`` at synth time and acknowledge our known findings.
+
+    Unacknowledged findings become error annotations, which fail ``cdk synth``.
+    """
+    cdk.Aspects.of(scope).add(cdk_nag.AwsSolutionsChecks(verbose=verbose))
+    acknowledge(scope)
+
+
+#: Only when the user turned flow logs off (``-c vpc_flow_logs=false``, e.g. local mode on moto).
+FLOW_LOGS_OFF_REASON = (
+    "VPC flow logs were turned off on purpose with the vpc_flow_logs context key; they are on by default."
+)
+
+
+def acknowledge(scope: constructs.IConstruct) -> None:
+    """Attach :data:`ACKNOWLEDGEMENTS` to every matching construct under ``scope``."""
+    for node in scope.node.find_all():
+        if isinstance(node, SpotTrainingStack) and not node.settings.vpc_flow_logs and not node.settings.vpc_id:
+            cdk_nag.NagSuppressions.add_resource_suppressions(
+                node.vpc, [cdk_nag.NagPackSuppression(id="AwsSolutions-VPC7", reason=FLOW_LOGS_OFF_REASON)]
+            )
+        for construct_type, rule, applies_to, reason in ACKNOWLEDGEMENTS:
+            if isinstance(node, construct_type):
+                cdk_nag.NagSuppressions.add_resource_suppressions(
+                    node,
+                    [cdk_nag.NagPackSuppression(id=rule, reason=reason, applies_to=applies_to)],
+                    apply_to_children=True,
+                )

@@ -1,0 +1,194 @@
+"""IAM for the training nodes (``TrainingNodeRole``) and for Spot Fleet (``SpotFleetRole``).
+
+The source article gives its instance role ten EC2 actions on ``Resource: "*"``. Here every
+mutating EC2 action is conditioned on the stack's tag (docs/contracts.md): ``aws:ResourceTag`` for
+resources that exist, ``aws:RequestTag`` plus ``ec2:CreateAction`` for those being created, so a
+node can only touch the volumes, snapshots, instances and fleet request of its own stack.
+
+aws-cdk-lib's ``Volume.grant_attach_volume_by_resource_tag`` conditions on a tag of its own making
+(``VolumeGrantAttach-<hash>``) on one CloudFormation volume; our data volume moves between
+Availability Zones as agent-made copies that carry only the contract tags, so these statements
+are written here instead, on the contract's tag.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import aws_cdk as cdk
+import constructs
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_s3_assets as s3_assets
+
+from .tags import STACK_TAG_KEY
+
+#: Read-only EC2 calls the agents make; EC2 does not support resource-level permissions for them.
+DESCRIBE_ACTIONS: tuple[str, ...] = (
+    "ec2:DescribeInstances",
+    "ec2:DescribeVolumes",
+    "ec2:DescribeVolumeStatus",
+    "ec2:DescribeSnapshots",
+    "ec2:DescribeTags",
+    "ec2:DescribeSpotFleetRequests",
+    "ec2:DescribeSpotFleetInstances",
+    "ec2:DescribeAvailabilityZones",
+)
+
+
+class TrainingNodeRole(constructs.Construct):
+    """The training nodes' instance role and instance profile, with exactly what the agents need.
+
+    Grants (all EC2 mutations conditioned on ``spot-training:stack = <stack tag value>``):
+
+    - ``ec2:Describe*`` calls in :data:`DESCRIBE_ACTIONS` on ``*`` (no resource-level support);
+    - ``ec2:CreateVolume`` (new volume must be requested with the tag; a source snapshot must carry it),
+      ``ec2:CreateSnapshot`` (source volume must carry it; new snapshot must be requested with it);
+    - ``ec2:AttachVolume`` / ``ec2:DetachVolume`` on tagged volumes and tagged instances;
+    - ``ec2:DeleteVolume`` / ``ec2:DeleteSnapshot`` on tagged volumes and snapshots;
+    - ``ec2:CreateTags`` on volumes and snapshots while creating them (``ec2:CreateAction``), and
+      ``ec2:CreateTags`` / ``ec2:DeleteTags`` on already tagged ones for any key but the stack tag
+      itself (the agent's attach lease);
+    - ``ec2:CancelSpotFleetRequests`` on this stack's fleet request only;
+    - read access to the bootstrap asset (``grant_read``), if given;
+    - the AWS managed policy ``AmazonSSMManagedInstanceCore`` (Session Manager instead of SSH).
+
+    Attributes:
+        role: the ``iam.Role`` (``ec2.amazonaws.com``).
+        instance_profile: the ``iam.InstanceProfile`` for the launch template.
+        stack_tag_value: the tag value the conditions test.
+    """
+
+    def __init__(
+        self,
+        scope: constructs.Construct,
+        construct_id: str,
+        *,
+        stack_tag_value: str | None = None,
+        assets: Sequence[s3_assets.Asset] = (),
+        description: str | None = None,
+    ) -> None:
+        """Define the role, its policy and the instance profile.
+
+        Args:
+            stack_tag_value: the ``spot-training:stack`` value the IAM conditions require;
+                default: the stack's name.
+            assets: S3 assets the nodes download (the bootstrap asset); default: none.
+            description: the role's description; default: a generic one.
+
+        Raises:
+            ValueError: ``stack_tag_value`` is empty.
+        """
+        super().__init__(scope, construct_id)
+        stack = cdk.Stack.of(self)
+        if stack_tag_value is not None and not stack_tag_value:
+            raise ValueError(f"stack_tag_value must be a non-empty string (the stack name), got {stack_tag_value!r}")
+        self.stack_tag_value: str = stack_tag_value or stack.stack_name
+        self.role = iam.Role(
+            self,
+            "Role",
+            assumed_by=iam.ServicePrincipal("ec2.amazonaws.com"),
+            description=description or f"Spot training nodes of stack {self.stack_tag_value}",
+            managed_policies=[iam.ManagedPolicy.from_aws_managed_policy_name("AmazonSSMManagedInstanceCore")],
+        )
+        self.instance_profile = iam.InstanceProfile(self, "InstanceProfile", role=self.role)
+        for statement in node_policy_statements(self.stack_tag_value):
+            self.role.add_to_principal_policy(statement)
+        for asset in assets:
+            asset.grant_read(self.role)
+
+    @property
+    def grant_principal(self) -> iam.IPrincipal:
+        """The role, for ``grant_*`` calls of other constructs (EFS, S3)."""
+        return self.role
+
+
+def _arn(resource: str) -> str:
+    """``arn:<partition>:ec2:<region>:<account>:<resource>`` of the current stack (tokens)."""
+    return f"arn:{cdk.Aws.PARTITION}:ec2:{cdk.Aws.REGION}:{cdk.Aws.ACCOUNT_ID}:{resource}"
+
+
+def _snapshot_arn() -> str:
+    # EC2 snapshot ARNs have an empty account field: arn:aws:ec2:us-east-1::snapshot/snap-...
+    return f"arn:{cdk.Aws.PARTITION}:ec2:{cdk.Aws.REGION}::snapshot/*"
+
+
+def node_policy_statements(stack_tag_value: str) -> list[iam.PolicyStatement]:
+    """The EC2 policy statements of :class:`TrainingNodeRole` for stack tag value ``stack_tag_value``.
+
+    Returns a list of ``iam.PolicyStatement``; only the Describe statement has ``Resource: "*"``.
+    """
+    tagged = {"StringEquals": {f"aws:ResourceTag/{STACK_TAG_KEY}": stack_tag_value}}
+    requested = {"StringEquals": {f"aws:RequestTag/{STACK_TAG_KEY}": stack_tag_value}}
+    volume, snapshot, instance = _arn("volume/*"), _snapshot_arn(), _arn("instance/*")
+    return [
+        iam.PolicyStatement(sid="Describe", actions=list(DESCRIBE_ACTIONS), resources=["*"]),
+        # Each create call is authorised on two resources: the new one (must be requested with the
+        # stack tag) and its source (must already carry it): CreateVolume's source snapshot,
+        # CreateSnapshot's source volume.
+        iam.PolicyStatement(sid="CreateTaggedVolume", actions=["ec2:CreateVolume"], resources=[volume], conditions=requested),
+        iam.PolicyStatement(sid="CreateVolumeFromOwnSnapshot", actions=["ec2:CreateVolume"], resources=[snapshot], conditions=tagged),
+        iam.PolicyStatement(sid="CreateTaggedSnapshot", actions=["ec2:CreateSnapshot"], resources=[snapshot], conditions=requested),
+        iam.PolicyStatement(sid="SnapshotOwnVolume", actions=["ec2:CreateSnapshot"], resources=[volume], conditions=tagged),
+        iam.PolicyStatement(
+            sid="TagOnCreate",
+            actions=["ec2:CreateTags"],
+            resources=[volume, snapshot],
+            conditions={
+                "StringEquals": {
+                    "ec2:CreateAction": ["CreateVolume", "CreateSnapshot"],
+                    f"aws:RequestTag/{STACK_TAG_KEY}": stack_tag_value,
+                }
+            },
+        ),
+        iam.PolicyStatement(
+            sid="RetagOwnResources",
+            actions=["ec2:CreateTags", "ec2:DeleteTags"],
+            resources=[volume, snapshot],
+            conditions={
+                **tagged,
+                "ForAllValues:StringNotEquals": {"aws:TagKeys": [STACK_TAG_KEY]},
+            },
+        ),
+        iam.PolicyStatement(
+            sid="AttachOwnVolumesToOwnInstances",
+            actions=["ec2:AttachVolume", "ec2:DetachVolume"],
+            resources=[volume, instance],
+            conditions=tagged,
+        ),
+        iam.PolicyStatement(
+            sid="DeleteOwnVolumesAndSnapshots",
+            actions=["ec2:DeleteVolume", "ec2:DeleteSnapshot"],
+            resources=[volume, snapshot],
+            conditions=tagged,
+        ),
+        iam.PolicyStatement(
+            sid="CancelOwnSpotFleet",
+            actions=["ec2:CancelSpotFleetRequests"],
+            resources=[_arn("spot-fleet-request/*")],
+            conditions=tagged,
+        ),
+    ]
+
+
+class SpotFleetRole(constructs.Construct):
+    """The role Spot Fleet assumes to launch, tag and terminate the fleet's instances.
+
+    Trusts ``spotfleet.amazonaws.com`` and carries the AWS managed policy
+    ``service-role/AmazonEC2SpotFleetTaggingRole`` (what the Spot Fleet documentation prescribes).
+    Because the launch template names an instance profile, the managed policy's ``iam:PassRole``
+    (to ``ec2.amazonaws.com``) covers passing the node role.
+
+    Attributes:
+        role: the ``iam.Role``.
+    """
+
+    def __init__(self, scope: constructs.Construct, construct_id: str) -> None:
+        """Define the role. Raises nothing."""
+        super().__init__(scope, construct_id)
+        self.role = iam.Role(
+            self,
+            "Role",
+            assumed_by=iam.ServicePrincipal("spotfleet.amazonaws.com"),
+            description="Lets Spot Fleet launch, tag and terminate the training nodes",
+            managed_policies=[iam.ManagedPolicy.from_aws_managed_policy_name("service-role/AmazonEC2SpotFleetTaggingRole")],
+        )

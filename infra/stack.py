@@ -1,0 +1,241 @@
+"""``SpotTrainingStack``: the single-node spot training stack (stack name ``SpotTraining`` by default)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import aws_cdk as cdk
+import constructs
+import jsii
+from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_kms as kms
+from aws_cdk import aws_logs as logs
+
+from .asset import BootstrapAsset
+from .cleanup import DataCleanup
+from .config import StackSettings
+from .filesystem import SharedFileSystem
+from .fleet import SpotTrainingFleet
+from .roles import TrainingNodeRole
+from .tags import STACK_TAG_KEY
+from .userdata import SERVICE_NAME, agent_commands, config_block, node_config
+from .volume import TrainingVolume
+
+#: What the node agents install when the AMI's system Python lacks boto3 (requirements-agent.txt).
+BOTO3_REQUIREMENT = "boto3>=1.34,<2"
+#: Where the node mounts the shared file system, when there is one.
+EFS_MOUNT_POINT = "/mnt/efs"
+
+
+@jsii.implements(ec2.IMachineImage)
+class FixedImage:
+    """An AMI given by id, valid in whatever region the stack deploys to.
+
+    aws-cdk-lib's ``MachineImage.generic_linux`` needs a region-to-AMI map, which an
+    environment-agnostic stack cannot key; this hands the id through unchanged.
+    """
+
+    def __init__(self, image_id: str) -> None:
+        """``image_id``: ``ami-...`` (validated by :class:`StackSettings`)."""
+        self.image_id = image_id
+
+    def get_image(self, scope: constructs.Construct) -> ec2.MachineImageConfig:
+        """The image config: this id, Linux, empty Linux user data."""
+        return ec2.MachineImageConfig(
+            image_id=self.image_id, os_type=ec2.OperatingSystemType.LINUX, user_data=ec2.UserData.for_linux()
+        )
+
+
+class SpotTrainingStack(cdk.Stack):
+    """One spot training node that resumes where the last one stopped.
+
+    Resources: a VPC (new, public subnets and no NAT gateway, flow logs; or an existing one by id),
+    the data volume (:class:`TrainingVolume`) in the first Availability Zone, the node role and
+    instance profile (:class:`TrainingNodeRole`), the bootstrap asset, a Spot Fleet
+    (:class:`SpotTrainingFleet`) across every AZ of the VPC, optionally an EFS file system
+    (:class:`SharedFileSystem`), and the data cleanup custom resource (:class:`DataCleanup`).
+    Everything carries ``spot-training:stack=<stack name>``.
+
+    Outputs: ``FleetRequestId``, ``DataVolumeId``, ``DataVolumeAvailabilityZone``, ``Logs``, and
+    ``FileSystemId`` / ``AccessPointId`` with EFS.
+
+    Attributes:
+        settings, vpc, volume, node_role, bootstrap_asset, fleet, file_system (or None), cleanup,
+        node_config (dict, may hold tokens).
+    """
+
+    def __init__(
+        self,
+        scope: constructs.Construct,
+        construct_id: str | None = None,
+        *,
+        settings: StackSettings | None = None,
+        **kwargs: Any,
+    ) -> None:
+        """Define the stack.
+
+        Args:
+            scope: the app.
+            construct_id: default: ``settings.stack_name``.
+            settings: validated settings; default: ``StackSettings()`` (every default).
+            kwargs: passed to ``cdk.Stack`` (``env`` overrides ``settings.account``/``region``).
+
+        Raises:
+            ValueError: from the constructs, naming the bad prop.
+        """
+        settings = settings or StackSettings()
+        if "env" not in kwargs and (settings.account or settings.region):
+            kwargs["env"] = cdk.Environment(account=settings.account, region=settings.region)
+        kwargs.setdefault("stack_name", settings.stack_name)
+        kwargs.setdefault(
+            "description", "Spot training: one GPU node on EC2 Spot that resumes from checkpoints on a persistent EBS volume"
+        )
+        self._pinned_azs = list(settings.availability_zones) if settings.availability_zones else None
+        super().__init__(scope, construct_id or settings.stack_name, **kwargs)
+        self.settings = settings
+        tag_value = self.stack_name
+        cdk.Tags.of(self).add(STACK_TAG_KEY, tag_value)
+
+        self.vpc = self._vpc(settings)
+        subnets = self.vpc.select_subnets(subnet_type=ec2.SubnetType.PUBLIC)
+
+        volume_key = (
+            kms.Key.from_key_arn(self, "VolumeKey", settings.volume_kms_key_arn) if settings.volume_kms_key_arn else None
+        )
+        self.volume = TrainingVolume(
+            self,
+            "DataVolume",
+            availability_zone=subnets.availability_zones[0],
+            size_gib=settings.volume_size_gib,
+            iops=settings.volume_iops,
+            throughput_mibps=settings.volume_throughput_mibps,
+            encryption_key=volume_key,
+            removal_policy=cdk.RemovalPolicy.RETAIN,
+            stack_tag_value=tag_value,
+        )
+
+        self.bootstrap_asset = BootstrapAsset(self, "BootstrapAsset")
+        self.node_role = TrainingNodeRole(self, "NodeRole", stack_tag_value=tag_value, assets=[self.bootstrap_asset.asset])
+
+        self.file_system: SharedFileSystem | None = None
+        efs_config = None
+        if settings.efs:
+            self.file_system = SharedFileSystem(self, "SharedFileSystem", vpc=self.vpc)
+            self.file_system.grant_read_write(self.node_role.role)
+            efs_config = {
+                "file_system_id": self.file_system.file_system_id,
+                "access_point_id": self.file_system.access_point_id,
+                "mount_point": EFS_MOUNT_POINT,
+            }
+
+        code = (
+            {"type": "git", "url": settings.code_git_url, "ref": settings.code_git_ref}
+            if settings.code_git_url
+            else None
+        )
+        self.node_config = node_config(
+            region=self.region,
+            stack_name=self.stack_name,
+            volume_tags=self.volume.tags,
+            framework=settings.framework,
+            python=settings.training_python,
+            command=settings.training_command,
+            user=settings.training_user,
+            mount_point=settings.mount_point,
+            keep_snapshots=settings.keep_snapshots,
+            code=code,
+            efs=efs_config,
+            cancel_fleet_on_success=settings.cancel_fleet_on_success,
+            imds_endpoint=settings.imds_endpoint,
+        )
+        user_data = ec2.UserData.for_linux()
+        user_data.add_commands("set -euo pipefail")
+        archive = user_data.add_s3_download_command(
+            bucket=self.bootstrap_asset.asset.bucket,
+            bucket_key=self.bootstrap_asset.asset.s3_object_key,
+            local_file="/opt/spot-training/bootstrap.zip",
+            region=self.region,
+        )
+        # json.dumps, not Stack.to_json_string: the latter drops null values ("efs": null), which the
+        # contract spells out. The only tokens here (region, EFS ids) need no JSON escaping, and
+        # CDK resolves tokens embedded in strings.
+        user_data.add_commands(*config_block(json.dumps(self.node_config, indent=2)))
+        user_data.add_commands(*agent_commands(archive_path=archive, boto3_requirement=BOTO3_REQUIREMENT))
+
+        machine_image = (
+            FixedImage(settings.image_id)
+            if settings.image_id
+            else ec2.MachineImage.from_ssm_parameter(settings.ami_ssm_parameter, os=ec2.OperatingSystemType.LINUX)
+        )
+        self.fleet = SpotTrainingFleet(
+            self,
+            "Fleet",
+            vpc=self.vpc,
+            vpc_subnets=ec2.SubnetSelection(subnet_type=ec2.SubnetType.PUBLIC),
+            machine_image=machine_image,
+            instance_profile=self.node_role.instance_profile,
+            user_data=user_data,
+            instance_types=settings.instance_types,
+            target_capacity=settings.target_capacity,
+            allocation_strategy=settings.allocation_strategy,
+            max_price=settings.max_price,
+            root_volume_size_gib=settings.root_volume_size_gib,
+            stack_tag_value=tag_value,
+        )
+        # Nodes must find their volume, their permissions and (if any) EFS mount targets in place.
+        self.fleet.resource.node.add_dependency(self.volume, self.node_role)
+        if self.file_system is not None:
+            self.file_system.allow_from(self.fleet.connections)
+            self.fleet.resource.node.add_dependency(self.file_system)
+
+        self.cleanup = DataCleanup(self, "DataCleanup", retain_data=settings.retain_data, stack_tag_value=tag_value)
+        self.cleanup.run_after(self.fleet.resource)
+
+        cdk.CfnOutput(self, "FleetRequestId", value=self.fleet.fleet_request_id, description="Spot Fleet request id")
+        cdk.CfnOutput(
+            self,
+            "DataVolumeId",
+            value=self.volume.volume_id,
+            description="The data volume as created; the agent may move it to another AZ (find it by its tags)",
+        )
+        cdk.CfnOutput(self, "DataVolumeAvailabilityZone", value=self.volume.availability_zone)
+        cdk.CfnOutput(
+            self,
+            "Logs",
+            value=(
+                f"agent: journalctl -u {SERVICE_NAME} on the node (aws ssm start-session --target INSTANCE_ID); "
+                f"trainer: {settings.mount_point}/logs on the data volume; "
+                f"cleanup: CloudWatch Logs /aws/lambda/<DataCleanup handler>"
+            ),
+            description="Where the logs go",
+        )
+        if self.file_system is not None:
+            cdk.CfnOutput(self, "FileSystemId", value=self.file_system.file_system_id)
+            cdk.CfnOutput(self, "AccessPointId", value=self.file_system.access_point_id)
+
+    @property
+    def availability_zones(self) -> list[str]:
+        """The AZs from the ``availability_zones`` setting when pinned (no lookup), else CDK's."""
+        pinned = getattr(self, "_pinned_azs", None)
+        return list(pinned) if pinned else super().availability_zones
+
+    def _vpc(self, settings: StackSettings) -> ec2.IVpc:
+        if settings.vpc_id:
+            return ec2.Vpc.from_lookup(self, "Vpc", vpc_id=settings.vpc_id)
+        vpc = ec2.Vpc(
+            self,
+            "Vpc",
+            ip_addresses=ec2.IpAddresses.cidr("10.20.0.0/16"),
+            max_azs=len(self.availability_zones),
+            nat_gateways=0,
+            subnet_configuration=[
+                ec2.SubnetConfiguration(name="Public", subnet_type=ec2.SubnetType.PUBLIC, cidr_mask=20)
+            ],
+        )
+        if settings.vpc_flow_logs:
+            log_group = logs.LogGroup(
+                self, "FlowLogs", retention=logs.RetentionDays.ONE_MONTH, removal_policy=cdk.RemovalPolicy.DESTROY
+            )
+            vpc.add_flow_log("FlowLog", destination=ec2.FlowLogDestination.to_cloud_watch_logs(log_group))
+        return vpc

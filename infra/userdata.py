@@ -1,0 +1,175 @@
+"""The node's user data: fetch the bootstrap asset, write the node config, start the agent under systemd.
+
+The node config JSON (schema: docs/contracts.md, "Node config JSON") sits in the user data between
+the lines ``# BEGIN spot-training config`` and ``# END spot-training config``, inside a quoted
+heredoc, so the user data carries the JSON text verbatim. :func:`extract_config` reads it back
+(local mode uses it on a deployed launch template's user data); it is pure Python and imports no CDK.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+CONFIG_BEGIN = "# BEGIN spot-training config"
+CONFIG_END = "# END spot-training config"
+CONFIG_PATH = "/etc/spot-training/config.json"
+CODE_DIR = "/opt/spot-training/code"
+SERVICE_NAME = "spot-training-agent"
+#: systemd must not restart the agent after this exit status (78: bad config; docs/contracts.md).
+EXIT_BAD_CONFIG = 78
+_HEREDOC_TAG = "SPOT_TRAINING_CONFIG_JSON"
+_HEREDOC_START = re.compile(r"<<\s*'(?P<tag>[A-Za-z_][A-Za-z0-9_]*)'\s*$")
+
+#: The systemd unit that runs the agent. ``Restart=on-failure`` retries exit 75 (try again later)
+#: and crashes; ``RestartPreventExitStatus=78`` stops the loop on a bad config.
+SYSTEMD_UNIT = f"""[Unit]
+Description=spot-training node agent (volume, trainer, interruption notices, cleanup)
+Wants=network-online.target
+After=network-online.target
+
+[Service]
+Type=simple
+WorkingDirectory={CODE_DIR}
+ExecStart=/usr/bin/python3 -m bootstrap run --config {CONFIG_PATH}
+Restart=on-failure
+RestartSec=15
+RestartPreventExitStatus={EXIT_BAD_CONFIG}
+Environment=PYTHONUNBUFFERED=1
+
+[Install]
+WantedBy=multi-user.target
+"""
+
+
+def node_config(
+    *,
+    region: str,
+    stack_name: str,
+    volume_tags: Mapping[str, str],
+    framework: str,
+    python: str,
+    command: Sequence[str],
+    user: str = "ubuntu",
+    mount_point: str = "/dltraining",
+    device_name: str = "/dev/sdf",
+    fs_type: str = "xfs",
+    keep_snapshots: int = 2,
+    code: Mapping[str, str] | None = None,
+    efs: Mapping[str, str] | None = None,
+    cancel_fleet_on_success: bool = True,
+    imds_endpoint: str | None = None,
+    node_role: str = "single",
+) -> dict[str, Any]:
+    """The node config dict (schema version 1, docs/contracts.md).
+
+    ``region`` and the ``efs`` ids may be CDK tokens (string-encoded; ``json.dumps`` keeps them for CDK to resolve).
+    ``code`` defaults to the unpacked bootstrap asset ``{"type": "asset", "path": CODE_DIR}``.
+    Dataset, checkpoint and log directories are ``datasets/``, ``checkpoints/``, ``logs/`` under
+    ``mount_point``. Raises nothing; the stack validated the values.
+    """
+    return {
+        "schema_version": 1,
+        "region": region,
+        "stack_name": stack_name,
+        "node_role": node_role,
+        "volume": {
+            "tags": dict(volume_tags),
+            "device_name": device_name,
+            "mount_point": mount_point,
+            "fs_type": fs_type,
+            "keep_snapshots": keep_snapshots,
+        },
+        "efs": dict(efs) if efs is not None else None,
+        "training": {
+            "framework": framework,
+            "python": python,
+            "command": list(command),
+            "user": user,
+            "dataset_dir": f"{mount_point}/datasets",
+            "checkpoint_dir": f"{mount_point}/checkpoints",
+            "log_dir": f"{mount_point}/logs",
+            "code": dict(code) if code is not None else {"type": "asset", "path": CODE_DIR},
+        },
+        "cleanup": {"cancel_fleet_on_success": cancel_fleet_on_success},
+        "imds_endpoint": imds_endpoint,
+    }
+
+
+def config_block(config_json: str) -> list[str]:
+    """User-data lines that write ``config_json`` (text, may hold tokens) to :data:`CONFIG_PATH`."""
+    return [
+        CONFIG_BEGIN,
+        f"install -d -m 0755 {CONFIG_PATH.rsplit('/', 1)[0]}",
+        f"cat > {CONFIG_PATH} <<'{_HEREDOC_TAG}'",
+        config_json,
+        _HEREDOC_TAG,
+        CONFIG_END,
+    ]
+
+
+def agent_commands(*, archive_path: str, boto3_requirement: str) -> list[str]:
+    """User-data lines that unpack the bootstrap asset and start the agent as a systemd service.
+
+    Args:
+        archive_path: where the asset's zip file was downloaded on the node.
+        boto3_requirement: pip requirement installed when the system Python lacks boto3 (the agent
+            needs only the standard library and boto3), e.g. ``boto3>=1.34,<2``.
+    """
+    return [
+        f"rm -rf {CODE_DIR} && install -d -m 0755 {CODE_DIR}",
+        # The standard library unzips; the AMI need not have `unzip`.
+        f"python3 -m zipfile -e '{archive_path}' {CODE_DIR}",
+        f"python3 -c 'import boto3' 2>/dev/null || python3 -m pip install --quiet '{boto3_requirement}' "
+        f"|| python3 -m pip install --quiet --break-system-packages '{boto3_requirement}'",
+        f"cat > /etc/systemd/system/{SERVICE_NAME}.service <<'SPOT_TRAINING_UNIT'",
+        SYSTEMD_UNIT.rstrip("\n"),
+        "SPOT_TRAINING_UNIT",
+        "systemctl daemon-reload",
+        f"systemctl enable --now {SERVICE_NAME}.service",
+    ]
+
+
+def extract_config(user_data_text: str) -> dict[str, Any]:
+    """Read the node config back from user data text (already base64-decoded).
+
+    Args:
+        user_data_text: the launch template's user data as text.
+
+    Returns:
+        The config dict (the JSON between the markers' heredoc lines).
+
+    Raises:
+        ValueError: the markers are missing, repeated or out of order, the block holds no quoted
+            heredoc, or its body is not a JSON object (the message says which).
+    """
+    if not isinstance(user_data_text, str):
+        raise ValueError(f"user_data_text must be str (decoded user data), got {type(user_data_text).__name__}")
+    lines = user_data_text.splitlines()
+    begins = [i for i, line in enumerate(lines) if line.strip() == CONFIG_BEGIN]
+    ends = [i for i, line in enumerate(lines) if line.strip() == CONFIG_END]
+    if len(begins) != 1 or len(ends) != 1 or ends[0] < begins[0]:
+        raise ValueError(
+            f"user data must contain exactly one {CONFIG_BEGIN!r} line followed by one {CONFIG_END!r} line; "
+            f"found {len(begins)} BEGIN and {len(ends)} END"
+        )
+    block = lines[begins[0] + 1 : ends[0]]
+    for i, line in enumerate(block):
+        match = _HEREDOC_START.search(line)
+        if match:
+            tag = match.group("tag")
+            try:
+                stop = block.index(tag, i + 1)
+            except ValueError:
+                raise ValueError(f"the config heredoc <<'{tag}' is not closed by a {tag!r} line before {CONFIG_END!r}") from None
+            body = "\n".join(block[i + 1 : stop])
+            try:
+                config = json.loads(body)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"the config block is not valid JSON: {exc}") from exc
+            if not isinstance(config, dict):
+                raise ValueError(f"the config block must hold a JSON object, got {type(config).__name__}")
+            return config
+    raise ValueError(f"no quoted heredoc (<<'TAG') between {CONFIG_BEGIN!r} and {CONFIG_END!r}")

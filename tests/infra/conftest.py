@@ -1,0 +1,54 @@
+"""Fixtures for the CDK tests: synthesized stacks and a fresh stack per construct test.
+
+Each synth of the full stack costs seconds on 2 cores, so each variant of the stack is synthesized
+once per session; construct tests use ``stack``: a fresh, empty stack per test.
+"""
+
+from __future__ import annotations
+
+import aws_cdk as cdk
+import pytest
+from infra_helpers import Synth, synth_stack
+
+from infra.config import StackSettings
+
+
+@pytest.fixture(scope="session")
+def default_synth(tmp_path_factory: pytest.TempPathFactory) -> Synth:
+    """The stack with every default, synthesized once for the session."""
+    return synth_stack(tmp_path_factory.mktemp("cdk-default"))
+
+
+@pytest.fixture(scope="session")
+def efs_synth(tmp_path_factory: pytest.TempPathFactory) -> Synth:
+    """The stack with ``efs=True``, synthesized once for the session."""
+    return synth_stack(tmp_path_factory.mktemp("cdk-efs"), StackSettings.from_mapping({"efs": True}))
+
+
+@pytest.fixture(scope="session")
+def pinned_synth(tmp_path_factory: pytest.TempPathFactory) -> Synth:
+    """Explicit account/region, three pinned AZs and non-default capacity settings."""
+    settings = StackSettings.from_mapping(
+        {
+            "account": "123456789012",
+            "region": "eu-west-1",
+            "availability_zones": ["eu-west-1a", "eu-west-1b", "eu-west-1c"],
+            "instance_types": "g5.xlarge,g4dn.xlarge",
+            "target_capacity": "2",
+            "allocation_strategy": "capacityOptimized",
+            "max_price": "0.9",
+            "retain_data": "true",
+            "framework": "mxnet",
+            "code_git_url": "https://github.com/example/train.git",
+            "code_git_ref": "v1.2.0",
+            "imds_endpoint": "http://127.0.0.1:18080",
+            "vpc_flow_logs": "false",
+        }
+    )
+    return synth_stack(tmp_path_factory.mktemp("cdk-pinned"), settings)
+
+
+@pytest.fixture
+def stack() -> cdk.Stack:
+    """A fresh, empty stack (environment-agnostic) for construct tests."""
+    return cdk.Stack(cdk.App(), "TestStack")

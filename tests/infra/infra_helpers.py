@@ -1,0 +1,59 @@
+"""Helpers for the CDK tests: synthesize a SpotTrainingStack, lint a template (no fixtures here)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION", "1")
+os.environ.setdefault("JSII_SILENCE_WARNING_UNTESTED_NODE_VERSION", "1")
+
+import aws_cdk as cdk  # noqa: E402
+from aws_cdk import assertions  # noqa: E402
+
+from infra.config import StackSettings  # noqa: E402
+from infra.nag import apply_nag  # noqa: E402
+from infra.stack import SpotTrainingStack  # noqa: E402
+
+
+@dataclasses.dataclass
+class Synth:
+    """One synthesized SpotTrainingStack: the stack, its template (dict and assertions), its files."""
+
+    stack: SpotTrainingStack
+    template: assertions.Template
+    data: dict[str, Any]
+    template_file: Path
+    outdir: Path
+    nag_errors: list[str]
+
+    def resources(self, cfn_type: str) -> dict[str, dict[str, Any]]:
+        """Logical id -> resource of every resource of ``cfn_type``."""
+        return {k: v for k, v in self.data["Resources"].items() if v["Type"] == cfn_type}
+
+
+def synth_stack(outdir: Path, settings: StackSettings | None = None) -> Synth:
+    """Synthesize a SpotTrainingStack with cdk-nag applied (as app.py does) into ``outdir``."""
+    app = cdk.App(outdir=str(outdir))
+    stack = SpotTrainingStack(app, settings=settings or StackSettings())
+    apply_nag(app)
+    assembly = app.synth()
+    artifact = assembly.get_stack_artifact(stack.artifact_id)
+    template_file = outdir / artifact.template_file
+    nag_errors = [
+        f"{m.id}: {m.entry.data}"
+        for m in assertions.Annotations.from_stack(stack).find_error("*", assertions.Match.any_value())
+    ]
+    data = json.loads(template_file.read_text())
+    return Synth(stack, assertions.Template.from_json(data), data, template_file, outdir, nag_errors)
+
+
+def cfn_lint_errors(template_file: Path) -> list[str]:
+    """cfn-lint's error-level findings (rule ids starting with E) for a template file."""
+    from cfnlint.api import lint_file
+
+    return [f"{m.rule.id} {m.message} ({m.path_string if hasattr(m, 'path_string') else m.path})"
+            for m in lint_file(template_file) if m.rule.id.startswith("E")]

@@ -1,0 +1,61 @@
+"""The real `cdk synth` CLI (node_modules/.bin/cdk) on app.py, in a copy-free temporary output directory."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+from infra_helpers import cfn_lint_errors
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+CDK = REPO_ROOT / "node_modules" / ".bin" / "cdk"
+
+
+def _cdk_synth(outdir: Path, *context: str) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ)
+    env["PATH"] = f"{REPO_ROOT / '.venv' / 'bin'}:{REPO_ROOT / 'node_modules' / '.bin'}:{env['PATH']}"
+    env.update(
+        CDK_DISABLE_CLI_TELEMETRY="true",
+        JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION="1",
+        JSII_SILENCE_WARNING_UNTESTED_NODE_VERSION="1",
+    )
+    # No AWS credentials or profile: synth must not need them.
+    for name in ("AWS_PROFILE", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL"):
+        env.pop(name, None)
+    args = [str(CDK), "synth", "--no-notices", "--no-version-reporting", "--quiet", "--output", str(outdir)]
+    for item in context:
+        args += ["-c", item]
+    return subprocess.run(args, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.slow
+def test_cli_synth_writes_the_must_show_template(tmp_path: Path) -> None:
+    result = _cdk_synth(tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    template_file = tmp_path / "SpotTraining.template.json"
+    template = json.loads(template_file.read_text())
+    resources = template["Resources"].values()
+    fleets = [r for r in resources if r["Type"] == "AWS::EC2::SpotFleet"]
+    assert len(fleets) == 1 and fleets[0]["Properties"]["SpotFleetRequestConfigData"]["LaunchTemplateConfigs"]
+    (lt,) = [r for r in resources if r["Type"] == "AWS::EC2::LaunchTemplate"]
+    assert lt["Properties"]["LaunchTemplateData"]["MetadataOptions"]["HttpTokens"] == "required"
+    (volume,) = [r for r in resources if r["Type"] == "AWS::EC2::Volume"]
+    assert volume["Properties"]["Encrypted"] is True and volume["Properties"]["VolumeType"] == "gp3"
+    principals = [json.dumps(r["Properties"]["AssumeRolePolicyDocument"]) for r in resources if r["Type"] == "AWS::IAM::Role"]
+    assert sum("ec2.amazonaws.com" in p for p in principals) == 1
+    assert sum("spotfleet.amazonaws.com" in p for p in principals) == 1
+    assets = json.loads((tmp_path / "SpotTraining.assets.json").read_text())["files"]
+    staged = [tmp_path / a["source"]["path"] for a in assets.values() if a["source"].get("packaging") == "zip"]
+    assert any((p / "bootstrap" / "__init__.py").is_file() and (p / "training" / "__init__.py").is_file() for p in staged)
+    assert cfn_lint_errors(template_file) == []
+
+
+@pytest.mark.slow
+def test_cli_synth_fails_on_a_bad_context_value(tmp_path: Path) -> None:
+    result = _cdk_synth(tmp_path, "volume_size_gib=0")
+    assert result.returncode != 0
+    assert "context key 'volume_size_gib': got '0'; allowed: an integer (GiB) from 1 to 16384" in result.stderr
+    assert not (tmp_path / "SpotTraining.template.json").exists()

@@ -1,0 +1,134 @@
+"""Context-key validation (infra.config): every bad value fails with the key, the value and what is allowed."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import aws_cdk as cdk
+import pytest
+
+from infra.config import CONTEXT_KEYS, StackSettings
+from infra.fleet import AllocationStrategy
+
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "infra.md"
+
+
+def settings_from_app_context(**context: object) -> StackSettings:
+    """Read settings the way app.py does: from a real CDK app's context."""
+    app = cdk.App(context=context)
+    return StackSettings.from_context(app.node.try_get_context)
+
+
+def test_defaults_match_the_issue() -> None:
+    s = settings_from_app_context()
+    assert s.stack_name == "SpotTraining"
+    assert s.instance_types == ("p3.2xlarge", "g5.xlarge", "g4dn.xlarge")
+    assert s.allocation_strategy is AllocationStrategy.PRICE_CAPACITY_OPTIMIZED
+    assert (s.target_capacity, s.volume_size_gib, s.mount_point) == (1, 100, "/dltraining")
+    assert (s.framework, s.efs, s.retain_data, s.account, s.region) == ("tensorflow", False, False, None, None)
+
+
+def test_fails_when_instance_type_is_malformed() -> None:
+    with pytest.raises(ValueError, match=r"instance_types.*'p3\.2xl arge'.*FAMILY\.SIZE such as g5\.xlarge"):
+        settings_from_app_context(instance_types=["g5.xlarge", "p3.2xl arge"])
+    with pytest.raises(ValueError, match=r"instance_types.*'gpu'.*FAMILY\.SIZE"):
+        settings_from_app_context(instance_types="gpu")
+
+
+@pytest.mark.parametrize("size", [0, -5, 16385, "16385", "big", 1.5, True])
+def test_fails_when_volume_size_is_outside_1_to_16384_gib(size: object) -> None:
+    with pytest.raises(ValueError, match=rf"'volume_size_gib': got {re.escape(repr(size))}; allowed: an integer \(GiB\) from 1 to 16384"):
+        settings_from_app_context(volume_size_gib=size)
+
+
+@pytest.mark.parametrize("types", [[], "", " , "])
+def test_fails_when_instance_type_list_is_empty(types: object) -> None:
+    with pytest.raises(ValueError, match=r"'instance_types': got .*; allowed: a non-empty list"):
+        settings_from_app_context(instance_types=types)
+
+
+def test_fails_when_framework_is_unknown() -> None:
+    with pytest.raises(ValueError, match=r"'framework': got 'pytorch'; allowed: one of tensorflow, mxnet"):
+        settings_from_app_context(framework="pytorch")
+
+
+def test_fails_when_allocation_strategy_is_unknown() -> None:
+    with pytest.raises(
+        ValueError,
+        match=r"'allocation_strategy': got 'cheapest'; allowed: one of priceCapacityOptimized, capacityOptimized, lowestPrice, diversified",
+    ):
+        settings_from_app_context(allocation_strategy="cheapest")
+
+
+@pytest.mark.parametrize("capacity", [-1, "-3"])
+def test_fails_when_target_capacity_is_negative(capacity: object) -> None:
+    with pytest.raises(ValueError, match=rf"'target_capacity': got {re.escape(repr(capacity))}; allowed: an integer \(instances\) >= 0"):
+        settings_from_app_context(target_capacity=capacity)
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "allowed"),
+    [
+        ("region", "Europe", "an AWS region name"),
+        ("account", "1234", "a 12-digit AWS account id"),
+        ("availability_zones", ["us-east-1a", "us-east-1a"], "distinct Availability Zone names"),
+        ("vpc_id", "vpc-0123456789abcdef0", "an existing VPC only together with an explicit account and region"),
+        ("max_price", "-1", "a positive decimal price"),
+        ("volume_iops", 100, r"an integer \(IOPS\) from 3000 to 16000"),
+        ("volume_throughput_mibps", 5000, r"an integer \(MiB/s\) from 125 to 1000"),
+        ("retain_data", "yes", "true or false"),
+        ("code_git_url", "https://example.com/x.git", "a commit or tag"),
+        ("image_id", "ubuntu", "an AMI id"),
+        ("mount_point", "data", "an absolute directory path"),
+        ("stack_name", "1stack", "a CloudFormation stack name"),
+    ],
+)
+def test_fails_when_other_keys_are_bad(key: str, value: object, allowed: str) -> None:
+    name = "code_git_ref" if key == "code_git_url" else key
+    with pytest.raises(ValueError, match=rf"context key '{name}': got .*; allowed: {allowed}"):
+        settings_from_app_context(**{key: value})
+
+
+def test_fails_when_azs_are_outside_the_region() -> None:
+    with pytest.raises(ValueError, match=r"'availability_zones'.*Availability Zones of region eu-west-1"):
+        settings_from_app_context(region="eu-west-1", availability_zones=["us-east-1a"])
+
+
+def test_fails_on_unknown_setting() -> None:
+    with pytest.raises(ValueError, match=r"unknown setting\(s\) \['volume_size'\]"):
+        StackSettings.from_mapping({"volume_size": 10})
+
+
+def test_reads_the_strings_that_dash_c_passes() -> None:
+    s = settings_from_app_context(
+        instance_types="g5.xlarge, g4dn.xlarge",
+        target_capacity="0",
+        volume_size_gib="16384",
+        retain_data="TRUE",
+        availability_zones='["us-east-1a","us-east-1b"]',
+        allocation_strategy="lowestPrice",
+        max_price=0.5,
+        training_command='["{python}", "train.py", "--epochs", "3"]',
+    )
+    assert s.instance_types == ("g5.xlarge", "g4dn.xlarge")
+    assert (s.target_capacity, s.volume_size_gib, s.retain_data) == (0, 16384, True)
+    assert s.availability_zones == ("us-east-1a", "us-east-1b")
+    assert s.allocation_strategy is AllocationStrategy.LOWEST_PRICE
+    assert s.max_price == "0.5"
+    assert s.training_command == ("{python}", "train.py", "--epochs", "3")
+
+
+def test_framework_picks_its_python() -> None:
+    assert settings_from_app_context(framework="mxnet").training_python == "/opt/conda/envs/mxnet/bin/python"
+    assert settings_from_app_context(framework="mxnet", training_python="/usr/bin/python3").training_python == "/usr/bin/python3"
+
+
+def test_docs_list_every_context_key_with_its_default() -> None:
+    text = DOCS.read_text()
+    for key in CONTEXT_KEYS:
+        row = next((line for line in text.splitlines() if line.startswith(f"| `{key.name}`")), None)
+        assert row is not None, f"docs/infra.md has no table row for context key {key.name!r}"
+        default = "none" if key.default is None else str(key.default).lower() if isinstance(key.default, bool) else key.default
+        shown = ", ".join(default) if isinstance(default, list) else str(default)
+        assert shown in row, f"docs/infra.md row for {key.name!r} does not show its default {shown!r}: {row}"

@@ -1,0 +1,381 @@
+"""The synthesized SpotTraining stack: gates (cfn-lint, cdk-nag, security assertions) and wiring."""
+
+from __future__ import annotations
+
+import json
+import zipfile
+from pathlib import Path
+from typing import Any
+
+from aws_cdk import assertions
+from infra_helpers import Synth, cfn_lint_errors
+
+from infra.tags import STACK_TAG_KEY
+from infra.userdata import extract_config
+
+Match = assertions.Match
+#: Logical ids of the stateful resources: a change here replaces the resource and loses its data.
+PINNED_VOLUME_ID = "DataVolumeE23556DE"
+PINNED_FILE_SYSTEM_ID = "SharedFileSystem442D9C2E"
+READ_ONLY_PREFIXES = ("Describe", "Get", "List")
+
+
+# ---- gates -------------------------------------------------------------------------------------
+
+
+def test_cfn_lint_reports_no_errors(default_synth: Synth, efs_synth: Synth, pinned_synth: Synth) -> None:
+    for synth in (default_synth, efs_synth, pinned_synth):
+        assert cfn_lint_errors(synth.template_file) == [], synth.template_file
+
+
+def test_cdk_nag_reports_no_unacknowledged_findings(default_synth: Synth, efs_synth: Synth, pinned_synth: Synth) -> None:
+    for synth in (default_synth, efs_synth, pinned_synth):
+        assert synth.nag_errors == []
+
+
+def test_no_ingress_from_anywhere(default_synth: Synth, efs_synth: Synth) -> None:
+    for synth in (default_synth, efs_synth):
+        for sg in synth.resources("AWS::EC2::SecurityGroup").values():
+            for rule in sg["Properties"].get("SecurityGroupIngress", []):
+                assert rule.get("CidrIp") != "0.0.0.0/0" and rule.get("CidrIpv6") != "::/0", rule
+        for rule in synth.resources("AWS::EC2::SecurityGroupIngress").values():
+            assert rule["Properties"].get("CidrIp") != "0.0.0.0/0" and rule["Properties"].get("CidrIpv6") != "::/0"
+
+
+def test_fleet_security_group_has_no_ingress(default_synth: Synth) -> None:
+    groups = default_synth.resources("AWS::EC2::SecurityGroup")
+    fleet_sg = next(v for k, v in groups.items() if k.startswith("FleetSecurityGroup"))
+    assert "SecurityGroupIngress" not in fleet_sg["Properties"]
+    assert default_synth.resources("AWS::EC2::SecurityGroupIngress") == {}
+
+
+def _policy_statements(synth: Synth, logical_prefix: str) -> list[dict[str, Any]]:
+    statements = []
+    for logical_id, policy in synth.resources("AWS::IAM::Policy").items():
+        if logical_id.startswith(logical_prefix):
+            statements += policy["Properties"]["PolicyDocument"]["Statement"]
+    assert statements, f"no IAM policy starting with {logical_prefix}"
+    return statements
+
+
+def _as_list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else [value]
+
+
+def test_every_mutating_ec2_action_is_conditioned_on_the_stack_tag(default_synth: Synth) -> None:
+    tag_keys = {f"aws:ResourceTag/{STACK_TAG_KEY}", f"aws:RequestTag/{STACK_TAG_KEY}"}
+    checked = set()
+    for synth_policy in ("NodeRole", "DataCleanupHandler"):
+        for st in _policy_statements(default_synth, synth_policy):
+            mutating = [a for a in _as_list(st["Action"]) if a.startswith("ec2:") and not a.split(":")[1].startswith(READ_ONLY_PREFIXES)]
+            if not mutating:
+                continue
+            conditions = st.get("Condition", {}).get("StringEquals", {})
+            assert tag_keys & set(conditions), f"unconditioned mutating EC2 statement: {st}"
+            assert all(conditions[k] == "SpotTraining" for k in tag_keys & set(conditions))
+            assert "*" not in _as_list(st["Resource"]), st
+            checked.update(mutating)
+    # The agent's whole mutating surface was seen (so the loop above cannot pass vacuously).
+    assert checked >= {
+        "ec2:CreateVolume", "ec2:CreateSnapshot", "ec2:AttachVolume", "ec2:DetachVolume", "ec2:DeleteVolume",
+        "ec2:DeleteSnapshot", "ec2:CreateTags", "ec2:DeleteTags", "ec2:CancelSpotFleetRequests",
+    }
+
+
+def test_only_describe_statements_use_resource_star(default_synth: Synth) -> None:
+    for prefix in ("NodeRole", "DataCleanupHandler"):
+        for st in _policy_statements(default_synth, prefix):
+            if "*" in _as_list(st["Resource"]):
+                assert all(a.split(":")[1].startswith("Describe") for a in _as_list(st["Action"])), st
+
+
+def test_cancel_is_scoped_to_this_stacks_fleet_request(default_synth: Synth) -> None:
+    cancel = [s for s in _policy_statements(default_synth, "NodeRole") if "ec2:CancelSpotFleetRequests" in _as_list(s["Action"])]
+    assert len(cancel) == 1
+    assert cancel[0]["Condition"] == {"StringEquals": {f"aws:ResourceTag/{STACK_TAG_KEY}": "SpotTraining"}}
+    assert "spot-fleet-request/*" in json.dumps(cancel[0]["Resource"])
+
+
+def test_the_stack_tag_itself_cannot_be_changed_by_nodes(default_synth: Synth) -> None:
+    retag = [s for s in _policy_statements(default_synth, "NodeRole") if "ec2:DeleteTags" in _as_list(s["Action"])]
+    assert retag and all(s["Condition"]["ForAllValues:StringNotEquals"]["aws:TagKeys"] == STACK_TAG_KEY
+                         or s["Condition"]["ForAllValues:StringNotEquals"]["aws:TagKeys"] == [STACK_TAG_KEY] for s in retag)
+
+
+# ---- Must show ---------------------------------------------------------------------------------
+
+
+def test_spot_fleet_uses_launch_template_configs(default_synth: Synth) -> None:
+    default_synth.template.resource_count_is("AWS::EC2::SpotFleet", 1)
+    default_synth.template.has_resource_properties(
+        "AWS::EC2::SpotFleet",
+        {
+            "SpotFleetRequestConfigData": Match.object_like(
+                {
+                    "Type": "maintain",
+                    "AllocationStrategy": "priceCapacityOptimized",
+                    "TargetCapacity": 1,
+                    "LaunchTemplateConfigs": Match.any_value(),
+                    "LaunchSpecifications": Match.absent(),
+                    "SpotPrice": Match.absent(),
+                    "TagSpecifications": [
+                        {"ResourceType": "spot-fleet-request", "Tags": [{"Key": STACK_TAG_KEY, "Value": "SpotTraining"}]}
+                    ],
+                }
+            )
+        },
+    )
+
+
+def test_one_override_per_instance_type_and_subnet(default_synth: Synth) -> None:
+    (fleet,) = default_synth.resources("AWS::EC2::SpotFleet").values()
+    (config,) = fleet["Properties"]["SpotFleetRequestConfigData"]["LaunchTemplateConfigs"]
+    pairs = {(o["InstanceType"], o["SubnetId"]["Ref"]) for o in config["Overrides"]}
+    subnets = [k for k in default_synth.resources("AWS::EC2::Subnet")]
+    assert len(subnets) == 2  # environment-agnostic: CDK gives two AZs
+    assert pairs == {(t, s) for t in ("p3.2xlarge", "g5.xlarge", "g4dn.xlarge") for s in subnets}
+
+
+def test_launch_template_requires_imdsv2_and_encrypts_the_root_volume(default_synth: Synth) -> None:
+    default_synth.template.has_resource_properties(
+        "AWS::EC2::LaunchTemplate",
+        {
+            "LaunchTemplateData": Match.object_like(
+                {
+                    "MetadataOptions": {"HttpTokens": "required", "HttpPutResponseHopLimit": 2, "HttpEndpoint": "enabled"},
+                    "BlockDeviceMappings": [
+                        {"DeviceName": "/dev/sda1", "Ebs": Match.object_like({"Encrypted": True, "VolumeType": "gp3", "VolumeSize": 150})}
+                    ],
+                    "KeyName": Match.absent(),
+                    "IamInstanceProfile": Match.any_value(),
+                }
+            )
+        },
+    )
+
+
+def test_launch_template_tags_instances_and_volumes(default_synth: Synth) -> None:
+    (lt,) = default_synth.resources("AWS::EC2::LaunchTemplate").values()
+    specs = {s["ResourceType"]: s["Tags"] for s in lt["Properties"]["LaunchTemplateData"]["TagSpecifications"]}
+    for resource_type in ("instance", "volume"):
+        assert {"Key": STACK_TAG_KEY, "Value": "SpotTraining"} in specs[resource_type]
+
+
+def test_data_volume_is_encrypted_gp3_tagged_and_retained(default_synth: Synth) -> None:
+    volumes = default_synth.resources("AWS::EC2::Volume")
+    assert list(volumes) == [PINNED_VOLUME_ID]
+    volume = volumes[PINNED_VOLUME_ID]
+    assert volume["DeletionPolicy"] == "Retain" and volume["UpdateReplacePolicy"] == "Retain"
+    props = volume["Properties"]
+    assert (props["Encrypted"], props["VolumeType"], props["Size"], props["Iops"], props["Throughput"]) == (True, "gp3", 100, 3000, 125)
+    assert {"Key": "spot-training:purpose", "Value": "data-volume"} in props["Tags"]
+    assert {"Key": STACK_TAG_KEY, "Value": "SpotTraining"} in props["Tags"]
+
+
+def test_instance_role_and_fleet_role(default_synth: Synth) -> None:
+    roles = default_synth.resources("AWS::IAM::Role")
+    principals = {k: json.dumps(v["Properties"]["AssumeRolePolicyDocument"]) for k, v in roles.items()}
+    node = [k for k, p in principals.items() if "ec2.amazonaws.com" in p]
+    fleet = [k for k, p in principals.items() if "spotfleet.amazonaws.com" in p]
+    assert len(node) == 1 and len(fleet) == 1
+    assert "AmazonSSMManagedInstanceCore" in json.dumps(roles[node[0]]["Properties"]["ManagedPolicyArns"])
+    assert "service-role/AmazonEC2SpotFleetTaggingRole" in json.dumps(roles[fleet[0]]["Properties"]["ManagedPolicyArns"])
+    default_synth.template.resource_count_is("AWS::IAM::InstanceProfile", 1)
+
+
+def test_bootstrap_asset_holds_agent_and_training_code_only(default_synth: Synth) -> None:
+    manifest = json.loads(next(default_synth.outdir.glob("*.assets.json")).read_text())
+    asset_hash = default_synth.stack.bootstrap_asset.asset.asset_hash
+    assert asset_hash in manifest["files"]
+    source = default_synth.outdir / manifest["files"][asset_hash]["source"]["path"]
+    files = {p.relative_to(source).as_posix() for p in source.rglob("*") if p.is_file()}
+    assert "bootstrap/__init__.py" in files and "training/__init__.py" in files
+    assert not [f for f in files if "__pycache__" in f or f.endswith(".pyc") or "/tests/" in f or f.startswith("tests/")]
+    assert {f.split("/")[0] for f in files} == {"bootstrap", "training"}
+
+
+def test_outputs(default_synth: Synth) -> None:
+    outputs = default_synth.data["Outputs"]
+    assert outputs["FleetRequestId"]["Value"] == {"Ref": next(iter(default_synth.resources("AWS::EC2::SpotFleet")))}
+    assert outputs["DataVolumeId"]["Value"] == {"Ref": PINNED_VOLUME_ID}
+    assert "journalctl -u spot-training-agent" in outputs["Logs"]["Value"]
+
+
+def test_default_ami_is_the_deep_learning_ami_ssm_parameter(default_synth: Synth) -> None:
+    params = default_synth.data["Parameters"]
+    ami = [p for p in params.values() if p["Type"] == "AWS::SSM::Parameter::Value<AWS::EC2::Image::Id>"]
+    assert [p["Default"] for p in ami] == ["/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-ubuntu-22.04/latest/ami-id"]
+
+
+def test_new_vpc_has_public_subnets_no_nat_and_flow_logs(default_synth: Synth) -> None:
+    default_synth.template.resource_count_is("AWS::EC2::NatGateway", 0)
+    default_synth.template.resource_count_is("AWS::EC2::FlowLog", 1)
+    for subnet in default_synth.resources("AWS::EC2::Subnet").values():
+        assert subnet["Properties"]["MapPublicIpOnLaunch"] is True
+
+
+# ---- cleanup custom resource --------------------------------------------------------------------
+
+
+def test_cleanup_runs_after_the_fleet_is_deleted(default_synth: Synth) -> None:
+    (cleanup_id,) = default_synth.resources("Custom::SpotTrainingDataCleanup")
+    (fleet,) = default_synth.resources("AWS::EC2::SpotFleet").values()
+    # CloudFormation deletes dependents first: the fleet depends on the cleanup, so it goes first.
+    assert cleanup_id in fleet["DependsOn"]
+    cleanup = default_synth.data["Resources"][cleanup_id]
+    assert cleanup["Properties"]["StackName"] == "SpotTraining"
+    assert cleanup["Properties"]["TagKey"] == STACK_TAG_KEY
+    assert cleanup["Properties"]["TagValue"] == "SpotTraining"
+    assert cleanup["Properties"]["RetainData"] == "false"
+
+
+def test_cleanup_handler_is_the_colleagues_python_handler(default_synth: Synth) -> None:
+    default_synth.template.has_resource_properties(
+        "AWS::Lambda::Function",
+        {"Handler": "index.handler", "Runtime": Match.string_like_regexp(r"^python3\.\d+$"), "Timeout": 900},
+    )
+
+
+def test_retain_data_reaches_the_custom_resource(pinned_synth: Synth) -> None:
+    (cleanup,) = pinned_synth.resources("Custom::SpotTrainingDataCleanup").values()
+    assert cleanup["Properties"]["RetainData"] == "true"
+
+
+# ---- node config in user data --------------------------------------------------------------------
+
+
+def _render(value: Any, pseudo: dict[str, str]) -> str:
+    """Render the few intrinsics our user data uses (Fn::Join, Fn::Sub, Ref to pseudo parameters)."""
+    if isinstance(value, str):
+        return value
+    ((fn, arg),) = value.items()
+    if fn == "Fn::Join":
+        return arg[0].join(_render(v, pseudo) for v in arg[1])
+    if fn == "Fn::Sub":
+        text = arg
+        for name, v in pseudo.items():
+            text = text.replace("${" + name + "}", v)
+        return text
+    if fn == "Ref":
+        return pseudo[arg]
+    raise AssertionError(f"unexpected intrinsic {fn} in user data")
+
+
+def _user_data(synth: Synth, pseudo: dict[str, str]) -> str:
+    (lt,) = synth.resources("AWS::EC2::LaunchTemplate").values()
+    encoded = lt["Properties"]["LaunchTemplateData"]["UserData"]["Fn::Base64"]
+    return _render(encoded, pseudo)
+
+
+PSEUDO = {"AWS::Region": "us-east-1", "AWS::AccountId": "123456789012", "AWS::URLSuffix": "amazonaws.com", "AWS::Partition": "aws"}
+
+
+def test_extract_config_reads_the_contract_config_from_user_data(default_synth: Synth) -> None:
+    text = _user_data(default_synth, PSEUDO)
+    config = extract_config(text)
+    assert config == {
+        "schema_version": 1,
+        "region": "us-east-1",
+        "stack_name": "SpotTraining",
+        "node_role": "single",
+        "volume": {
+            "tags": {"spot-training:stack": "SpotTraining", "spot-training:purpose": "data-volume"},
+            "device_name": "/dev/sdf",
+            "mount_point": "/dltraining",
+            "fs_type": "xfs",
+            "keep_snapshots": 2,
+        },
+        "efs": None,
+        "training": {
+            "framework": "tensorflow",
+            "python": "/opt/conda/envs/tensorflow/bin/python",
+            "command": ["{python}", "training/examples/keras_resnet.py"],
+            "user": "ubuntu",
+            "dataset_dir": "/dltraining/datasets",
+            "checkpoint_dir": "/dltraining/checkpoints",
+            "log_dir": "/dltraining/logs",
+            "code": {"type": "asset", "path": "/opt/spot-training/code"},
+        },
+        "cleanup": {"cancel_fleet_on_success": True},
+        "imds_endpoint": None,
+    }
+
+
+def test_user_data_fetches_the_asset_and_starts_the_agent_under_systemd(default_synth: Synth) -> None:
+    text = _user_data(default_synth, PSEUDO)
+    asset = default_synth.stack.bootstrap_asset.asset
+    assert f"s3://cdk-hnb659fds-assets-123456789012-us-east-1/{asset.asset_hash}.zip" in text
+    assert "python3 -m zipfile -e '/opt/spot-training/bootstrap.zip' /opt/spot-training/code" in text
+    assert "ExecStart=/usr/bin/python3 -m bootstrap run --config /etc/spot-training/config.json" in text
+    assert "WorkingDirectory=/opt/spot-training/code" in text
+    assert "Restart=on-failure" in text and "RestartPreventExitStatus=78" in text
+    assert "systemctl enable --now spot-training-agent.service" in text
+    assert text.index("# END spot-training config") < text.index("systemctl enable --now")
+    assert len(text.encode()) < 16 * 1024  # EC2's user data limit, with room to spare
+
+
+def test_user_data_runs_and_unpacks_a_real_asset_zip(default_synth: Synth, tmp_path: Path) -> None:
+    """The asset CDK stages is a directory; zip it as the CDK CLI does and unpack it as the node does."""
+    import subprocess
+    import sys
+
+    manifest = json.loads(next(default_synth.outdir.glob("*.assets.json")).read_text())
+    source = default_synth.outdir / manifest["files"][default_synth.stack.bootstrap_asset.asset.asset_hash]["source"]["path"]
+    archive = tmp_path / "bootstrap.zip"
+    with zipfile.ZipFile(archive, "w") as zf:
+        for p in sorted(source.rglob("*")):
+            zf.write(p, p.relative_to(source).as_posix())
+    out = tmp_path / "code"
+    out.mkdir()
+    subprocess.run([sys.executable, "-m", "zipfile", "-e", str(archive), str(out)], check=True)
+    assert (out / "bootstrap" / "__init__.py").is_file() and (out / "training" / "__init__.py").is_file()
+
+
+def test_pinned_environment_config_and_capacity(pinned_synth: Synth) -> None:
+    subnets = pinned_synth.resources("AWS::EC2::Subnet")
+    assert sorted(s["Properties"]["AvailabilityZone"] for s in subnets.values()) == ["eu-west-1a", "eu-west-1b", "eu-west-1c"]
+    (fleet,) = pinned_synth.resources("AWS::EC2::SpotFleet").values()
+    data = fleet["Properties"]["SpotFleetRequestConfigData"]
+    assert (data["AllocationStrategy"], data["TargetCapacity"], data["SpotPrice"]) == ("capacityOptimized", 2, "0.9")
+    assert len(data["LaunchTemplateConfigs"][0]["Overrides"]) == 2 * 3
+    (volume,) = pinned_synth.resources("AWS::EC2::Volume").values()
+    assert volume["Properties"]["AvailabilityZone"] == "eu-west-1a"
+    pinned_synth.template.resource_count_is("AWS::EC2::FlowLog", 0)
+    config = extract_config(_user_data(pinned_synth, {**PSEUDO, "AWS::Region": "eu-west-1"}))
+    assert config["region"] == "eu-west-1"
+    assert config["training"]["framework"] == "mxnet"
+    assert config["training"]["python"] == "/opt/conda/envs/mxnet/bin/python"
+    assert config["training"]["code"] == {"type": "git", "url": "https://github.com/example/train.git", "ref": "v1.2.0"}
+    assert config["imds_endpoint"] == "http://127.0.0.1:18080"
+
+
+# ---- EFS ------------------------------------------------------------------------------------------
+
+
+def test_efs_is_encrypted_elastic_with_access_point_and_pinned_id(efs_synth: Synth) -> None:
+    file_systems = efs_synth.resources("AWS::EFS::FileSystem")
+    assert list(file_systems) == [PINNED_FILE_SYSTEM_ID]
+    fs = file_systems[PINNED_FILE_SYSTEM_ID]
+    assert fs["DeletionPolicy"] == "Retain"
+    assert fs["Properties"]["Encrypted"] is True
+    assert fs["Properties"]["ThroughputMode"] == "elastic"
+    efs_synth.template.resource_count_is("AWS::EFS::AccessPoint", 1)
+    efs_synth.template.resource_count_is("AWS::EFS::MountTarget", 2)
+
+
+def test_nfs_is_open_only_to_the_fleet_security_group(efs_synth: Synth) -> None:
+    ingress = list(efs_synth.resources("AWS::EC2::SecurityGroupIngress").values())
+    assert len(ingress) == 1
+    props = ingress[0]["Properties"]
+    assert (props["FromPort"], props["ToPort"], props["IpProtocol"]) == (2049, 2049, "tcp")
+    assert props["SourceSecurityGroupId"]["Fn::GetAtt"][0].startswith("FleetSecurityGroup")
+    assert "CidrIp" not in props
+
+
+def test_efs_ids_reach_the_node_config(efs_synth: Synth) -> None:
+    (lt,) = efs_synth.resources("AWS::EC2::LaunchTemplate").values()
+    user_data = json.dumps(lt["Properties"]["LaunchTemplateData"]["UserData"])
+    assert PINNED_FILE_SYSTEM_ID in user_data
+    assert "/mnt/efs" in user_data
+    statements = _policy_statements(efs_synth, "NodeRole")
+    assert any("elasticfilesystem:ClientWrite" in _as_list(s["Action"]) for s in statements)
