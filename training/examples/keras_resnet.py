@@ -1,0 +1,163 @@
+"""The article's training job with Keras 3: a small ResNet-style CNN on the 8x8 digits, resumable.
+
+    python training/examples/keras_resnet.py [--epochs 5] [--batch-size 32] [--save-every-steps 50]
+        [--save-every-seconds S] [--seed 0] [--sync]
+
+Reads ``<SPOT_TRAINING_DATA_DIR>/digits/{train,test}.npz`` (write it with
+``python -m training.examples.prepare_data``), checkpoints to ``SPOT_TRAINING_CHECKPOINT_DIR``
+(default ``/dltraining/checkpoints``), appends one row per step to
+``<SPOT_TRAINING_LOG_DIR>/training_log.csv`` (``step,epoch,loss,accuracy,wall_time``: step =
+completed optimizer steps after that step, epoch 0-based, loss and accuracy as Keras reports them
+for the epoch so far, wall_time in seconds since the epoch; the same columns as the Gluon twin).
+SIGTERM: finish the step, save, exit 0. SIGUSR1 or the request file: extra checkpoint. Run it
+again and it resumes at the exact step; after the last step it writes the final checkpoint and
+``COMPLETED``.
+
+Determinism: with the same ``--seed`` an interrupted and resumed run ends with weights bitwise
+equal to an uninterrupted one: ``make_deterministic`` seeds Keras, turns on TensorFlow's
+deterministic ops and pins one intra-op and one inter-op thread (a fixed summation order; on small
+nodes also the fastest), the batches come from the step number, and the checkpoint holds every
+variable including the Dropout layer's random-generator state.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script: make `training` importable from the repo root
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import numpy as np
+
+from training.datasets import default_data_dir, default_log_dir, load_digits
+
+LOG_FIELDS = ("step", "epoch", "loss", "accuracy", "wall_time")
+LOG_NAME = "training_log.csv"
+
+
+def build_model(*, channels: int = 16, blocks: int = 2, classes: int = 10, dropout: float = 0.1,
+                input_shape=(8, 8, 1)):
+    """A ResNet-style CNN for NHWC inputs (BatchNorm momentum 0.9, so a run of a few hundred steps evaluates well): conv-BN-ReLU stem, ``blocks`` residual blocks of
+    ``channels`` (two 3x3 conv-BN with identity shortcut), global average pooling, Dropout(``dropout``),
+    a ``classes``-way dense output (logits). Defaults: about 10 K parameters."""
+    import keras
+    from keras import layers
+
+    inputs = keras.Input(input_shape)
+    x = layers.Conv2D(channels, 3, padding="same", use_bias=False)(inputs)
+    x = layers.ReLU()(layers.BatchNormalization(momentum=0.9)(x))
+    for _ in range(blocks):
+        y = layers.Conv2D(channels, 3, padding="same", use_bias=False)(x)
+        y = layers.ReLU()(layers.BatchNormalization(momentum=0.9)(y))
+        y = layers.Conv2D(channels, 3, padding="same", use_bias=False)(y)
+        y = layers.BatchNormalization(momentum=0.9)(y)
+        x = layers.ReLU()(layers.Add()([x, y]))
+    x = layers.GlobalAveragePooling2D()(x)
+    if dropout:
+        x = layers.Dropout(dropout)(x)
+    outputs = layers.Dense(classes)(x)
+    return keras.Model(inputs, outputs, name="resnet_digits")
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--epochs", type=int, default=5)
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--learning-rate", type=float, default=1e-3, help="Adam learning rate (default 1e-3)")
+    parser.add_argument("--save-every-steps", type=int, default=50, help="checkpoint cadence in steps (0: off)")
+    parser.add_argument("--save-every-seconds", type=float, default=None, help="checkpoint cadence in seconds")
+    parser.add_argument("--keep", type=int, default=3, help="checkpoints kept (>= 2)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--sync", action="store_true", help="synchronous saves (default: background)")
+    parser.add_argument("--channels", type=int, default=16)
+    parser.add_argument("--blocks", type=int, default=2)
+    parser.add_argument("--dropout", type=float, default=0.1)
+    parser.add_argument("--threads", type=int, default=1, help="TensorFlow intra-op threads (default 1)")
+    parser.add_argument("--data-dir", type=Path, default=None, help="default $SPOT_TRAINING_DATA_DIR")
+    parser.add_argument("--checkpoint-dir", type=Path, default=None, help="default $SPOT_TRAINING_CHECKPOINT_DIR")
+    parser.add_argument("--log-dir", type=Path, default=None, help="default $SPOT_TRAINING_LOG_DIR")
+    parser.add_argument("--step-delay", type=float, default=0.0,
+                        help="sleep this many seconds after each step (tests use it to land signals mid-run)")
+    parser.add_argument("--save-final-weights", type=Path, default=None,
+                        help="also write the final weights and optimizer state to this .npz (for comparisons)")
+    args = parser.parse_args(argv)
+    for name in ("epochs", "batch_size", "threads", "keep"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.save_every_steps < 0:
+        parser.error(f"--save-every-steps must be >= 0 (0 turns step-based saves off), got {args.save_every_steps}")
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # Before TensorFlow: SIGTERM during the ~3 s import or model build must not kill us half-way.
+    from training.notice import NoticeHandler
+
+    notice = NoticeHandler().install()
+    import keras
+
+    from training.keras_adapter import ResumableFit, make_deterministic
+
+    make_deterministic(args.seed, intra_op_threads=args.threads)
+    data_dir = args.data_dir or default_data_dir()
+    x_train, y_train = load_digits(data_dir, "train")
+    x_test, y_test = load_digits(data_dir, "test")
+
+    model = build_model(channels=args.channels, blocks=args.blocks, dropout=args.dropout)
+    model.compile(optimizer=keras.optimizers.Adam(args.learning_rate),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
+    fitter = ResumableFit(model, args.checkpoint_dir, seed=args.seed, save_every_steps=args.save_every_steps or None,
+                          save_every_seconds=args.save_every_seconds, background=not args.sync, keep=args.keep,
+                          notice=notice)
+
+    log_path = (args.log_dir or default_log_dir()) / LOG_NAME
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+
+    class StepLog(keras.callbacks.Callback):
+        """One flushed CSV row per step, appended across restarts (the article's CSV log, per step)."""
+
+        def on_train_begin(self, logs=None):
+            new = not log_path.exists() or log_path.stat().st_size == 0
+            self.file = open(log_path, "a", newline="", buffering=1)
+            self.writer = csv.writer(self.file)
+            if new:
+                self.writer.writerow(LOG_FIELDS)
+
+        def on_train_batch_end(self, batch, logs=None):
+            logs = logs or {}
+            self.writer.writerow([fitter.step, (fitter.step - 1) // fitter.steps_per_epoch,
+                                  f"{float(logs.get('loss', float('nan'))):.6f}",
+                                  f"{float(logs.get('accuracy', float('nan'))):.6f}", f"{time.time():.3f}"])
+            if args.step_delay:
+                time.sleep(args.step_delay)
+
+        def on_train_end(self, logs=None):
+            self.file.close()
+
+    result = fitter.fit(x_train, y_train, batch_size=args.batch_size, epochs=args.epochs,
+                        callbacks=[StepLog()], verbose=0)
+    notice.uninstall()
+    if result.stopped:
+        logging.info("stopped by notice at step %d of %d; checkpoint written, exiting 0",
+                     result.step, result.total_steps)
+        return 0
+    _loss, accuracy = model.evaluate(x_test, y_test, verbose=0)
+    logging.info("done: %d steps, test accuracy %.4f", result.step, accuracy)
+    if args.save_final_weights:
+        arrays, index = fitter.checkpointer.snapshot()
+        np.savez(args.save_final_weights, **{e["key"]: arrays[e["key"]] for e in index})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
