@@ -179,3 +179,181 @@ def test_cleanup_command_cancels_our_fleet(ec2, node):
     assert fleets == {other_fleet}
     state = ec2.describe_instances(InstanceIds=[node["instance_id"]])["Reservations"][0]["Instances"][0]["State"]["Name"]
     assert state == "terminated"
+
+
+# ---- supervise: a real agent process, a real trainer process, notices over HTTP ----------------------
+import signal  # noqa: E402
+import time  # noqa: E402
+
+from bootstrap.blockdev import DirectoryBlockDevices  # noqa: E402
+from test_supervisor import events  # noqa: E402
+
+
+def _mounted_volume(root: Path) -> dict:
+    """A directory volume "mounted" (symlinked) at the config's mount point, as the storage half leaves it."""
+    volumes = root / "ebs" / "volumes"
+    (volumes / "vol-0123456789abcdef0").mkdir(parents=True)
+    DirectoryBlockDevices(volumes).mount(str(volumes / "vol-0123456789abcdef0"), str(root / "dltraining"), "xfs")
+    return {"SPOT_TRAINING_BLOCKDEV_DIR": str(volumes)}
+
+
+def _start_agent(command: str, config_path: Path, env: dict) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "bootstrap", command, "--config", str(config_path)], cwd=REPO,
+                            env=dict(os.environ, PYTHONPATH=str(REPO), **env), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def _wait_for(predicate, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.05)
+
+
+def test_supervise_runs_training_to_completion_on_the_mounted_volume(node):
+    env = _mounted_volume(node["dir"]) | {"FAKE_STEPS": "5"}
+    result = agent("supervise", _write(node["dir"] / "config.json", node["config"]), env=env)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout.strip().splitlines()[-1]) == {"outcome": "completed"}
+    assert [e[0] for e in events(node["dir"])] == ["start", "completed"]
+    # The trainer wrote onto the volume, and the agent logged there too.
+    volume = node["dir"] / "ebs" / "volumes" / "vol-0123456789abcdef0"
+    assert (volume / "checkpoints" / "COMPLETED").is_file()
+    log_lines = [json.loads(line) for line in (volume / "logs" / "agent.jsonl").read_text().splitlines()]
+    assert any(line["message"] == "training completed" for line in log_lines)
+
+
+def test_supervise_refuses_to_train_when_the_volume_is_not_mounted(node):
+    env = {"SPOT_TRAINING_BLOCKDEV_DIR": str(node["dir"] / "ebs" / "volumes")}
+    result = agent("supervise", _write(node["dir"] / "config.json", node["config"]), env=env)
+    assert result.returncode == ExitCode.TEMPFAIL
+    assert "not mounted" in result.stderr and "refusing to start training on the root disk" in result.stderr
+    assert events(node["dir"]) == []
+
+
+def test_spot_notice_stops_the_trainer_through_the_agent(node):
+    env = _mounted_volume(node["dir"])
+    proc = _start_agent("supervise", _write(node["dir"] / "config.json", node["config"]), env)
+    try:
+        _wait_for(lambda: events(node["dir"]))
+        time.sleep(0.5)  # the trainer installs its SIGTERM handler right after "start"
+        notice_at = time.monotonic()
+        node["imds"].post_spot_interruption()  # two minutes from now, as AWS does
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, err
+    assert time.monotonic() - notice_at < 5 + 5  # seen within one 5 s poll, acted on at once
+    assert json.loads(out.strip().splitlines()[-1]) == {"outcome": "interrupted"}
+    assert [e[0] for e in events(node["dir"])] == ["start", "sigterm-checkpoint"]
+    logged = [json.loads(line) for line in out.splitlines() if line.startswith("{\"time\"")]
+    assert any(line["message"] == "trainer exited after the interruption notice" and line["exit_status"] == 0
+               for line in logged)
+
+
+def test_sigterm_to_the_agent_stops_the_trainer_cleanly(node):
+    env = _mounted_volume(node["dir"])
+    proc = _start_agent("supervise", _write(node["dir"] / "config.json", node["config"]), env)
+    try:
+        _wait_for(lambda: events(node["dir"]))
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, err
+    assert json.loads(out.strip().splitlines()[-1]) == {"outcome": "stopped"}
+    assert [e[0] for e in events(node["dir"])] == ["start", "sigterm-checkpoint"]
+
+
+# ---- run: the whole node lifecycle against the moto server, the emulator and directory volumes -------
+def _instance(ec2, instance_id: str) -> dict:
+    return ec2.describe_instances(InstanceIds=[instance_id])["Reservations"][0]["Instances"][0]
+
+
+def _data_volume(ec2) -> dict:
+    volumes = ec2.describe_volumes(Filters=[{"Name": "tag:spot-training:stack", "Values": [STACK]},
+                                            {"Name": "tag:spot-training:purpose", "Values": ["data-volume"]}])["Volumes"]
+    assert len(volumes) == 1
+    return volumes[0]
+
+
+def test_run_attaches_the_volume_trains_to_completion_and_cancels_the_fleet(ec2, moto_server, node):
+    env = {"SPOT_TRAINING_BLOCKDEV_DIR": str(moto_server.volumes_dir), "FAKE_STEPS": "5"}
+    result = agent("run", _write(node["dir"] / "config.json", node["config"]), env=env)
+    assert result.returncode == 0, result.stderr
+    volume = _data_volume(ec2)
+    # The trainer wrote onto the data volume (the moto server's data plane), not onto the root disk,
+    # and so did the agent's log once the volume was mounted.
+    volume_dir = moto_server.volumes_dir / volume["VolumeId"]
+    assert (volume_dir / "checkpoints" / "COMPLETED").is_file()
+    on_volume = [json.loads(line) for line in (volume_dir / "logs" / "agent.jsonl").read_text().splitlines()]
+    assert any(line.get("event") == "volume_attached" or line["message"] == "data volume mounted" for line in on_volume)
+    assert any(line["message"] == "training completed" for line in on_volume)
+    # Terminating the instance (the fleet's cancellation) released the volume for the next job.
+    assert volume["State"] == "available"
+    assert [e[0] for e in events(node["dir"])] == ["start", "completed"]
+    assert ec2.describe_spot_fleet_requests()["SpotFleetRequestConfigs"] == []  # ours, cancelled
+    assert _instance(ec2, node["instance_id"])["State"]["Name"] == "terminated"
+    messages = [json.loads(line)["message"] for line in result.stdout.splitlines() if line.startswith('{"time"')]
+    assert messages.index("training started") < messages.index("training completed") < messages.index(
+        "cancelled the spot fleet request and its instances (training completed)")
+
+
+def test_run_after_completion_goes_straight_to_cleanup(ec2, moto_server, node):
+    env = {"SPOT_TRAINING_BLOCKDEV_DIR": str(moto_server.volumes_dir)}
+    volume_dir = moto_server.volumes_dir / _data_volume(ec2)["VolumeId"]
+    (volume_dir / "checkpoints").mkdir(parents=True)
+    (volume_dir / "checkpoints" / "COMPLETED").write_text('{"step": 5, "epoch": 1, "wall_time": 0}')
+    result = agent("run", _write(node["dir"] / "config.json", node["config"]), env=env)
+    assert result.returncode == 0, result.stderr
+    assert events(node["dir"]) == []  # the trainer never started
+    assert ec2.describe_spot_fleet_requests()["SpotFleetRequestConfigs"] == []
+
+
+def test_run_without_a_tagged_volume_exits_78_and_touches_nothing(ec2, moto_server, node):
+    ec2.delete_volume(VolumeId=_data_volume(ec2)["VolumeId"])
+    # A volume of another stack and an untagged one with the right Name are not ours to take.
+    ec2.create_volume(AvailabilityZone="us-east-1a", Size=10, TagSpecifications=[{"ResourceType": "volume", "Tags": [
+        {"Key": "spot-training:stack", "Value": "Other"}, {"Key": "spot-training:purpose", "Value": "data-volume"}]}])
+    ec2.create_volume(AvailabilityZone="us-east-1a", Size=10, TagSpecifications=[{"ResourceType": "volume", "Tags": [
+        {"Key": "Name", "Value": "spot-training-data"}]}])
+    before = aws_state(ec2)
+    env = {"SPOT_TRAINING_BLOCKDEV_DIR": str(moto_server.volumes_dir)}
+    result = agent("run", _write(node["dir"] / "config.json", node["config"]), env=env)
+    assert result.returncode == ExitCode.CONFIG, result.stderr
+    assert "no EBS volume in region us-east-1 carries the tags" in result.stderr
+    assert aws_state(ec2) == before
+    assert events(node["dir"]) == []
+
+
+def test_run_interrupted_by_a_notice_does_not_clean_up(ec2, moto_server, node):
+    env = {"SPOT_TRAINING_BLOCKDEV_DIR": str(moto_server.volumes_dir)}
+    proc = _start_agent("run", _write(node["dir"] / "config.json", node["config"]), env)
+    try:
+        _wait_for(lambda: events(node["dir"]))
+        time.sleep(0.5)
+        _post = urllib_request_post(node["imds"].endpoint + "/control/spot/instance-action", {"action": "terminate"})
+        assert _post["action"] == "terminate"
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, err
+    assert [e[0] for e in events(node["dir"])] == ["start", "sigterm-checkpoint"]
+    fleets = ec2.describe_spot_fleet_requests()["SpotFleetRequestConfigs"]
+    assert [f["SpotFleetRequestId"] for f in fleets] == [node["fleet_id"]]  # left for the fleet to replace us
+    assert _data_volume(ec2)["Attachments"][0]["InstanceId"] == node["instance_id"]
+
+
+def urllib_request_post(url: str, body: dict) -> dict:
+    import urllib.request
+
+    req = urllib.request.Request(url, method="POST", data=json.dumps(body).encode())
+    with urllib.request.urlopen(req, timeout=5) as resp:
+        return json.loads(resp.read())
