@@ -27,13 +27,15 @@ _LIVE_STATES = ("submitted", "active", "modifying", "cancelled_running")
 
 
 def ec2_client(region: str, **kwargs: Any) -> Any:
-    """A boto3 EC2 client for ``region`` with standard retry mode (throttling and 5xx retried with
-    jittered backoff, 3 attempts). ``kwargs`` go to ``boto3.client`` (e.g. ``endpoint_url``); the
-    endpoint otherwise follows ``AWS_ENDPOINT_URL``/``AWS_ENDPOINT_URL_EC2`` as boto3 does."""
+    """A boto3 EC2 client for ``region`` with the agent's client config (``bootstrap.retry.client_config``:
+    standard retry mode, throttling and 5xx retried with jittered backoff; bounded timeouts). ``kwargs``
+    go to ``boto3.client`` (e.g. ``endpoint_url``); the endpoint otherwise follows
+    ``AWS_ENDPOINT_URL``/``AWS_ENDPOINT_URL_EC2`` as boto3 does."""
     import boto3
-    from botocore.config import Config
 
-    return boto3.client("ec2", region_name=region, config=Config(retries={"mode": "standard"}), **kwargs)
+    from bootstrap.retry import client_config
+
+    return boto3.client("ec2", region_name=region, config=client_config(), **kwargs)
 
 
 def find_fleet_request_id(ec2: Any, instance_id: str) -> str | None:
