@@ -227,9 +227,10 @@ class MotoServer:
 def _serve(host: str, port: int, ebs_dir: str, compat: bool) -> None:
     """Inside the server process: apply the compatibility patches, then run moto's own server."""
     if compat:
-        from localmode import moto_compat
+        from localmode import cfn_compat, moto_compat
 
         moto_compat.apply(ebs_dir=Path(ebs_dir))
+        cfn_compat.apply(endpoint_url=f"http://{host}:{port}", work_dir=Path(ebs_dir).parent)
     from moto import server
 
     server.main(["--host", host, "--port", str(port)])

@@ -1,0 +1,192 @@
+"""localmode.cfn_compat against a real moto server over HTTP (the session server of tests/conftest.py).
+
+Each test deploys a small CloudFormation template with boto3 ``create_stack`` and checks with boto3
+what exists, then deletes the stack and checks what is gone.
+"""
+
+from __future__ import annotations
+
+import json
+
+import boto3
+import pytest
+from botocore.config import Config
+
+from localmode.cfn_compat import deletion_order, references
+
+REGION = "us-east-1"
+IMAGE_ID = "ami-0123456789abcdef0"  # moto does not validate AMI ids
+
+
+def _client(server, service: str):
+    return boto3.client(
+        service, region_name=REGION, endpoint_url=server.endpoint_url, aws_access_key_id="testing",
+        aws_secret_access_key="testing", config=Config(retries={"mode": "standard"}),
+    )
+
+
+def _role(name: str, service: str) -> dict:
+    return {
+        "Type": "AWS::IAM::Role",
+        "Properties": {
+            "RoleName": name,
+            "AssumeRolePolicyDocument": {
+                "Version": "2012-10-17",
+                "Statement": [{"Effect": "Allow", "Principal": {"Service": service}, "Action": "sts:AssumeRole"}],
+            },
+        },
+    }
+
+
+def _fleet_template() -> dict:
+    return {
+        "Resources": {
+            "Vpc": {"Type": "AWS::EC2::VPC", "Properties": {"CidrBlock": "10.30.0.0/16"}},
+            "SubnetB": {"Type": "AWS::EC2::Subnet", "Properties": {
+                "VpcId": {"Ref": "Vpc"}, "CidrBlock": "10.30.1.0/24", "AvailabilityZone": "us-east-1b"}},
+            "RouteTable": {"Type": "AWS::EC2::RouteTable", "Properties": {"VpcId": {"Ref": "Vpc"}}},
+            "Association": {"Type": "AWS::EC2::SubnetRouteTableAssociation", "Properties": {
+                "RouteTableId": {"Ref": "RouteTable"}, "SubnetId": {"Ref": "SubnetB"}}},
+            "Gateway": {"Type": "AWS::EC2::InternetGateway", "Properties": {}},
+            "GatewayAttachment": {"Type": "AWS::EC2::VPCGatewayAttachment", "Properties": {
+                "VpcId": {"Ref": "Vpc"}, "InternetGatewayId": {"Ref": "Gateway"}}},
+            "DefaultRoute": {"Type": "AWS::EC2::Route", "DependsOn": ["GatewayAttachment"], "Properties": {
+                "RouteTableId": {"Ref": "RouteTable"}, "DestinationCidrBlock": "0.0.0.0/0",
+                "GatewayId": {"Ref": "Gateway"}}},
+            "LaunchTemplate": {"Type": "AWS::EC2::LaunchTemplate", "Properties": {"LaunchTemplateData": {
+                "ImageId": IMAGE_ID, "InstanceType": "g5.xlarge",
+                "MetadataOptions": {"HttpTokens": "required", "HttpEndpoint": "enabled"},
+                "UserData": {"Fn::Base64": "#!/bin/bash\necho hello\n"}}}},
+            "FleetRole": _role("cfn-compat-fleet-role", "spotfleet.amazonaws.com"),
+            "Fleet": {"Type": "AWS::EC2::SpotFleet", "Properties": {"SpotFleetRequestConfigData": {
+                "IamFleetRole": {"Fn::GetAtt": ["FleetRole", "Arn"]},
+                "TargetCapacity": 1,
+                "AllocationStrategy": "priceCapacityOptimized",
+                "Type": "maintain",
+                "LaunchTemplateConfigs": [{
+                    "LaunchTemplateSpecification": {
+                        "LaunchTemplateId": {"Ref": "LaunchTemplate"},
+                        "Version": {"Fn::GetAtt": ["LaunchTemplate", "LatestVersionNumber"]}},
+                    "Overrides": [{"SubnetId": {"Ref": "SubnetB"}, "InstanceType": "g5.xlarge"}]}],
+                "TagSpecifications": [{"ResourceType": "spot-fleet-request",
+                                       "Tags": [{"Key": "spot-training:stack", "Value": "CfnCompatFleet"}]}]}}},
+        }
+    }
+
+
+def test_spot_fleet_from_launch_template_configs_launches_and_stack_delete_cancels_it(moto_server):
+    cloudformation, ec2 = _client(moto_server, "cloudformation"), _client(moto_server, "ec2")
+    cloudformation.create_stack(StackName="CfnCompatFleet", TemplateBody=json.dumps(_fleet_template()))
+    resources = {r["LogicalResourceId"]: r["PhysicalResourceId"]
+                 for r in cloudformation.describe_stack_resources(StackName="CfnCompatFleet")["StackResources"]}
+    fleet_id = resources["Fleet"]
+    assert fleet_id.startswith("sfr-")
+    [config] = ec2.describe_spot_fleet_requests(SpotFleetRequestIds=[fleet_id])["SpotFleetRequestConfigs"]
+    assert {"Key": "spot-training:stack", "Value": "CfnCompatFleet"} in config["Tags"]
+    [active] = ec2.describe_spot_fleet_instances(SpotFleetRequestId=fleet_id)["ActiveInstances"]
+    [reservation] = ec2.describe_instances(InstanceIds=[active["InstanceId"]])["Reservations"]
+    instance = reservation["Instances"][0]
+    assert instance["SubnetId"] == resources["SubnetB"]
+    assert instance["Placement"]["AvailabilityZone"] == "us-east-1b"
+    assert instance["InstanceType"] == "g5.xlarge"
+
+    cloudformation.delete_stack(StackName="CfnCompatFleet")
+
+    [stack] = [s for s in cloudformation.list_stacks()["StackSummaries"] if s["StackName"] == "CfnCompatFleet"]
+    assert stack["StackStatus"] == "DELETE_COMPLETE"
+    assert ec2.describe_spot_fleet_requests()["SpotFleetRequestConfigs"] == []
+    [reservation] = ec2.describe_instances(InstanceIds=[active["InstanceId"]])["Reservations"]
+    assert reservation["Instances"][0]["State"]["Name"] == "terminated"
+    vpcs = ec2.describe_vpcs(Filters=[{"Name": "vpc-id", "Values": [resources["Vpc"]]}])["Vpcs"]
+    assert vpcs == []
+    assert ec2.describe_route_tables(Filters=[{"Name": "route-table-id", "Values": [resources["RouteTable"]]}])["RouteTables"] == []
+    assert ec2.describe_internet_gateways(Filters=[{"Name": "internet-gateway-id", "Values": [resources["Gateway"]]}])["InternetGateways"] == []
+
+
+# The handler makes a tagged volume on Create (its id becomes the physical id) and deletes it on
+# Delete: it proves the handler runs on both events and talks to this moto server over HTTP.
+HANDLER = '''
+import boto3
+def handler(event, context):
+    ec2 = boto3.client("ec2")
+    props = event["ResourceProperties"]
+    if event["RequestType"] == "Create":
+        volume = ec2.create_volume(AvailabilityZone="us-east-1a", Size=1, TagSpecifications=[
+            {"ResourceType": "volume", "Tags": [{"Key": "made-by", "Value": props["Marker"]}]}])
+        return {"PhysicalResourceId": volume["VolumeId"], "Data": {"Marker": props["Marker"]}}
+    if event["RequestType"] == "Delete":
+        ec2.delete_volume(VolumeId=event["PhysicalResourceId"])
+    return {"PhysicalResourceId": event["PhysicalResourceId"]}
+'''
+
+
+def _custom_resource_template() -> dict:
+    return {
+        "Resources": {
+            "HandlerRole": _role("cfn-compat-handler-role", "lambda.amazonaws.com"),
+            "Handler": {"Type": "AWS::Lambda::Function", "Properties": {
+                "Runtime": "python3.12", "Handler": "index.handler", "Timeout": 60,
+                "Role": {"Fn::GetAtt": ["HandlerRole", "Arn"]}, "Code": {"ZipFile": HANDLER}}},
+            # A stand-in for aws_cdk.custom_resources.Provider's Node.js framework function.
+            "Framework": {"Type": "AWS::Lambda::Function", "Properties": {
+                "Runtime": "nodejs20.x", "Handler": "framework.onEvent", "Timeout": 60,
+                "Role": {"Fn::GetAtt": ["HandlerRole", "Arn"]}, "Code": {"ZipFile": "exports.onEvent = 1;"},
+                "Environment": {"Variables": {"USER_ON_EVENT_FUNCTION_ARN": {"Fn::GetAtt": ["Handler", "Arn"]}}}}},
+            "Direct": {"Type": "Custom::Direct", "Properties": {
+                "ServiceToken": {"Fn::GetAtt": ["Handler", "Arn"]}, "Marker": "direct"}},
+            "ViaProvider": {"Type": "Custom::ViaProvider", "Properties": {
+                "ServiceToken": {"Fn::GetAtt": ["Framework", "Arn"]}, "Marker": "provider"}},
+        }
+    }
+
+
+def test_custom_resources_run_their_python_handler_on_create_and_delete(moto_server):
+    cloudformation, ec2 = _client(moto_server, "cloudformation"), _client(moto_server, "ec2")
+    cloudformation.create_stack(StackName="CfnCompatCustom", TemplateBody=json.dumps(_custom_resource_template()))
+    resources = {r["LogicalResourceId"]: r["PhysicalResourceId"]
+                 for r in cloudformation.describe_stack_resources(StackName="CfnCompatCustom")["StackResources"]}
+    made = {
+        tag["Value"]: volume["VolumeId"]
+        for volume in ec2.describe_volumes(Filters=[{"Name": "tag-key", "Values": ["made-by"]}])["Volumes"]
+        for tag in volume["Tags"] if tag["Key"] == "made-by"
+    }
+    assert set(made) == {"direct", "provider"}
+    assert resources["Direct"] == made["direct"]
+    assert resources["ViaProvider"] == made["provider"]
+
+    cloudformation.delete_stack(StackName="CfnCompatCustom")
+
+    assert ec2.describe_volumes(Filters=[{"Name": "tag-key", "Values": ["made-by"]}])["Volumes"] == []
+    [stack] = [s for s in cloudformation.list_stacks()["StackSummaries"] if s["StackName"] == "CfnCompatCustom"]
+    assert stack["StackStatus"] == "DELETE_COMPLETE"
+
+
+def test_deletion_order_deletes_dependents_first():
+    resources = {
+        "Cleanup": {"Type": "Custom::X", "Properties": {"ServiceToken": {"Fn::GetAtt": ["Fn", "Arn"]}}},
+        "Fn": {"Type": "AWS::Lambda::Function", "Properties": {"Role": {"Fn::GetAtt": "Role.Arn"}}},
+        "Role": {"Type": "AWS::IAM::Role", "Properties": {}},
+        "Fleet": {"Type": "AWS::EC2::SpotFleet", "DependsOn": "Cleanup",
+                  "Properties": {"X": {"Fn::Sub": "${Template}-${Role.Arn}"}}},
+        "Template": {"Type": "AWS::EC2::LaunchTemplate", "Properties": {}},
+    }
+    order = deletion_order(resources)
+    assert sorted(order) == sorted(resources)
+    position = {name: i for i, name in enumerate(order)}
+    assert position["Fleet"] < position["Cleanup"] < position["Fn"] < position["Role"]
+    assert position["Fleet"] < position["Template"]
+
+
+def test_references_reads_ref_getatt_and_sub():
+    names = {"A", "B", "C", "D"}
+    fragment = {"x": [{"Ref": "A"}, {"Fn::GetAtt": "B.Arn"}], "y": {"Fn::Sub": ["${C}-${AWS::Region}-${v}", {"v": {"Ref": "D"}}]},
+                "z": {"Ref": "AWS::StackName"}}
+    assert references(fragment, names) == {"A", "B", "C", "D"}
+
+
+@pytest.mark.parametrize("endpoint", ["http://10.0.0.5:5000", "https://127.0.0.1:5000", "127.0.0.1:5000"])
+def test_fails_when_endpoint_is_not_loopback_http(endpoint, tmp_path):
+    from localmode import cfn_compat
+
+    with pytest.raises(ValueError, match="endpoint_url must be http://127.0.0.1:PORT"):
+        cfn_compat.apply(endpoint_url=endpoint, work_dir=tmp_path)
