@@ -124,8 +124,13 @@ def _imds(config: AgentConfig):
 
 
 def _identity(imds: Any, config: AgentConfig) -> Identity:
-    identity = Identity(instance_id=imds.instance_id(), availability_zone=imds.availability_zone(),
-                        region=imds.region())
+    # One request for all three (the identity document) instead of three metadata paths.
+    document = imds.identity_document()
+    try:
+        identity = Identity(instance_id=document["instanceId"], availability_zone=document["availabilityZone"],
+                            region=document["region"])
+    except (KeyError, TypeError):
+        raise AgentError(f"IMDS instance identity document lacks instanceId/availabilityZone/region: {document!r}") from None
     if identity.region != config.region:
         raise ConfigError(f"region: got {config.region!r} but this instance runs in {identity.region!r}; expected "
                           "the instance's region (the stack writes its own region)")
