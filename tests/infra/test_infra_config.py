@@ -132,3 +132,12 @@ def test_docs_list_every_context_key_with_its_default() -> None:
         default = "none" if key.default is None else str(key.default).lower() if isinstance(key.default, bool) else key.default
         shown = ", ".join(default) if isinstance(default, list) else str(default)
         assert shown in row, f"docs/infra.md row for {key.name!r} does not show its default {shown!r}: {row}"
+
+
+def test_cdk_json_holds_every_context_key_at_its_default() -> None:
+    import json
+
+    context = json.loads((DOCS.parents[1] / "cdk.json").read_text())["context"]
+    ours = {k: v for k, v in context.items() if not k.startswith("@aws-cdk/")}
+    assert ours == {k.name: k.default for k in CONTEXT_KEYS}
+    assert StackSettings.from_mapping(ours) == StackSettings()

@@ -257,7 +257,13 @@ def _render(value: Any, pseudo: dict[str, str]) -> str:
             text = text.replace("${" + name + "}", v)
         return text
     if fn == "Ref":
-        return pseudo[arg]
+        if arg in pseudo:
+            return pseudo[arg]
+        # Logical ids of the EFS resources stand for their physical ids.
+        if arg.startswith("SharedFileSystemAccessPoint"):
+            return "fsap-0123456789abcdef0"
+        if arg.startswith("SharedFileSystem"):
+            return "fs-0123456789abcdef0"
     raise AssertionError(f"unexpected intrinsic {fn} in user data")
 
 
@@ -379,3 +385,38 @@ def test_efs_ids_reach_the_node_config(efs_synth: Synth) -> None:
     assert "/mnt/efs" in user_data
     statements = _policy_statements(efs_synth, "NodeRole")
     assert any("elasticfilesystem:ClientWrite" in _as_list(s["Action"]) for s in statements)
+
+
+def test_the_agents_config_loader_accepts_every_variant(default_synth: Synth, efs_synth: Synth, pinned_synth: Synth) -> None:
+    """The other side of the contract: bootstrap.config parses what the stack writes."""
+    from bootstrap.config import parse_config
+
+    for synth, region in ((default_synth, "us-east-1"), (efs_synth, "us-east-1"), (pinned_synth, "eu-west-1")):
+        config = extract_config(_user_data(synth, {**PSEUDO, "AWS::Region": region}))
+        agent_config = parse_config(config)
+        assert agent_config.stack_name == "SpotTraining" and agent_config.region == region
+    efs = parse_config(extract_config(_user_data(efs_synth, PSEUDO))).efs
+    assert efs is not None
+
+
+def test_existing_vpc_by_id_and_fixed_image(tmp_path: Path) -> None:
+    """vpc_id uses Vpc.from_lookup (CDK's dummy VPC until the CLI fills the lookup cache); image_id skips SSM."""
+    from infra_helpers import synth_stack
+
+    from infra.config import StackSettings
+
+    synth = synth_stack(tmp_path, StackSettings.from_mapping({
+        "vpc_id": "vpc-0123456789abcdef0", "account": "123456789012", "region": "us-east-1",
+        "availability_zones": ["us-east-1a", "us-east-1b"], "image_id": "ami-0123456789abcdef0",
+    }))
+    assert synth.resources("AWS::EC2::VPC") == {} and synth.resources("AWS::EC2::Subnet") == {}
+    assert synth.nag_errors == []
+    # The lookup is recorded for the CLI to resolve (with credentials) before the real synth.
+    missing = json.loads((tmp_path / "manifest.json").read_text()).get("missing", [])
+    assert [m["provider"] for m in missing] == ["vpc-provider"]
+    (lt,) = synth.resources("AWS::EC2::LaunchTemplate").values()
+    assert lt["Properties"]["LaunchTemplateData"]["ImageId"] == "ami-0123456789abcdef0"
+    assert not [p for p in synth.data.get("Parameters", {}).values() if "EC2::Image::Id" in p["Type"]]
+    (fleet,) = synth.resources("AWS::EC2::SpotFleet").values()
+    overrides = fleet["Properties"]["SpotFleetRequestConfigData"]["LaunchTemplateConfigs"][0]["Overrides"]
+    assert len(overrides) == 3 * 2 and all(isinstance(o["SubnetId"], str) for o in overrides)
