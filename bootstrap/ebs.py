@@ -55,7 +55,7 @@ from bootstrap.config import (
     AgentConfig,
 )
 from bootstrap.errors import ConfigError, TemporaryError
-from bootstrap.lease import LEASE_TAG, VolumeLease
+from bootstrap.lease import LEASE_TAG, Lease, VolumeLease, lease_of
 from bootstrap.retry import Deadline, RetryPolicy, call_with_retry, error_code
 
 SOURCE_VOLUME_TAG = "spot-training:source-volume"
@@ -67,6 +67,7 @@ VERIFIED = "verified"
 #: Tags of ours that describe one copy's progress; never copied onto the next copy.
 _PROGRESS_TAGS = frozenset({SOURCE_VOLUME_TAG, SOURCE_SNAPSHOT_TAG, MOVE_STATE_TAG, CREATED_BY_TAG, LEASE_TAG})
 _GONE_STATES = frozenset({"deleting", "deleted", "error"})
+_NO_LEASE = Lease(owner="", expires=0)
 
 
 @dataclass(frozen=True)
@@ -190,6 +191,8 @@ class _VolumeStep:
                                  wait_s=timeouts.lease_wait_s, poll_s=timeouts.lease_poll_s, wall_clock=wall_clock,
                                  clock=clock, sleep=sleep, rng=rng, log=log)
         self.leased: set[str] = set()
+        self.recovering = False
+        self.pruned = False
 
     # -- helpers --------------------------------------------------------------------------------
     def event(self, name: str, message: str, **fields: Any) -> None:
@@ -230,15 +233,26 @@ class _VolumeStep:
                 "deploy the stack that creates the data volume, or fix volume.tags in the node config")
         plan = _plan(volumes, instance_id=self.instance_id, availability_zone=self.az, tags=self.tags, log=self.log)
         if (_attached_instance(plan.current) == self.instance_id and plan.pending is None and not plan.retire
-                and not plan.stale):
+                and not plan.stale and lease_of(plan.current) is None):
             self.event("already_attached", "data volume already attached to this instance", volume_id=plan.current["VolumeId"])
             return self.mount(plan.current["VolumeId"])
 
+        # Leases of ours left by an earlier run of this instance that was killed mid-way.
+        earlier = {v["VolumeId"] for v in volumes if (lease_of(v) or _NO_LEASE).owner == self.instance_id}
+        self.recovering = bool(earlier)
         volumes = self.lease.acquire(plan.current["VolumeId"], self.read, volumes=volumes)
         self.leased.add(plan.current["VolumeId"])
         try:
+            # A copy made by that earlier run carries an older value of our lease: bring every lease of
+            # ours to the current value so that release() removes them all.
+            earlier &= {v["VolumeId"] for v in volumes}
+            if earlier - self.leased:
+                self.leased |= earlier
+                self.lease.renew(sorted(self.leased))
             plan = _plan(volumes, instance_id=self.instance_id, availability_zone=self.az, tags=self.tags, log=self.log)
             volume_id = self.converge(plan)
+            if self.recovering and not self.pruned:
+                self.prune_snapshots()
         finally:
             self.release()
         return self.mount(volume_id)
@@ -448,6 +462,7 @@ class _VolumeStep:
                     raise
                 continue
             deleted.append(snapshot["SnapshotId"])
+        self.pruned = True
         self.event("snapshots_pruned", "kept the newest migration snapshots", kept=[s["SnapshotId"] for s in completed[:keep]],
                    deleted=deleted)
 

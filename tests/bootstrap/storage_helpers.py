@@ -5,8 +5,11 @@ from __future__ import annotations
 import getpass
 import json
 import os
+import queue
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -112,3 +115,34 @@ def events(output: str) -> list[dict[str, Any]]:
         if line.startswith("{"):
             found.append(json.loads(line))
     return found
+
+
+def run_until_event(argv: list[str], event: str, timeout: float = 60.0) -> tuple[subprocess.Popen[str], list[dict[str, Any]]]:
+    """Start the driver and read its log until it logs ``event`` (or exits); returns the process and
+    the events read so far. The caller kills or waits for the process."""
+    process = start_agent(argv)
+    lines: "queue.Queue[str | None]" = queue.Queue()
+
+    def pump() -> None:
+        assert process.stdout is not None
+        for line in process.stdout:
+            lines.put(line)
+        lines.put(None)
+
+    threading.Thread(target=pump, daemon=True).start()
+    seen: list[dict[str, Any]] = []
+    deadline = time.monotonic() + timeout
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            process.kill()
+            raise AssertionError(f"agent did not log {event!r} within {timeout} s; saw {[e.get('event') for e in seen]}")
+        try:
+            line = lines.get(timeout=remaining)
+        except queue.Empty:
+            continue
+        if line is None:
+            return process, seen
+        seen.extend(events(line))
+        if seen and seen[-1].get("event") == event:
+            return process, seen
