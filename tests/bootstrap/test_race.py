@@ -1,0 +1,68 @@
+"""Two agents (real processes, different instances) racing for one data volume: exactly one attaches
+it (or moves it); the other waits and then exits 75, and nothing is lost or duplicated."""
+
+from __future__ import annotations
+
+import pytest
+from storage_helpers import (
+    agent_command,
+    create_data_volume,
+    data_volumes,
+    events,
+    make_config,
+    migration_snapshots,
+    run_instance,
+    start_agent,
+)
+
+from bootstrap.blockdev import DirectoryBlockDevices
+from bootstrap.lease import LEASE_TAG
+from localmode.moto_compat import volume_dir
+
+PAYLOAD = b"dataset shard 0"
+
+
+def _race(ec2, moto_server, tmp_path, zones):
+    old_id = create_data_volume(ec2, "us-east-1a")
+    data = volume_dir(moto_server.ebs_dir, old_id)
+    (data / DirectoryBlockDevices.FS_MARKER).write_text("xfs")
+    (data / "shard-0").write_bytes(PAYLOAD)
+    agents = []
+    for n, az in enumerate(zones):
+        node_dir = tmp_path / f"node{n}"
+        node_dir.mkdir()
+        config, config_path = make_config(node_dir)
+        instance_id = run_instance(ec2, az)
+        agents.append((instance_id, config, agent_command(config_path, instance_id, az, moto_server.volumes_dir)))
+    processes = [start_agent(argv) for _, _, argv in agents]  # started together
+    results = []
+    for (instance_id, config, _), process in zip(agents, processes):
+        out, err = process.communicate(timeout=60)
+        results.append((instance_id, config, process.returncode, events(out), err))
+    return results
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("zones", [("us-east-1a", "us-east-1a"), ("us-east-1b", "us-east-1c"), ("us-east-1a", "us-east-1b")],
+                         ids=["both-in-the-volume-az", "both-elsewhere", "one-each"])
+def test_exactly_one_agent_gets_the_volume(ec2, moto_server, tmp_path, zones):
+    results = _race(ec2, moto_server, tmp_path, zones)
+
+    codes = sorted(code for _, _, code, _, _ in results)
+    assert codes == [0, 75], [(code, err[-500:]) for _, _, code, _, err in results]
+    winner = next(r for r in results if r[2] == 0)
+    loser = next(r for r in results if r[2] == 75)
+    volumes = data_volumes(ec2)
+    assert len(volumes) == 1, [v["VolumeId"] for v in volumes]
+    [volume] = volumes
+    assert [a["InstanceId"] for a in volume["Attachments"]] == [winner[0]]
+    assert LEASE_TAG not in {t["Key"] for t in volume.get("Tags", [])}
+    assert (winner[1].volume.mount_point / "shard-0").read_bytes() == PAYLOAD
+    assert not loser[1].volume.mount_point.exists()  # the loser never mounted anything
+    assert not any(e.get("event") in ("volume_attached", "snapshot_created") for e in loser[3])
+    moved = volume["AvailabilityZone"] != "us-east-1a"
+    assert len(migration_snapshots(ec2)) == (1 if moved else 0)  # one move at most, never two
+    loser_events = {e.get("event") for e in loser[3]}
+    assert loser_events & {"lease_wait", "waiting_for_detach"}, loser_events  # it saw the other and waited
+    attached = [e for _, _, _, evs, _ in results for e in evs if e.get("event") == "volume_attached"]
+    assert len(attached) == 1
