@@ -26,6 +26,7 @@ cannot see; subprocess + a process group is all it takes.
 from __future__ import annotations
 
 import enum
+import errno
 import json
 import logging
 import os
@@ -245,9 +246,11 @@ class Supervisor:
         try:
             proc = subprocess.Popen(argv, cwd=workdir, env=self.trainer_environment(), start_new_session=True,
                                     stdin=subprocess.DEVNULL, **kwargs)
-        except FileNotFoundError as exc:
-            raise ConfigError(f"training.command[0]: {argv[0]!r} cannot be run ({exc.strerror}); expected an "
-                              "executable (training.python for '{python}')") from None
+        except OSError as exc:
+            if exc.errno in (errno.ENOENT, errno.EACCES, errno.ENOTDIR, errno.ENOEXEC):
+                raise ConfigError(f"training.command[0]: {argv[0]!r} cannot be run ({exc.strerror}); expected an "
+                                  "executable (training.python for '{python}')") from None
+            raise TemporaryError(f"starting the trainer failed: {exc}") from exc
         self.starts += 1
         log.info("training started", extra={"pid": proc.pid, "argv": argv, "cwd": str(workdir),
                                              "user": account.pw_name if account else None, "start": self.starts})

@@ -321,3 +321,18 @@ def test_agent_sigterm_reaches_grandchildren_in_the_group(tmp_path):
         time.sleep(0.05)
     # ... and the Python trainer under it got it too, saved, and the wrapper's next command never ran.
     assert [e[0] for e in events(tmp_path)] == ["start", "sigterm-checkpoint"]
+
+
+@pytest.mark.parametrize("program,reason", [("/nonexistent/python", "No such file or directory"),
+                                            ("not-executable", "Permission denied"),
+                                            ("garbage", "Exec format error")])
+def test_a_command_that_cannot_run_is_a_config_error(tmp_path, program, reason):
+    if program != "/nonexistent/python":
+        path = tmp_path / program
+        path.write_text("not a program")
+        path.chmod(0o644 if program == "not-executable" else 0o755)
+        program = str(path)
+    config = base_config(tmp_path)
+    config["training"]["command"] = [program, "trainer.py"]
+    with pytest.raises(ConfigError, match=rf"training.command\[0\]: '{program}' cannot be run \({reason}\)"):
+        make_supervisor(tmp_path, config=config).run()
