@@ -19,6 +19,7 @@ import aws_cdk as cdk
 import constructs
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_iam as iam
+from aws_cdk import aws_kms as kms
 
 from .roles import SpotFleetRole
 from .tags import STACK_TAG_KEY
@@ -95,7 +96,7 @@ class SpotTrainingFleet(constructs.Construct):
         security_group: ec2.ISecurityGroup | None = None,
         fleet_role: iam.IRole | None = None,
         root_volume_size_gib: int = 150,
-        root_volume_encryption_key: object | None = None,
+        root_volume_encryption_key: kms.IKey | None = None,
         root_device_name: str = "/dev/sda1",
         key_pair: ec2.IKeyPair | None = None,
         stack_tag_value: str | None = None,
@@ -180,7 +181,7 @@ class SpotTrainingFleet(constructs.Construct):
                     volume=ec2.BlockDeviceVolume.ebs(
                         root_volume_size_gib,
                         encrypted=True,
-                        kms_key=root_volume_encryption_key,  # type: ignore[arg-type]
+                        kms_key=root_volume_encryption_key,
                         volume_type=ec2.EbsDeviceVolumeType.GP3,
                         delete_on_termination=True,
                     ),

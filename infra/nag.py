@@ -55,6 +55,13 @@ ACKNOWLEDGEMENTS: tuple[tuple[type, str, list[object], str], ...] = (
         "node can download the bootstrap asset.",
     ),
     (
+        TrainingNodeRole,
+        "AwsSolutions-IAM5",
+        ["Action::kms:GenerateDataKey*", "Action::kms:ReEncrypt*"],
+        "Key.grant_encrypt_decrypt (aws-cdk-lib's own grant) on the one customer managed key of the data "
+        "volume, which EBS needs to snapshot, copy and attach it; only present with volume_kms_key_arn.",
+    ),
+    (
         SpotFleetRole,
         "AwsSolutions-IAM4",
         ["Policy::arn:<AWS::Partition>:iam::aws:policy/service-role/AmazonEC2SpotFleetTaggingRole"],

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 import aws_cdk as cdk
 import constructs
 from aws_cdk import aws_iam as iam
+from aws_cdk import aws_kms as kms
 from aws_cdk import aws_s3_assets as s3_assets
 
 from .tags import STACK_TAG_KEY
@@ -50,6 +51,7 @@ class TrainingNodeRole(constructs.Construct):
       itself (the agent's attach lease);
     - ``ec2:CancelSpotFleetRequests`` on this stack's fleet request only;
     - read access to the bootstrap asset (``grant_read``), if given;
+    - use of a customer managed volume key, if :meth:`grant_volume_key` is called;
     - the AWS managed policy ``AmazonSSMManagedInstanceCore`` (Session Manager instead of SSH).
 
     Attributes:
@@ -95,6 +97,24 @@ class TrainingNodeRole(constructs.Construct):
             self.role.add_to_principal_policy(statement)
         for asset in assets:
             asset.grant_read(self.role)
+
+    def grant_volume_key(self, key: kms.IKey) -> None:
+        """Let the nodes use a customer managed KMS key of the data volume.
+
+        Moving the volume (snapshot, new volume from it) and attaching it need the key:
+        encrypt/decrypt through aws-cdk-lib's ``grant_encrypt_decrypt``, plus ``kms:CreateGrant`` only
+        for AWS resources (``kms:GrantIsForAWSResource``, i.e. EBS on the node's behalf) and
+        ``kms:DescribeKey``.
+        """
+        key.grant_encrypt_decrypt(self.role)
+        self.role.add_to_principal_policy(
+            iam.PolicyStatement(
+                sid="EbsGrantsOnVolumeKey",
+                actions=["kms:CreateGrant", "kms:DescribeKey"],
+                resources=[key.key_arn],
+                conditions={"Bool": {"kms:GrantIsForAWSResource": "true"}},
+            )
+        )
 
     @property
     def grant_principal(self) -> iam.IPrincipal:

@@ -117,6 +117,8 @@ class SpotTrainingStack(cdk.Stack):
 
         self.bootstrap_asset = BootstrapAsset(self, "BootstrapAsset")
         self.node_role = TrainingNodeRole(self, "NodeRole", stack_tag_value=tag_value, assets=[self.bootstrap_asset.asset])
+        if volume_key is not None:
+            self.node_role.grant_volume_key(volume_key)
 
         self.file_system: SharedFileSystem | None = None
         efs_config = None

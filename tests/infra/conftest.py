@@ -43,6 +43,7 @@ def pinned_synth(tmp_path_factory: pytest.TempPathFactory) -> Synth:
             "code_git_ref": "v1.2.0",
             "imds_endpoint": "http://127.0.0.1:18080",
             "vpc_flow_logs": "false",
+            "volume_kms_key_arn": "arn:aws:kms:eu-west-1:123456789012:key/1234abcd-12ab-34cd-56ef-1234567890ab",
         }
     )
     return synth_stack(tmp_path_factory.mktemp("cdk-pinned"), settings)

@@ -346,6 +346,12 @@ def test_pinned_environment_config_and_capacity(pinned_synth: Synth) -> None:
     assert len(data["LaunchTemplateConfigs"][0]["Overrides"]) == 2 * 3
     (volume,) = pinned_synth.resources("AWS::EC2::Volume").values()
     assert volume["Properties"]["AvailabilityZone"] == "eu-west-1a"
+    key_arn = "arn:aws:kms:eu-west-1:123456789012:key/1234abcd-12ab-34cd-56ef-1234567890ab"
+    assert volume["Properties"]["KmsKeyId"] == key_arn
+    kms_statements = [s for s in _policy_statements(pinned_synth, "NodeRole") if any(a.startswith("kms:") for a in _as_list(s["Action"]))]
+    assert kms_statements and all(s["Resource"] == key_arn for s in kms_statements)
+    (create_grant,) = [s for s in kms_statements if "kms:CreateGrant" in _as_list(s["Action"])]
+    assert create_grant["Condition"] == {"Bool": {"kms:GrantIsForAWSResource": "true"}}
     pinned_synth.template.resource_count_is("AWS::EC2::FlowLog", 0)
     config = extract_config(_user_data(pinned_synth, {**PSEUDO, "AWS::Region": "eu-west-1"}))
     assert config["region"] == "eu-west-1"
