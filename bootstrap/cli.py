@@ -170,6 +170,11 @@ def _attach_volume(config: AgentConfig, ec2: Any, identity: Identity, blockdev: 
 def _mount_efs(config: AgentConfig) -> None:
     if config.efs is None:
         return
+    if _local_mode():
+        # Local mode has no NFS server: the nodes share a plain directory the runner created.
+        config.efs.mount_point.mkdir(parents=True, exist_ok=True)
+        log.info("local mode: EFS is a shared directory", extra={"mount_point": str(config.efs.mount_point)})
+        return
     from bootstrap import efs
 
     efs.mount_efs(config.efs, region=config.region, log=logging.getLogger("bootstrap.efs"))
@@ -218,6 +223,13 @@ def cmd_run(config: AgentConfig) -> ExitCode:
 
     imds = _imds(config)
     identity = _identity(imds, config)
+    if config.node_role != "single":
+        # Parameter-server cluster nodes keep data, checkpoints and membership on EFS (no data volume).
+        from bootstrap.cluster import run_node
+
+        _mount_efs(config)
+        run_node(config, imds, instance_id=identity.instance_id, local_mode=_local_mode())
+        return ExitCode.OK
     ec2 = _ec2(config)
     blockdev = _block_devices()
     mount_point = _attach_volume(config, ec2, identity, blockdev)

@@ -357,3 +357,13 @@ def urllib_request_post(url: str, body: dict) -> dict:
     req = urllib.request.Request(url, method="POST", data=json.dumps(body).encode())
     with urllib.request.urlopen(req, timeout=5) as resp:
         return json.loads(resp.read())
+
+
+def test_run_with_efs_in_local_mode_uses_a_shared_directory(ec2, moto_server, node):
+    config = copy.deepcopy(node["config"])
+    config["efs"] = {"file_system_id": "fs-0123abcd", "access_point_id": None, "mount_point": str(node["dir"] / "efs")}
+    env = {"SPOT_TRAINING_BLOCKDEV_DIR": str(moto_server.volumes_dir), "FAKE_STEPS": "2"}
+    result = agent("run", _write(node["dir"] / "config.json", config), env=env)
+    assert result.returncode == 0, result.stderr
+    assert (node["dir"] / "efs").is_dir()
+    assert [e[0] for e in events(node["dir"])] == ["start", "completed"]
