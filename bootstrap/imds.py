@@ -24,6 +24,7 @@ The token is never logged.
 from __future__ import annotations
 
 import datetime as dt
+import http.client
 import json
 import logging
 import os
@@ -268,7 +269,8 @@ class ImdsClient:
                 if exc.code < 500:
                     return exc.code, body
                 last = f"HTTP {exc.code}"
-            except (urllib.error.URLError, socket.timeout, TimeoutError, ConnectionError) as exc:
+            except (urllib.error.URLError, socket.timeout, TimeoutError, ConnectionError,
+                    http.client.HTTPException) as exc:  # HTTPException: a truncated or garbled answer
                 reason = getattr(exc, "reason", exc)
                 last = f"{type(reason).__name__}: {reason}"
             log.warning("IMDS request failed; retrying" if attempt + 1 < self.attempts else "IMDS request failed",
