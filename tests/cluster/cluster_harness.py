@@ -1,0 +1,288 @@
+"""A parameter-server cluster on one machine: every node a real agent process (``python -m bootstrap run``),
+every node's framework process in its own network namespace with its own address.
+
+- EFS is a shared temporary directory (dataset, checkpoints, logs, cluster state).
+- Each node has its own IMDS emulator (localmode.imds_emulator) giving its instance id, its private
+  address and its tags; a spot interruption is posted there.
+- Network: a bridge and one namespace + veth pair per node in a private /24 we create
+  (10.213.X.0/24, X random so that parallel runs do not meet), all removed on teardown even after a
+  failure. Without ``ip netns`` (no root, no iproute2) the nodes fall back to loopback addresses
+  with distinct ports, and the harness says so on stdout.
+
+Imports neither TensorFlow nor MXNet (used by tests/cluster and tests/mxnet alike).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from bootstrap.cluster import ClusterState
+from localmode.imds_emulator import ImdsEmulator
+
+REPO = Path(__file__).resolve().parents[2]
+MEMBER_TAG = "spot-training:cluster-member"
+
+
+def _ip(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["ip", *args], capture_output=True, text=True, timeout=20)
+
+
+class Network:
+    """Node addresses: network namespaces on a bridge when possible, else loopback.
+
+    ``add(name) -> (netns or None, address, port_offset)``; ``close()`` removes everything created.
+    """
+
+    def __init__(self) -> None:
+        self.token = f"{os.getpid() % 10000:04d}{random.randint(0, 99):02d}"
+        self.subnet = random.randint(1, 254)
+        self.bridge = f"stc{self.token}"
+        self.namespaces: list[str] = []
+        self.links: list[str] = []
+        self.netns = False
+        self.reason = ""
+        self._count = 0
+        if shutil.which("ip") is None:
+            self.reason = "iproute2 not installed"
+        else:
+            made = _ip("link", "add", self.bridge, "type", "bridge")
+            if made.returncode == 0:
+                self.links.append(self.bridge)
+                ok = (_ip("addr", "add", f"10.213.{self.subnet}.1/24", "dev", self.bridge).returncode == 0
+                      and _ip("link", "set", self.bridge, "up").returncode == 0)
+                self.netns = ok
+                self.reason = "" if ok else "cannot configure the bridge"
+            else:
+                self.reason = made.stderr.strip() or "cannot create a bridge"
+        if not self.netns:
+            print(f"cluster harness: network namespaces unavailable ({self.reason}); falling back to loopback "
+                  "addresses with distinct ports", flush=True)
+
+    def add(self, name: str) -> tuple[str | None, str, int]:
+        """A new node: (namespace or None, its address, port offset to add to the cluster ports)."""
+        self._count += 1
+        index = self._count
+        if not self.netns:
+            return None, "127.0.0.1", 10 * index
+        ns = f"stc{self.token}n{index}"
+        host_end, ns_end = f"stc{self.token}h{index}", f"stc{self.token}p{index}"
+        address = f"10.213.{self.subnet}.{10 + index}"
+        steps = [("netns", "add", ns), ("link", "add", host_end, "type", "veth", "peer", "name", ns_end),
+                 ("link", "set", ns_end, "netns", ns), ("link", "set", host_end, "master", self.bridge),
+                 ("link", "set", host_end, "up"), ("-n", ns, "addr", "add", f"{address}/24", "dev", ns_end),
+                 ("-n", ns, "link", "set", ns_end, "up"), ("-n", ns, "link", "set", "lo", "up")]
+        for i, step in enumerate(steps):
+            done = _ip(*step)
+            if i == 0 and done.returncode == 0:
+                self.namespaces.append(ns)
+            if i == 1 and done.returncode == 0:
+                self.links.append(host_end)
+            if done.returncode != 0:
+                raise RuntimeError(f"ip {' '.join(step)} failed: {done.stderr.strip()}")
+        return ns, address, 0
+
+    def close(self) -> None:
+        """Delete the namespaces (their veth ends go with them), the host ends and the bridge."""
+        for ns in self.namespaces:
+            _ip("netns", "del", ns)
+        for link in reversed(self.links):
+            _ip("link", "del", link)
+        self.namespaces.clear()
+        self.links.clear()
+
+
+@dataclass
+class Node:
+    """One emulated instance: its IMDS emulator, config and agent process."""
+
+    name: str
+    role: str
+    instance_id: str
+    address: str
+    netns: str | None
+    imds: ImdsEmulator
+    config_path: Path
+    log_path: Path
+    agent: subprocess.Popen | None = None
+    started_at: float = 0.0
+    extra: dict = field(default_factory=dict)
+
+    def alive(self) -> bool:
+        return self.agent is not None and self.agent.poll() is None
+
+
+class Cluster:
+    """Nodes of one cluster sharing ``root`` as EFS. ``trainer_args`` go to the training command."""
+
+    def __init__(self, root: Path, network: Network, *, framework: str, data_dir: Path, trainer_module: str,
+                 trainer_args: list[str], num_servers: int = 2, min_workers: int = 1,
+                 heartbeat_timeout_s: float = 8.0, debounce_s: float = 2.0, stop_timeout_s: float = 60.0,
+                 kill_grace_s: float = 3.0, base_port: int = 9000) -> None:
+        self.root, self.network, self.framework = root, network, framework
+        self.efs = root / "efs"
+        self.data_dir = data_dir
+        self.checkpoint_dir = self.efs / "checkpoints"
+        self.log_dir = self.efs / "logs"
+        self.state_dir = self.efs / "cluster"
+        for d in (self.checkpoint_dir, self.log_dir, self.state_dir):
+            d.mkdir(parents=True, exist_ok=True)
+        self.trainer_module, self.trainer_args = trainer_module, trainer_args
+        self.cluster_section = {"state_dir": str(self.state_dir), "num_servers": num_servers,
+                                "min_workers": min_workers, "heartbeat_interval_s": 1.0,
+                                "heartbeat_timeout_s": heartbeat_timeout_s, "debounce_s": debounce_s,
+                                "stop_timeout_s": stop_timeout_s, "kill_grace_s": kill_grace_s}
+        self.base_port = base_port
+        self.nodes: list[Node] = []
+        self.state = ClusterState(self.state_dir)
+
+    # ---- nodes ----------------------------------------------------------------------------------
+    def add_node(self, role: str, *, start: bool = True) -> Node:
+        index = len(self.nodes) + 1
+        netns, address, offset = self.network.add(f"{role}{index}")
+        instance_id = f"i-{role[:3]}{index:02d}{random.randint(0, 0xffffff):06x}"
+        tags = {MEMBER_TAG: "true"} if role == "worker" else {}
+        imds = ImdsEmulator(instance_id=instance_id, availability_zone="us-east-1a", local_ipv4=address,
+                            tags=tags).start()
+        node_dir = self.root / "nodes" / instance_id
+        node_dir.mkdir(parents=True)
+        section = dict(self.cluster_section)
+        section.update({"scheduler_port": self.base_port + offset, "server_port": self.base_port + 1 + offset,
+                        "worker_port": self.base_port + 2 + offset})
+        config = {
+            "schema_version": 1, "region": "us-east-1", "stack_name": "DistributedTraining", "node_role": role,
+            "volume": {"tags": {"spot-training:stack": "DistributedTraining", "spot-training:purpose": "data-volume"},
+                       "device_name": "/dev/sdf", "mount_point": str(node_dir / "dltraining"), "fs_type": "xfs",
+                       "keep_snapshots": 2},
+            "efs": None,
+            "training": {"framework": self.framework, "python": sys.executable,
+                         "command": ["{python}", "-m", self.trainer_module, *self.trainer_args],
+                         "user": "ubuntu", "dataset_dir": str(self.data_dir),
+                         "checkpoint_dir": str(self.checkpoint_dir), "log_dir": str(self.log_dir),
+                         "code": {"type": "asset", "path": str(REPO)}},
+            "cleanup": {"cancel_fleet_on_success": False}, "imds_endpoint": imds.endpoint,
+            "cluster": section,
+        }
+        config_path = node_dir / "config.json"
+        config_path.write_text(json.dumps(config))
+        node = Node(f"{role}{index}", role, instance_id, address, netns, imds, config_path, node_dir / "agent.log")
+        self.nodes.append(node)
+        if start:
+            self.start(node)
+        return node
+
+    def start(self, node: Node) -> None:
+        env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1", TF_CPP_MIN_LOG_LEVEL="2",
+                   SPOT_TRAINING_BLOCKDEV_DIR=str(node.config_path.parent / "blockdev"))
+        if node.netns:
+            env["SPOT_TRAINING_NETNS"] = node.netns
+        log = open(node.log_path, "ab")
+        node.started_at = time.time()
+        node.agent = subprocess.Popen([sys.executable, "-m", "bootstrap", "run", "--config", str(node.config_path)],
+                                      cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                      start_new_session=True)
+        log.close()
+
+    def process_pid(self, node: Node) -> int | None:
+        """PID of the framework process the node's agent runs now (from its heartbeat)."""
+        beat = self.state.heartbeats().get(node.instance_id)
+        return beat.get("pid") if beat else None
+
+    def kill_process(self, node: Node, sig: int = signal.SIGKILL) -> int:
+        """Send ``sig`` to the node's framework process group (the agent lives on); returns the pid."""
+        pid = self.process_pid(node)
+        assert pid, f"{node.name} runs no framework process now: {self.state.heartbeats().get(node.instance_id)}"
+        os.killpg(pid, sig)
+        return pid
+
+    def kill_node(self, node: Node) -> None:
+        """The instance is gone: SIGKILL the agent and its framework process group, nothing else."""
+        pid = self.process_pid(node)
+        os.killpg(node.agent.pid, signal.SIGKILL)
+        node.agent.wait(timeout=10)
+        if pid:
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    def close(self) -> None:
+        """Stop every agent and framework process we started (by PID), then the emulators."""
+        for node in self.nodes:
+            if node.agent is not None and node.agent.poll() is None:
+                pid = self.process_pid(node)
+                for target in (node.agent.pid, pid):
+                    if target:
+                        try:
+                            os.killpg(target, signal.SIGKILL)
+                        except (ProcessLookupError, PermissionError):
+                            pass
+                node.agent.wait(timeout=10)
+            node.imds.stop()
+
+    # ---- observation ----------------------------------------------------------------------------
+    def plan(self):
+        return self.state.plan()
+
+    def events(self) -> list[dict]:
+        return self.state.events()
+
+    def steps(self, node: Node | None = None) -> list[dict]:
+        """Rows of the step logs (all nodes, or one), sorted by wall time."""
+        paths = [self.log_dir / f"steps-{node.instance_id}.csv"] if node else sorted(self.log_dir.glob("steps-*.csv"))
+        rows = []
+        for path in paths:
+            if path.exists():
+                with open(path, newline="") as handle:
+                    for row in csv.DictReader(handle):
+                        row["node"] = path.stem[len("steps-"):]
+                        rows.append(row)
+        return sorted(rows, key=lambda r: float(r["wall_time"]))
+
+    def max_step(self) -> int:
+        return max((int(r["step"]) for r in self.steps()), default=0)
+
+    def result(self) -> dict | None:
+        path = self.log_dir / "result.json"
+        return json.loads(path.read_text()) if path.exists() else None
+
+    def checkpoint_steps(self) -> list[int]:
+        return sorted(int(p.name.split("-")[1]) for p in self.checkpoint_dir.glob("ckpt-*"))
+
+    def diagnostics(self) -> str:
+        """Plan, events and the tail of every log, for assertion messages."""
+        parts = [f"plan: {self.plan()}", f"events: {json.dumps(self.events(), indent=0)}"]
+        for path in sorted(self.log_dir.glob("*.log")) + [n.log_path for n in self.nodes]:
+            if path.exists():
+                parts.append(f"--- {path.name}\n" + "\n".join(path.read_text(errors="replace").splitlines()[-15:]))
+        return "\n".join(parts)
+
+    def wait_for(self, predicate: Callable[[], object], timeout: float, what: str) -> object:
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            value = predicate()
+            if value:
+                return value
+            time.sleep(0.25)
+        raise AssertionError(f"timed out after {timeout} s waiting for {what}\n{self.diagnostics()}")
+
+    def running_generation(self, *, generation_above: int = 0, workers: int | None = None) -> int:
+        plan = self.plan()
+        if plan is None or plan.state != "running" or plan.generation <= generation_above:
+            return 0
+        if workers is not None and len(plan.workers) != workers:
+            return 0
+        return plan.generation
+
+    def steps_in_generation(self, generation: int) -> list[dict]:
+        return [r for r in self.steps() if int(r["generation"]) == generation]

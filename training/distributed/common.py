@@ -1,0 +1,130 @@
+"""What the MXNet and TensorFlow cluster trainers share: arguments, the global batch of a step and
+each worker's shard of it, the per-process step log and the result file. numpy only.
+
+Data position = the step: the global batch of step ``s`` is ``batch_indices(s, batch_size=B)``
+(training/datasets.py), whatever the worker count, so a generation that resumes at step ``s`` with
+another number of workers still sees the same examples in the same order. Worker ``r`` of ``n``
+takes ``numpy.array_split(global_batch, n)[r]``; the gradients are summed across workers and divided
+by ``B``, which is the mean over the global batch (the same update as one process, up to summation order).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+
+from training.datasets import batch_indices, default_log_dir
+
+__all__ = ["parse_args", "global_batch", "global_batch_size", "worker_shard", "StepLog", "write_result", "node_id",
+           "generation", "pace"]
+
+STEP_LOG_FIELDS = ("step", "generation", "rank", "num_workers", "loss", "learning_rate", "wall_time")
+
+
+def parse_args(argv=None, *, description: str) -> argparse.Namespace:
+    """Arguments of both cluster trainers (``--help`` lists them). Exits 2 naming a bad value."""
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--steps", type=int, default=300, help="total optimizer steps (default 300)")
+    p.add_argument("--batch-size", type=int, default=64, help="global batch size when --per-worker-batch is not set")
+    p.add_argument("--per-worker-batch", type=int, default=0,
+                   help="each worker adds this many examples (global batch = this x workers; default 0: off)")
+    p.add_argument("--learning-rate", type=float, default=0.1, help="SGD (momentum 0.9) learning rate, default 0.1")
+    p.add_argument("--scale-lr", action="store_true",
+                   help="linear learning-rate scaling by worker count with warm-up (training.distributed.lr)")
+    p.add_argument("--warmup-steps", type=int, default=20, help="warm-up steps of --scale-lr (default 20)")
+    p.add_argument("--hidden", type=int, default=64, help="hidden units of the MLP (default 64)")
+    p.add_argument("--save-every-steps", type=int, default=25, help="checkpoint cadence (default 25)")
+    p.add_argument("--min-step-seconds", type=float, default=0.0,
+                   help="pace steps to take at least this long (tests and benchmarks: room for events)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--data-dir", type=Path, default=None, help="default $SPOT_TRAINING_DATA_DIR")
+    p.add_argument("--checkpoint-dir", type=Path, default=None, help="default $SPOT_TRAINING_CHECKPOINT_DIR")
+    p.add_argument("--log-dir", type=Path, default=None, help="default $SPOT_TRAINING_LOG_DIR")
+    args = p.parse_args(argv)
+    for name in ("steps", "batch_size", "hidden"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    for name in ("per_worker_batch", "warmup_steps", "save_every_steps"):
+        if getattr(args, name) < 0:
+            p.error(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
+    if not args.learning_rate > 0:
+        p.error(f"--learning-rate must be > 0, got {args.learning_rate}")
+    return args
+
+
+def global_batch_size(args: argparse.Namespace, num_workers: int) -> int:
+    """Examples per optimizer step across all workers."""
+    return args.per_worker_batch * num_workers if args.per_worker_batch else args.batch_size
+
+
+def global_batch(step: int, *, batch_size: int, n: int, seed: int) -> np.ndarray:
+    """Indices (int64, (batch_size,)) of the global batch of ``step``."""
+    return batch_indices(step, batch_size=batch_size, n=n, seed=seed)
+
+
+def worker_shard(indices: np.ndarray, *, rank: int, num_workers: int) -> np.ndarray:
+    """Worker ``rank``'s part of a global batch (``numpy.array_split``; sizes differ by at most one).
+
+    Raises ValueError unless 0 <= rank < num_workers <= len(indices)."""
+    if not 0 <= rank < num_workers:
+        raise ValueError(f"rank must be in 0..num_workers-1, got rank={rank}, num_workers={num_workers}")
+    if num_workers > len(indices):
+        raise ValueError(f"global batch of {len(indices)} cannot be split across {num_workers} workers; "
+                         "raise --batch-size")
+    return np.array_split(indices, num_workers)[rank]
+
+
+def node_id() -> str:
+    """This node's id from ``SPOT_TRAINING_NODE_ID`` (set by the agent), else ``pid-<pid>``."""
+    return os.environ.get("SPOT_TRAINING_NODE_ID") or f"pid-{os.getpid()}"
+
+
+def generation() -> int:
+    """The generation from ``SPOT_TRAINING_GENERATION`` (0 outside a cluster)."""
+    return int(os.environ.get("SPOT_TRAINING_GENERATION", "0"))
+
+
+class StepLog:
+    """``<log_dir>/steps-<node_id>.csv``: one flushed row per step this process ran
+    (``step`` = completed steps after it, ``generation``, ``rank``, ``num_workers``, ``loss``,
+    ``learning_rate``, ``wall_time`` in seconds since the epoch). Appends across generations."""
+
+    def __init__(self, log_dir: Path | None) -> None:
+        directory = Path(log_dir) if log_dir else default_log_dir()
+        directory.mkdir(parents=True, exist_ok=True)
+        self.path = directory / f"steps-{node_id()}.csv"
+        new = not self.path.exists() or self.path.stat().st_size == 0
+        self._file = open(self.path, "a", newline="", buffering=1)
+        self._writer = csv.writer(self._file)
+        if new:
+            self._writer.writerow(STEP_LOG_FIELDS)
+
+    def write(self, *, step: int, rank: int, num_workers: int, loss: float, learning_rate: float) -> None:
+        self._writer.writerow([step, generation(), rank, num_workers, f"{loss:.6f}", f"{learning_rate:.6g}",
+                               f"{time.time():.3f}"])
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def write_result(log_dir: Path | None, payload: dict) -> Path:
+    """Write ``<log_dir>/result.json`` atomically (final step, test accuracy, ...); returns the path."""
+    directory = Path(log_dir) if log_dir else default_log_dir()
+    path = directory / "result.json"
+    tmp = path.with_name(f".tmp-result-{os.getpid()}")
+    tmp.write_text(json.dumps(payload, sort_keys=True))
+    os.replace(tmp, path)
+    return path
+
+
+def pace(started: float, min_seconds: float) -> None:
+    """Sleep so that a step that began at ``started`` (perf_counter) lasts at least ``min_seconds``."""
+    left = min_seconds - (time.perf_counter() - started)
+    if left > 0:
+        time.sleep(left)
