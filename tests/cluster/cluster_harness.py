@@ -208,6 +208,7 @@ class Cluster:
     def kill_node(self, node: Node) -> None:
         """The instance is gone: SIGKILL the agent and its framework process group, nothing else."""
         pid = self.process_pid(node)
+        node.extra["killed"] = True
         os.killpg(node.agent.pid, signal.SIGKILL)
         node.agent.wait(timeout=10)
         if pid:

@@ -1,0 +1,164 @@
+"""An elastic MXNet ``dist_sync`` cluster on one machine: real agents (``python -m bootstrap run``), the
+ps-lite scheduler, 2 servers and 2-3 workers as real processes, each node in its own network namespace
+(tests/cluster/cluster_harness.py), EFS as a shared directory, the 8x8 digits.
+
+One cluster runs through the whole story in order (each test is one chapter and needs the one before):
+two servers + two workers train; a third worker joins and training continues from the checkpoint;
+a worker leaves on a spot interruption notice; a worker's process is SIGKILLed (MXNet hangs, so the
+coordinator tears the generation down and restarts it within the timeout); a parameter server's
+node is SIGKILLed (heartbeats stop; a replacement node, as the Auto Scaling group would start,
+registers and training resumes from the checkpoint); training completes at exactly the total step.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "cluster"))
+from cluster_harness import Cluster, Network  # noqa: E402
+
+TOTAL_STEPS = 700
+SAVE_EVERY = 20
+HEARTBEAT_TIMEOUT_S = 8.0
+# Worst case to notice and restart a generation on this 2-core machine: heartbeat timeout, kill
+# grace, and ~10 s of `import mxnet` per process when other jobs load the machine.
+RESTART_BUDGET_S = 120.0
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def network():
+    net = Network()
+    yield net
+    net.close()
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory, digits_dir, network):
+    c = Cluster(tmp_path_factory.mktemp("mxnet-cluster"), network, framework="mxnet", data_dir=digits_dir,
+                trainer_module="training.distributed.mxnet_dist",
+                trainer_args=["--steps", str(TOTAL_STEPS), "--batch-size", "64", "--save-every-steps",
+                              str(SAVE_EVERY), "--min-step-seconds", "0.04"],
+                heartbeat_timeout_s=HEARTBEAT_TIMEOUT_S, debounce_s=2.0, kill_grace_s=3.0)
+    yield c
+    c.close()
+
+
+def _progress(cluster: Cluster, generation: int, steps: int) -> None:
+    """Wait until generation ``generation`` ran ``steps`` steps."""
+    def enough():
+        rows = cluster.steps_in_generation(generation)
+        return rows and max(int(r["step"]) for r in rows) - min(int(r["step"]) for r in rows) >= steps
+    cluster.wait_for(enough, RESTART_BUDGET_S, f"{steps} steps in generation {generation}")
+
+
+def _first_and_last(cluster: Cluster, generation: int) -> tuple[int, int]:
+    steps = [int(r["step"]) for r in cluster.steps_in_generation(generation)]
+    return min(steps), max(steps)
+
+
+def test_two_servers_and_two_workers_train(cluster):
+    cluster.add_node("scheduler")
+    cluster.add_node("server")
+    cluster.add_node("server")
+    cluster.add_node("worker")
+    cluster.add_node("worker")
+    gen = cluster.wait_for(lambda: cluster.running_generation(workers=2), RESTART_BUDGET_S, "generation 1")
+    assert gen == 1
+    plan = cluster.plan()
+    assert len(plan.servers) == 2 and [w["rank"] for w in plan.workers] == [0, 1]
+    _progress(cluster, 1, 40)
+    rows = cluster.steps_in_generation(1)
+    assert {r["node"] for r in rows} == {w["node_id"] for w in plan.workers}
+    assert {r["num_workers"] for r in rows} == {"2"}
+
+
+def test_third_worker_joins_and_training_continues_from_the_checkpoint(cluster):
+    joiner = cluster.add_node("worker")
+    gen = cluster.wait_for(lambda: cluster.running_generation(generation_above=1, workers=3), RESTART_BUDGET_S,
+                           "a generation with 3 workers")
+    assert any(e["state"] == "checkpoint" and "joined" in e["reason"] for e in cluster.events())
+    _progress(cluster, gen, 20)
+    first, _ = _first_and_last(cluster, gen)
+    _, last_before = _first_and_last(cluster, gen - 1)
+    # The workers stopped together at one step, rank 0 saved it, the new generation starts right after it.
+    assert first == last_before + 1
+    assert last_before in cluster.checkpoint_steps() or last_before < min(cluster.checkpoint_steps())
+    assert joiner.instance_id in {r["node"] for r in cluster.steps_in_generation(gen)}
+    print(f"join: generation {gen} resumed at step {first} with 3 workers")
+
+
+def test_worker_leaves_on_a_spot_notice_and_training_continues_without_it(cluster):
+    plan = cluster.plan()
+    leaver = next(n for n in cluster.nodes if n.role == "worker" and n.instance_id == plan.workers[1]["node_id"])
+    before = plan.generation
+    leaver.imds.post_spot_interruption()
+    noticed = time.time()
+    gen = cluster.wait_for(lambda: cluster.running_generation(generation_above=before, workers=2), RESTART_BUDGET_S,
+                           "a generation without the leaving worker")
+    assert leaver.instance_id not in {w["node_id"] for w in cluster.plan().workers}
+    _progress(cluster, gen, 10)
+    first, _ = _first_and_last(cluster, gen)
+    _, last_before = _first_and_last(cluster, before)
+    assert first == last_before + 1  # checkpoint at the agreed stop step, nothing lost
+    cluster.wait_for(lambda: not leaver.alive(), 30, "the leaving worker's agent to exit")
+    assert leaver.agent.returncode == 0
+    rows = cluster.steps_in_generation(gen)
+    print(f"leave: notice -> generation {gen} training {float(rows[0]['wall_time']) - noticed:.1f} s")
+
+
+def test_sigkilled_worker_process_restarts_the_generation_within_the_timeout(cluster):
+    plan = cluster.plan()
+    victim = next(n for n in cluster.nodes if n.instance_id == plan.workers[0]["node_id"])
+    _progress(cluster, plan.generation, 15)
+    cluster.kill_process(victim)
+    killed = time.time()
+    gen = cluster.wait_for(lambda: cluster.running_generation(generation_above=plan.generation), RESTART_BUDGET_S,
+                           "the generation to restart after a worker died")
+    assert "exited" in cluster.plan().reason or "gone" in cluster.plan().reason
+    _progress(cluster, gen, 10)
+    first, _ = _first_and_last(cluster, gen)
+    _, last_before = _first_and_last(cluster, plan.generation)
+    # Resumed from the newest checkpoint: steps after it are redone, none skipped.
+    assert first - 1 in cluster.checkpoint_steps() or first - 1 <= last_before
+    assert first - 1 <= last_before and last_before - (first - 1) <= SAVE_EVERY
+    print(f"kill worker: generation {gen} training {float(cluster.steps_in_generation(gen)[0]['wall_time']) - killed:.1f} s "
+          f"after SIGKILL, resumed at step {first} (lost {last_before - first + 1} steps)")
+
+
+def test_sigkilled_server_node_is_replaced_and_training_resumes_from_the_checkpoint(cluster):
+    plan = cluster.plan()
+    victim = next(n for n in cluster.nodes if n.instance_id == plan.servers[0]["node_id"])
+    _progress(cluster, plan.generation, 15)
+    cluster.kill_node(victim)
+    cluster.wait_for(lambda: cluster.plan().state in ("teardown", "waiting"), HEARTBEAT_TIMEOUT_S + 15,
+                     "the coordinator to notice the dead server")
+    replacement = cluster.add_node("server")  # what the servers' Auto Scaling group does
+    gen = cluster.wait_for(lambda: cluster.running_generation(generation_above=plan.generation), RESTART_BUDGET_S,
+                           "a generation with the replacement server")
+    assert replacement.instance_id in {s["node_id"] for s in cluster.plan().servers}
+    _progress(cluster, gen, 5)
+    first, _ = _first_and_last(cluster, gen)
+    _, last_before = _first_and_last(cluster, plan.generation)
+    assert first - 1 <= last_before and last_before - (first - 1) <= SAVE_EVERY
+
+
+def test_training_completes_at_the_exact_step_with_test_accuracy(cluster):
+    cluster.wait_for(lambda: cluster.plan().state == "completed", 300, "training to complete")
+    result = cluster.result()
+    assert result is not None, cluster.diagnostics()
+    assert result["step"] == TOTAL_STEPS
+    assert max(cluster.checkpoint_steps()) == TOTAL_STEPS
+    logged = {int(r["step"]) for r in cluster.steps()}
+    assert logged == set(range(1, TOTAL_STEPS + 1))  # every step ran, none beyond the total
+    print(f"MXNet cluster: {TOTAL_STEPS} steps over {cluster.plan().generation} generations, "
+          f"held-out digits accuracy {result['test_accuracy']:.4f}")
+    assert result["test_accuracy"] >= 0.9
+    cluster.wait_for(lambda: not any(n.alive() for n in cluster.nodes), 60, "every agent to exit")
+    assert {n.name: n.agent.returncode for n in cluster.nodes if not n.extra.get("killed")} == \
+        {n.name: 0 for n in cluster.nodes if not n.extra.get("killed")}
