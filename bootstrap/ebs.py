@@ -232,9 +232,16 @@ class _VolumeStep:
                 f"no EBS volume in region {self.config.region} carries the tags {self.tags} (volume.tags); "
                 "deploy the stack that creates the data volume, or fix volume.tags in the node config")
         plan = _plan(volumes, instance_id=self.instance_id, availability_zone=self.az, tags=self.tags, log=self.log)
-        if (_attached_instance(plan.current) == self.instance_id and plan.pending is None and not plan.retire
-                and not plan.stale and lease_of(plan.current) is None):
+        clean = (plan.pending is None and not plan.retire and not plan.stale
+                 and all(lease_of(v) is None for v in volumes))
+        if clean and _attached_instance(plan.current) == self.instance_id:
             self.event("already_attached", "data volume already attached to this instance", volume_id=plan.current["VolumeId"])
+            return self.mount(plan.current["VolumeId"])
+        if clean and plan.current["AvailabilityZone"] == self.az and plan.current["State"] == "available":
+            # Same AZ, nobody moving it: AttachVolume itself is the arbiter (a second attach gets
+            # VolumeInUse), so no lease is needed; a mover re-checks the source before retiring it.
+            self.attach(plan.current["VolumeId"])
+            self.verify_device(plan.current["VolumeId"])
             return self.mount(plan.current["VolumeId"])
 
         # Leases of ours left by an earlier run of this instance that was killed mid-way.
@@ -296,15 +303,25 @@ class _VolumeStep:
         return refreshed
 
     def attach(self, volume_id: str) -> None:
+        """AttachVolume (the final arbiter between agents), then wait until it is in use by us."""
         deadline = Deadline(self.t.attach_s, f"attach {volume_id}", self.clock)
         device = self.volume_config.device_name
-        try:
-            self.retry(lambda: self.ec2.attach_volume(VolumeId=volume_id, InstanceId=self.instance_id, Device=device),
-                       f"AttachVolume {volume_id} to {self.instance_id}", deadline)
-        except TemporaryError:
-            volume = self.describe_volume(volume_id)
-            if volume is None or _attached_instance(volume) != self.instance_id:
+
+        def attach_once() -> None:
+            try:
+                self.ec2.attach_volume(VolumeId=volume_id, InstanceId=self.instance_id, Device=device)
+            except ClientError as error:
+                if error_code(error) != "VolumeInUse":
+                    raise
+                volume = self.describe_volume(volume_id)
+                if volume is not None and _attached_instance(volume) == self.instance_id:
+                    return  # an earlier attempt of ours went through
+                if volume is not None and _attached_instance(volume) is not None:
+                    # Another instance has it: wait (bounded) for it to detach, then try again.
+                    self.wait_until_detached(volume)
                 raise
+
+        self.retry(attach_once, f"AttachVolume {volume_id} to {self.instance_id}", deadline)
         self.wait("volume_in_use", deadline, VolumeIds=[volume_id],
                   Filters=[{"Name": "attachment.instance-id", "Values": [self.instance_id]}])
         self.event("volume_attached", "volume attached to this instance", volume_id=volume_id, device_name=device)
@@ -318,41 +335,55 @@ class _VolumeStep:
 
     def move(self, source: dict[str, Any]) -> str:
         source = self.wait_until_detached(source)
-        snapshot_id = self.snapshot(source)
-        self.lease.renew(sorted(self.leased))
-        deadline = Deadline(self.t.snapshot_s, f"snapshot {snapshot_id}", self.clock)
-        self.wait("snapshot_completed", deadline, SnapshotIds=[snapshot_id])
+        snapshot_id, state = self.snapshot(source)
+        if state != "completed":
+            # A snapshot can take longer than the lease's TTL: extend the lease over the wait.
+            self.lease.renew(sorted(self.leased), ttl_s=self.t.snapshot_s + self.t.lease_ttl_s)
+            deadline = Deadline(self.t.snapshot_s, f"snapshot {snapshot_id}", self.clock)
+            self.wait("snapshot_completed", deadline, SnapshotIds=[snapshot_id])
         self.event("snapshot_completed", "migration snapshot completed", snapshot_id=snapshot_id)
         copy = self.create_copy(source, snapshot_id)
         return self.finish_move(source, copy)
 
-    def snapshot(self, source: dict[str, Any]) -> str:
+    def snapshot(self, source: dict[str, Any]) -> tuple[str, str]:
+        """``(snapshot id, state)`` of the migration snapshot: reused from a killed earlier run of this
+        instance when there is one, else created."""
+        if self.recovering:
+            reused = self.reusable_snapshot(source)
+            if reused is not None:
+                return reused
+        return self.new_snapshot(source)
+
+    def reusable_snapshot(self, source: dict[str, Any]) -> tuple[str, str] | None:
         existing = self.ec2.describe_snapshots(OwnerIds=["self"], Filters=[
             {"Name": f"tag:{STACK_TAG}", "Values": [self.config.stack_name]},
             {"Name": f"tag:{PURPOSE_TAG}", "Values": [MIGRATION_SNAPSHOT_PURPOSE]},
-            {"Name": f"tag:{SOURCE_VOLUME_TAG}", "Values": [source["VolumeId"]]},
+
             {"Name": f"tag:{CREATED_BY_TAG}", "Values": [self.instance_id]},
         ])["Snapshots"]
         usable = sorted((s for s in existing if s["State"] in ("pending", "completed")),
                         key=lambda s: (str(s.get("StartTime")), s["SnapshotId"]))
-        if usable:
-            snapshot_id = usable[-1]["SnapshotId"]
-            self.event("snapshot_reused", "reusing the migration snapshot this instance took before a restart",
-                       snapshot_id=snapshot_id, source_volume_id=source["VolumeId"])
-            return snapshot_id
+        if not usable:
+            return None
+        snapshot = usable[-1]
+        self.event("snapshot_reused", "reusing the migration snapshot this instance took before a restart",
+                   snapshot_id=snapshot["SnapshotId"], source_volume_id=source["VolumeId"])
+        return snapshot["SnapshotId"], snapshot["State"]
+
+    def new_snapshot(self, source: dict[str, Any]) -> tuple[str, str]:
         tags = [{"Key": STACK_TAG, "Value": self.config.stack_name},
                 {"Key": PURPOSE_TAG, "Value": MIGRATION_SNAPSHOT_PURPOSE},
                 {"Key": SOURCE_VOLUME_TAG, "Value": source["VolumeId"]},
                 {"Key": CREATED_BY_TAG, "Value": self.instance_id}]
         deadline = Deadline(self.t.snapshot_s, f"create snapshot of {source['VolumeId']}", self.clock)
-        snapshot_id = self.retry(lambda: self.ec2.create_snapshot(
+        response = self.retry(lambda: self.ec2.create_snapshot(
             VolumeId=source["VolumeId"],
             Description=f"spot-training: move {source['VolumeId']} from {source['AvailabilityZone']} to {self.az}",
-            TagSpecifications=[{"ResourceType": "snapshot", "Tags": tags}])["SnapshotId"],
+            TagSpecifications=[{"ResourceType": "snapshot", "Tags": tags}]),
             f"CreateSnapshot of {source['VolumeId']}", deadline)
-        self.event("snapshot_created", "migration snapshot created", snapshot_id=snapshot_id,
+        self.event("snapshot_created", "migration snapshot created", snapshot_id=response["SnapshotId"],
                    source_volume_id=source["VolumeId"])
-        return snapshot_id
+        return response["SnapshotId"], response.get("State", "pending")
 
     def create_copy(self, source: dict[str, Any], snapshot_id: str) -> dict[str, Any]:
         inherited = {k: v for k, v in _tags(source).items() if k not in _PROGRESS_TAGS and not k.startswith("aws:")}
@@ -385,10 +416,9 @@ class _VolumeStep:
                    snapshot_id=snapshot_id, source_volume_id=source["VolumeId"], availability_zone=self.az)
         self.wait("volume_available", deadline, VolumeIds=[volume_id])
         self.event("volume_available", "new volume available", volume_id=volume_id)
-        copy = self.describe_volume(volume_id)
-        if copy is None:
-            raise TemporaryError(f"new volume {volume_id} disappeared right after it became available")
-        return copy
+        # What CreateVolume asked for is what the copy is; only its state moved on (to available).
+        return {"VolumeId": volume_id, "AvailabilityZone": self.az, "State": "available", "Attachments": [],
+                "Tags": tags}
 
     def finish_move(self, source: dict[str, Any], copy: dict[str, Any]) -> str:
         copy_id = copy["VolumeId"]

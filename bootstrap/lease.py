@@ -132,8 +132,8 @@ class VolumeLease:
         self._log = log or logging.getLogger(__name__)
         self.current: Lease | None = None
 
-    def _new_lease(self) -> Lease:
-        return Lease(owner=self.owner, expires=self._now() + self.ttl_s)
+    def _new_lease(self, ttl_s: float | None = None) -> Lease:
+        return Lease(owner=self.owner, expires=self._now() + (self.ttl_s if ttl_s is None else ttl_s))
 
     def tag(self) -> dict[str, str]:
         """The lease tag of the held lease, for a TagSpecifications list (hands the lease to a new copy)."""
@@ -205,11 +205,12 @@ class VolumeLease:
             self._sleep(pause)
             current = read()
 
-    def renew(self, volume_ids: list[str]) -> None:
-        """Push the expiry of the held lease ``ttl_s`` into the future on ``volume_ids``."""
+    def renew(self, volume_ids: list[str], ttl_s: float | None = None) -> None:
+        """Push the expiry of the held lease ``ttl_s`` seconds (default: the lease's TTL) into the
+        future on ``volume_ids`` (one CreateTags call)."""
         if self.current is None:
             raise RuntimeError("lease is not held; call acquire() first")
-        self.current = self._new_lease()
+        self.current = self._new_lease(ttl_s)
         self.ec2.create_tags(Resources=volume_ids, Tags=[self.tag()])
 
     def release(self, volume_ids: list[str]) -> None:
