@@ -37,6 +37,15 @@ bridge is for moto 5.2.5 and says what real CloudFormation does instead:
    (``DependencyViolation``: its subnets' route tables remained) and the stack never reached
    ``DELETE_COMPLETE``.
 
+5. **CancelSpotFleetRequests with TerminateInstances terminates every instance of the fleet**: moto
+   5.2.5 terminated only the instances its own (non-maintaining) fleet launched, and failed with
+   ``InvalidParameterCombination: No instances specified`` when none were left (the state after a
+   spot interruption). Local mode's node runner launches replacements on the fleet's behalf and tags
+   them ``aws:ec2spot:fleet-request-id`` as EC2 does, so the bridge terminates every running instance
+   carrying the fleet's id, as EC2 terminates all of a fleet's instances, and skips the empty call.
+   (An EC2 API bridge rather than a CloudFormation one, but it exists only for local mode's
+   acting-for-the-fleet, so it lives beside bridge 3, which uses it.)
+
 Nothing here is needed on AWS, and the agents never import it.
 """
 
@@ -66,6 +75,7 @@ PROVIDER_IS_COMPLETE_ENV = "USER_IS_COMPLETE_FUNCTION_ARN"
 MAX_HANDLER_TIMEOUT_S = 900
 #: Marks the result line the handler subprocess prints (everything else it prints goes to the log).
 _RESULT_MARK = "__SPOT_TRAINING_CFN_RESULT__"
+FLEET_TAG = "aws:ec2spot:fleet-request-id"
 
 _lock = threading.Lock()
 _state: dict[str, Any] = {"endpoint_url": None, "work_dir": None}
@@ -378,7 +388,32 @@ def _patch_delete_order() -> None:
 
 # --- 3: spot fleet delete ----------------------------------------------------------------------
 def _patch_spot_fleet_delete() -> None:
-    from moto.ec2.models.spot_requests import SpotFleetRequest
+    from moto.ec2.models.spot_requests import SpotFleetRequest, SpotRequestBackend
+
+    if not getattr(SpotRequestBackend.cancel_spot_fleet_requests, "_spot_training_compat", False):
+        original = SpotRequestBackend.cancel_spot_fleet_requests
+
+        def cancel_spot_fleet_requests(self: Any, spot_fleet_request_ids: list[str], terminate_instances: bool) -> Any:
+            if not terminate_instances:
+                return original(self, spot_fleet_request_ids, terminate_instances)
+            cancelled = []
+            for fleet_id in spot_fleet_request_ids:
+                fleet = self.spot_fleet_requests[fleet_id]
+                fleet.target_capacity = 0
+                members = {request.instance.id for request in fleet.spot_requests if request.instance is not None}
+                members |= {
+                    instance.id for instance in self.all_instances()
+                    if self.tags.get(instance.id, {}).get(FLEET_TAG) == fleet_id
+                }
+                live = sorted(i for i in members if self.get_instance(i).state in ("pending", "running", "stopping", "stopped"))
+                if live:  # terminate while the request still exists: moto's Instance.terminate looks it up
+                    self.terminate_instances(live)
+                self.spot_fleet_requests.pop(fleet_id, None)
+                cancelled.append(fleet)
+            return cancelled
+
+        cancel_spot_fleet_requests._spot_training_compat = True  # type: ignore[attr-defined]
+        SpotRequestBackend.cancel_spot_fleet_requests = cancel_spot_fleet_requests  # type: ignore[method-assign]
 
     if getattr(getattr(SpotFleetRequest, "delete", None), "_spot_training_compat", False):
         return

@@ -190,3 +190,30 @@ def test_fails_when_endpoint_is_not_loopback_http(endpoint, tmp_path):
 
     with pytest.raises(ValueError, match="endpoint_url must be http://127.0.0.1:PORT"):
         cfn_compat.apply(endpoint_url=endpoint, work_dir=tmp_path)
+
+
+def test_cancel_with_terminate_stops_replacements_launched_for_the_fleet(moto_server):
+    """After an interruption the fleet's own instance is gone and local mode launched a replacement
+    tagged with the fleet id: cancelling must terminate it and must not fail on the empty fleet."""
+    cloudformation, ec2 = _client(moto_server, "cloudformation"), _client(moto_server, "ec2")
+    cloudformation.create_stack(StackName="CfnCompatCancel", TemplateBody=json.dumps(_fleet_template()))
+    resources = {r["LogicalResourceId"]: r["PhysicalResourceId"]
+                 for r in cloudformation.describe_stack_resources(StackName="CfnCompatCancel")["StackResources"]}
+    fleet_id = resources["Fleet"]
+    [active] = ec2.describe_spot_fleet_instances(SpotFleetRequestId=fleet_id)["ActiveInstances"]
+    ec2.terminate_instances(InstanceIds=[active["InstanceId"]])
+    replacement = ec2.run_instances(
+        LaunchTemplate={"LaunchTemplateId": resources["LaunchTemplate"], "Version": "$Latest"},
+        SubnetId=resources["SubnetB"], MinCount=1, MaxCount=1,
+        TagSpecifications=[{"ResourceType": "instance", "Tags": [{"Key": "aws:ec2spot:fleet-request-id", "Value": fleet_id}]}],
+    )["Instances"][0]["InstanceId"]
+
+    answer = ec2.cancel_spot_fleet_requests(SpotFleetRequestIds=[fleet_id], TerminateInstances=True)
+
+    assert [c["SpotFleetRequestId"] for c in answer["SuccessfulFleetRequests"]] == [fleet_id]
+    [reservation] = ec2.describe_instances(InstanceIds=[replacement])["Reservations"]
+    assert reservation["Instances"][0]["State"]["Name"] == "terminated"
+    assert ec2.describe_spot_fleet_requests()["SpotFleetRequestConfigs"] == []
+    cloudformation.delete_stack(StackName="CfnCompatCancel")
+    [stack] = [s for s in cloudformation.list_stacks()["StackSummaries"] if s["StackName"] == "CfnCompatCancel"]
+    assert stack["StackStatus"] == "DELETE_COMPLETE"

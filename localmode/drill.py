@@ -1,0 +1,395 @@
+"""The drill: the whole user story of design.md on one machine, measured, with a report.
+
+moto server up -> ``cdk bootstrap`` -> ``cdk deploy SpotTraining`` (the real CLI) -> the digits data
+written onto the data volume -> the node runner starts the fleet's instance as a local node -> the
+injector interrupts it ``interruptions`` times (at least ``az_moves`` of them send the replacement to
+another Availability Zone, so the volume moves through a snapshot) -> training completes -> the agent
+cancels the fleet -> ``cdk destroy`` -> boto3 checks that no instance, volume, snapshot, fleet or stack
+remains. An uninterrupted baseline run of the same trainer (same command, same seed) runs beside it;
+the final weights of both must be bitwise equal.
+
+:func:`run_drill` returns the report (and writes ``report.json``, ``training.png`` and
+``training_log.csv`` into ``work_dir``). Report fields (times in seconds):
+
+``completed``, ``steps_total`` (the trainer's last step), ``steps_executed`` (step rows the trainers
+logged, over all runs), ``lost_steps`` (executed minus total: steps done twice), ``interruptions``
+(count), ``az_moves`` (count), ``interruption_events`` (per interruption: ``notice_to_checkpoint_s``,
+``boot_to_resume_s``, AZs, instance and volume ids, steps), ``test_accuracy`` (held-out digits, as the
+trainer reports it), ``baseline_test_accuracy``, ``matches_uninterrupted_baseline``,
+``orphans_after_destroy`` (a list), ``wall_s``, ``phases_s`` (bootstrap/deploy/training/destroy), and
+``passed`` (completed, no lost step, matches the baseline, nothing orphaned, enough interruptions and moves).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from localmode.deploy import CdkCli, clients, find_orphans, local_context, stack_resources
+from localmode.injector import LOG_NAME, Interruption, InterruptionInjector, read_training_log
+from localmode.moto_server import MotoServer
+from localmode.nodes import NodeRunner
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+TRAINER = "training/examples/keras_resnet.py"
+FINAL_WEIGHTS = "final_weights.npz"
+#: The stack's mount point (infra default); the trainer command's paths are written under it.
+MOUNT_POINT = "/dltraining"
+#: Digits training examples and the trainer's default batch (for planning the interruption steps).
+DIGITS_TRAIN_EXAMPLES = 1437
+_ACCURACY = re.compile(r"done: (\d+) steps, test accuracy ([0-9.]+)")
+
+
+@dataclasses.dataclass
+class DrillOptions:
+    """What the drill does. Defaults are ``make demo``'s.
+
+    Attributes:
+        work_dir: everything goes here (default ``out/demo``); emptied first.
+        stack: stack name (default ``SpotTraining``).
+        interruptions: spot interruptions to inject (default 3; >= 0).
+        az_moves: how many of them send the replacement to another AZ (default 1; <= interruptions).
+        random_az: pick each replacement's AZ at random (seeded) instead of the planned moves; the
+            report counts the moves that happened.
+        epochs: trainer epochs over the digits (default 30: 1,320 steps of 32 examples).
+        batch_size: trainer batch size (default 32).
+        seed: trainer seed, and the random AZ seed (default 0).
+        save_every_steps: trainer checkpoint cadence in steps (default 50).
+        baseline: run the uninterrupted baseline and compare weights (default True).
+        timeout_s: the longest the training phase may take (default 900 s).
+    """
+
+    work_dir: Path = Path("out/demo")
+    stack: str = "SpotTraining"
+    interruptions: int = 3
+    az_moves: int = 1
+    random_az: bool = False
+    epochs: int = 30
+    batch_size: int = 32
+    seed: int = 0
+    save_every_steps: int = 50
+    baseline: bool = True
+    timeout_s: float = 900.0
+
+    def validate(self) -> None:
+        """Raise ``ValueError`` naming the bad option, its value and what is allowed."""
+        for name in ("interruptions", "az_moves"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
+        for name in ("epochs", "batch_size", "save_every_steps"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        if self.az_moves > self.interruptions and not self.random_az:
+            raise ValueError(f"az_moves must be <= interruptions ({self.interruptions}), got {self.az_moves}")
+        if self.timeout_s <= 0:
+            raise ValueError(f"timeout_s must be > 0 seconds, got {self.timeout_s!r}")
+        if not re.fullmatch(r"[A-Za-z][A-Za-z0-9-]{0,127}", self.stack):
+            raise ValueError(f"stack must be a CloudFormation stack name (letters, digits, -), got {self.stack!r}")
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return DIGITS_TRAIN_EXAMPLES // self.batch_size
+
+    @property
+    def planned_steps(self) -> int:
+        return self.steps_per_epoch * self.epochs
+
+    def trainer_args(self, root: str = MOUNT_POINT) -> list[str]:
+        """The trainer's arguments (paths under ``root``)."""
+        return [TRAINER, "--epochs", str(self.epochs), "--batch-size", str(self.batch_size), "--seed", str(self.seed),
+                "--save-every-steps", str(self.save_every_steps), "--save-final-weights", f"{root}/{FINAL_WEIGHTS}"]
+
+
+class DrillError(RuntimeError):
+    """The drill could not run to its end (the message says where; the report is still written)."""
+
+
+def az_plan(options: DrillOptions, zones: list[str], first_zone: str) -> list[str]:
+    """The target AZ of each interruption's replacement.
+
+    Planned: ``az_moves`` moves spread over the interruptions (the first move at the middle one), the
+    others stay in the current AZ. ``random_az``: each AZ drawn with ``random.Random(seed)``.
+    """
+    if options.random_az:
+        rng = random.Random(options.seed)
+        return [rng.choice(zones) for _ in range(options.interruptions)]
+    n, moves = options.interruptions, options.az_moves
+    move_at = set()
+    if moves:
+        start = n // 2 if moves == 1 else 0
+        move_at = {min(n - 1, start + round(i * n / moves)) for i in range(moves)} if moves < n else set(range(n))
+        while len(move_at) < moves:
+            move_at.add(min(set(range(n)) - move_at))
+    plan, current = [], first_zone
+    for i in range(n):
+        if i in move_at:
+            current = next(z for z in zones if z != current)
+        plan.append(current)
+    return plan
+
+
+def _trigger_steps(options: DrillOptions) -> list[int]:
+    n = options.interruptions
+    return [round(options.planned_steps * (i + 1) / (n + 1)) for i in range(n)]
+
+
+def _start_baseline(options: DrillOptions, work_dir: Path) -> subprocess.Popen[bytes]:
+    """The same trainer, same arguments and seed, uninterrupted, in ``<work_dir>/baseline``."""
+    from training.examples.prepare_data import prepare_digits
+
+    root = work_dir / "baseline"
+    prepare_digits(root / "datasets")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "SPOT_TRAINING_"))}
+    env.update({"SPOT_TRAINING_DATA_DIR": str(root / "datasets"), "SPOT_TRAINING_CHECKPOINT_DIR": str(root / "checkpoints"),
+                "SPOT_TRAINING_LOG_DIR": str(root / "logs"), "PYTHONUNBUFFERED": "1", "TF_CPP_MIN_LOG_LEVEL": "2"})
+    with open(root / "trainer.log", "ab") as log:
+        return subprocess.Popen([sys.executable, *options.trainer_args(str(root))], cwd=REPO_ROOT, env=env,
+                                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+
+
+def weights_match(a: Path, b: Path) -> bool:
+    """Whether two ``--save-final-weights`` files hold the same keys with bitwise-equal arrays."""
+    import numpy as np
+
+    with np.load(a) as left, np.load(b) as right:
+        if sorted(left.files) != sorted(right.files):
+            return False
+        return all(left[k].dtype == right[k].dtype and np.array_equal(left[k], right[k]) for k in left.files)
+
+
+def _accuracy(log_path: Path) -> float | None:
+    if not log_path.exists():
+        return None
+    found = _ACCURACY.findall(log_path.read_text(errors="replace"))
+    return float(found[-1][1]) if found else None
+
+
+def _stop(process: subprocess.Popen[bytes] | None) -> None:
+    if process is not None and process.poll() is None:
+        try:
+            os.killpg(process.pid, signal.SIGTERM)
+            process.wait(timeout=30)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            try:
+                os.killpg(process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            process.wait(timeout=10)
+
+
+def run_drill(options: DrillOptions, *, on_event: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """Run the drill (see the module docstring); returns the report, also written to ``report.json``.
+
+    ``on_event`` gets every event as a dict with an ``event`` key (``phase``, ``progress`` with
+    ``step``/``total``/``loss``, ``notice-posted``, ``checkpointed``, ``resumed`` ...).
+
+    Raises:
+        ValueError: bad options (nothing started).
+        DrillError: never; a failure is recorded in the report's ``error`` and ``passed`` is false.
+    """
+    options.validate()
+    emit = on_event or (lambda event: None)
+    started = time.time()
+    work_dir = Path(options.work_dir).resolve()
+    if work_dir.exists():
+        shutil.rmtree(work_dir)
+    work_dir.mkdir(parents=True)
+    (work_dir / "results").mkdir()
+    events: list[dict[str, Any]] = []
+
+    def record(event: dict[str, Any]) -> None:
+        event = {"t": round(time.time() - started, 3), **event}
+        if event["event"] != "progress":
+            events.append(event)
+        emit(event)
+
+    report: dict[str, Any] = {
+        "stack": options.stack, "work_dir": str(work_dir), "completed": False, "steps_total": 0,
+        "steps_executed": 0, "lost_steps": None, "interruptions": 0, "az_moves": 0, "interruption_events": [],
+        "test_accuracy": None, "baseline_test_accuracy": None, "matches_uninterrupted_baseline": False,
+        "orphans_after_destroy": None, "wall_s": 0.0, "phases_s": {}, "options": {
+            k: str(v) if isinstance(v, Path) else v for k, v in dataclasses.asdict(options).items()},
+        "error": None,
+    }
+    phases = report["phases_s"]
+    baseline = _start_baseline(options, work_dir) if options.baseline else None
+    server = MotoServer(work_dir / "moto")
+    runner: NodeRunner | None = None
+    cdk: CdkCli | None = None
+    context = local_context(training_command=["{python}", *options.trainer_args()])
+    interruptions: list[Interruption] = []
+    try:
+        record({"event": "phase", "phase": "moto", "message": "starting the moto server on 127.0.0.1"})
+        server.start()
+        aws = clients(server.endpoint_url)
+        cdk = CdkCli(server.endpoint_url, work_dir=work_dir)
+        for phase, action in (("bootstrap", cdk.bootstrap),
+                              ("deploy", lambda: cdk.deploy(options.stack, context=context))):
+            record({"event": "phase", "phase": phase, "message": f"cdk {phase} (real CLI against moto)"})
+            t = time.time()
+            action()
+            phases[phase] = round(time.time() - t, 3)
+        stack = stack_resources(aws, options.stack)
+        report["fleet_request_id"] = stack.fleet_request_id
+        record({"event": "deployed", "fleet_request_id": stack.fleet_request_id,
+                "data_volume_id": stack.data_volume_id, "availability_zones": sorted(stack.subnets)})
+
+        runner = NodeRunner(aws=aws, endpoint_url=server.endpoint_url, volumes_dir=server.volumes_dir, stack=stack,
+                            work_dir=work_dir, on_event=record)
+        _put_dataset(server.volumes_dir / stack.data_volume_id, runner.deployed_config())
+        record({"event": "phase", "phase": "data", "message": f"digits written onto {stack.data_volume_id}"})
+
+        t = time.time()
+        record({"event": "phase", "phase": "training", "message": "fleet instance -> local node"})
+        nodes = runner.sync()
+        if len(nodes) != 1:
+            raise DrillError(f"expected the fleet to run 1 instance, found {len(nodes)}")
+        node = nodes[0]
+        zones = sorted(stack.subnets)
+        plan = az_plan(options, zones, node.availability_zone)
+        injector = InterruptionInjector(runner, stack_name=options.stack, on_event=record)
+        deadline = t + options.timeout_s
+        last_step = [0]
+
+        def tick() -> None:
+            rows = read_training_log(runner.nodes[current[0]].log_dir / LOG_NAME) if current[0] in runner.nodes else []
+            if rows and rows[-1]["step"] != last_step[0]:
+                last_step[0] = int(rows[-1]["step"])
+                record({"event": "progress", "step": last_step[0], "total": options.planned_steps,
+                        "loss": rows[-1]["loss"], "accuracy": rows[-1]["accuracy"]})
+            if time.time() > deadline:
+                raise DrillError(f"training did not finish within timeout_s={options.timeout_s} s")
+
+        current = [node.instance_id]
+        for index, (trigger, target_az) in enumerate(zip(_trigger_steps(options), plan)):
+            resumed_from = interruptions[-1].resumed_at_step if interruptions else 0
+            while last_step[0] < max(trigger, resumed_from + 10):
+                if not node.alive:
+                    raise DrillError(f"node {node.instance_id} exited {node.process.returncode} before interruption "
+                                     f"{index + 1}; see {node.log_path}")
+                tick()
+                time.sleep(0.2)
+            interruption, node = injector.interrupt(node, index=index + 1, target_az=target_az, tick=tick)
+            current[0] = node.instance_id
+            interruptions.append(interruption)
+            report["interruption_events"] = [i.to_dict() for i in interruptions]
+        while node.alive:
+            tick()
+            time.sleep(0.2)
+        phases["training"] = round(time.time() - t, 3)
+        if node.process.returncode != 0:
+            raise DrillError(f"the last node's agent exited {node.process.returncode}; see {node.log_path}")
+        _collect(node, work_dir / "results")
+        completed_file = work_dir / "results" / "COMPLETED"
+        report["completed"] = completed_file.exists()
+        if report["completed"]:
+            report["steps_total"] = int(json.loads(completed_file.read_text())["step"])
+        rows = read_training_log(work_dir / "results" / LOG_NAME)
+        report["steps_executed"] = len(rows)
+        report["lost_steps"] = len(rows) - report["steps_total"]
+        report["test_accuracy"] = _accuracy(node.log_path)
+        record({"event": "completed", "step": report["steps_total"], "test_accuracy": report["test_accuracy"]})
+        runner.reconcile()
+    except Exception as error:  # noqa: BLE001 - recorded in the report; teardown still runs below
+        report["error"] = f"{type(error).__name__}: {error}"
+        record({"event": "error", "message": report["error"]})
+    finally:
+        report["interruptions"] = len(interruptions)
+        report["az_moves"] = sum(1 for i in interruptions if i.volume_moved)
+        report["interruption_events"] = [i.to_dict() for i in interruptions]
+        _teardown(report, options, server, runner, cdk, context, record)
+        if baseline is not None:
+            _finish_baseline(report, baseline, work_dir, record)
+        report["wall_s"] = round(time.time() - started, 3)
+        report["passed"] = passed(report, options)
+        (work_dir / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+        (work_dir / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+        try:
+            from localmode.plot import plot_training
+
+            plot_training(work_dir / "results" / LOG_NAME, report, work_dir / "training.png")
+        except Exception as error:  # noqa: BLE001 - the report stands without the plot; say why
+            report["plot_error"] = f"{type(error).__name__}: {error}"
+            (work_dir / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+    return report
+
+
+def _put_dataset(volume_dir: Path, config: dict[str, Any]) -> None:
+    """Write the digits onto the data volume as a user would: a formatted volume holding ``datasets/``."""
+    from training.examples.prepare_data import prepare_digits
+
+    mount_point = config["volume"]["mount_point"]
+    dataset_dir = config["training"]["dataset_dir"]
+    if not dataset_dir.startswith(mount_point + "/"):
+        raise DrillError(f"training.dataset_dir {dataset_dir!r} is not on the data volume ({mount_point})")
+    marker = volume_dir / ".spot-training-fs"  # bootstrap.blockdev.DirectoryBlockDevices' superblock
+    if not marker.exists():
+        marker.write_text(config["volume"]["fs_type"])
+    prepare_digits(volume_dir / dataset_dir[len(mount_point) + 1:])
+
+
+def _collect(node: Any, results: Path) -> None:
+    """Copy the trainer's log, COMPLETED and final weights off the volume before destroy deletes it."""
+    mount = node.mount_point
+    for source in (node.log_dir / LOG_NAME, node.checkpoint_dir / "COMPLETED", mount / FINAL_WEIGHTS):
+        if source.exists():
+            shutil.copy2(source, results / source.name)
+
+
+def _teardown(report: dict[str, Any], options: DrillOptions, server: MotoServer, runner: NodeRunner | None,
+              cdk: CdkCli | None, context: dict[str, str], record: Callable[[dict[str, Any]], None]) -> None:
+    try:
+        if runner is not None:
+            runner.close()
+        if cdk is not None and server.process is not None:
+            record({"event": "phase", "phase": "destroy", "message": "cdk destroy (real CLI), then the orphan check"})
+            t = time.time()
+            try:
+                cdk.destroy(options.stack, context=context)
+            except Exception as error:  # noqa: BLE001 - the orphan check below says what it left
+                report["destroy_error"] = str(error)[-2000:]
+            report["phases_s"]["destroy"] = round(time.time() - t, 3)
+            fleets = [report["fleet_request_id"]] if report.get("fleet_request_id") else []
+            report["orphans_after_destroy"] = find_orphans(clients(server.endpoint_url), options.stack,
+                                                           fleet_request_ids=fleets)
+            record({"event": "destroyed", "orphans": report["orphans_after_destroy"]})
+    finally:
+        server.stop()
+
+
+def _finish_baseline(report: dict[str, Any], baseline: subprocess.Popen[bytes], work_dir: Path,
+                     record: Callable[[dict[str, Any]], None]) -> None:
+    try:
+        baseline.wait(timeout=600)
+    except subprocess.TimeoutExpired:
+        _stop(baseline)
+    root = work_dir / "baseline"
+    report["baseline_test_accuracy"] = _accuracy(root / "trainer.log")
+    ours, theirs = work_dir / "results" / FINAL_WEIGHTS, root / FINAL_WEIGHTS
+    report["matches_uninterrupted_baseline"] = bool(ours.exists() and theirs.exists() and weights_match(ours, theirs))
+    record({"event": "baseline", "exit_status": baseline.returncode,
+            "matches": report["matches_uninterrupted_baseline"]})
+
+
+def passed(report: dict[str, Any], options: DrillOptions) -> bool:
+    """Whether the drill shows what ``make demo`` must show (see the module docstring)."""
+    return bool(
+        report["completed"] and report["lost_steps"] == 0 and report["error"] is None
+        and report["interruptions"] >= options.interruptions
+        and report["az_moves"] >= (0 if options.random_az else options.az_moves)
+        and (report["matches_uninterrupted_baseline"] or not options.baseline)
+        and report["orphans_after_destroy"] == []
+    )

@@ -1,0 +1,363 @@
+"""The node runner: each running fleet instance in the moto server becomes a local process.
+
+A local node is what a spot instance of the stack would run, on this machine:
+
+- its **config** is the one the deployed launch template carries (read back with
+  ``infra.userdata.extract_config`` from the template's user data), with only local paths rewritten:
+  the mount point (``/dltraining`` -> ``<work_dir>/nodes/<instance-id>/dltraining``, and every path
+  or command argument under it), ``training.python`` (this interpreter) and ``training.code`` (the
+  node's unpacked copy of the deployed bootstrap asset), and ``imds_endpoint`` (the node's emulator);
+- its **code** is the bootstrap asset the user data downloads: the zip ``cdk deploy`` uploaded to the
+  moto server's S3, unpacked under the node's directory;
+- its **instance metadata** is an :class:`~localmode.imds_emulator.ImdsEmulator` of its own, with the
+  moto instance's identity (tokens enforced);
+- its **agent** is ``python -m bootstrap run --config <node config>``, run in the unpacked code as the
+  systemd unit would, with ``AWS_ENDPOINT_URL`` at the moto server and ``SPOT_TRAINING_BLOCKDEV_DIR`` at
+  the moto server's EBS data plane (docs/contracts.md, "Environment local mode gives the agent").
+
+moto's Spot Fleet does not maintain capacity (moto 5.2.5 never replaces a terminated instance, and
+launches only into the first override of a launch template config), so :meth:`NodeRunner.launch_for_fleet`
+acts for the fleet: it launches a replacement from the fleet's launch template into the subnet of the
+chosen Availability Zone, tagged as EC2 tags fleet instances (``aws:ec2spot:fleet-request-id``) and with
+the launch template's own tags. When the fleet request is cancelled with its instances (the agent does
+that when training completes), :meth:`NodeRunner.reconcile` terminates the instances it launched, as
+EC2 would. Everything is stopped by PID; nothing is written outside ``work_dir``.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import io
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import zipfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from localmode.deploy import FLEET_TAG, STACK_TAG_KEY, Clients, DeployedStack
+from localmode.imds_emulator import ImdsEmulator
+
+#: Seconds an agent gets to stop its trainer after SIGTERM before its process group is killed.
+DEFAULT_STOP_TIMEOUT_S = 60.0
+_S3_URL = re.compile(r"s3://([^/'\"\s]+)/([^'\"\s]+)")
+
+
+class NodeError(RuntimeError):
+    """A node could not be started (the message names the instance and the reason)."""
+
+
+def _user_data(aws: Clients, launch_template_id: str) -> str:
+    versions = aws.ec2.describe_launch_template_versions(LaunchTemplateId=launch_template_id, Versions=["$Latest"])
+    data = versions["LaunchTemplateVersions"][0]["LaunchTemplateData"]
+    encoded = data.get("UserData")
+    if not encoded:
+        raise NodeError(f"launch template {launch_template_id} has no user data; expected the stack's node config")
+    return base64.b64decode(encoded).decode("utf-8")
+
+
+def _rewrite(value: Any, old_root: str, new_root: str) -> Any:
+    """Replace the leading ``old_root`` of every path-like string in ``value`` (recursively)."""
+    if isinstance(value, str):
+        if value == old_root or value.startswith(old_root + "/"):
+            return new_root + value[len(old_root):]
+        return value
+    if isinstance(value, list):
+        return [_rewrite(item, old_root, new_root) for item in value]
+    if isinstance(value, dict):
+        return {key: _rewrite(item, old_root, new_root) for key, item in value.items()}
+    return value
+
+
+def local_node_config(deployed: dict[str, Any], *, node_dir: Path, code_dir: Path, imds_endpoint: str,
+                      python: str = sys.executable) -> dict[str, Any]:
+    """The deployed node config with local paths (see the module docstring); ``deployed`` is not changed.
+
+    Args:
+        deployed: the config from the launch template (docs/contracts.md schema).
+        node_dir: the node's directory; the mount point becomes ``<node_dir>/<mount point without />``.
+        code_dir: the node's unpacked bootstrap asset (``training.code`` becomes that asset path).
+        imds_endpoint: the node's emulator (``http://127.0.0.1:PORT``).
+        python: the trainer's interpreter (default: this one).
+
+    Raises:
+        NodeError: the config lacks ``volume.mount_point`` or ``training``.
+    """
+    try:
+        old_root = deployed["volume"]["mount_point"]
+        deployed["training"]["command"]
+    except (KeyError, TypeError) as error:
+        raise NodeError(f"the launch template's node config lacks {error}; expected docs/contracts.md's schema") from None
+    new_root = str(node_dir / old_root.strip("/"))
+    config = _rewrite(json.loads(json.dumps(deployed)), old_root, new_root)
+    config["training"]["python"] = python
+    config["training"]["code"] = {"type": "asset", "path": str(code_dir)}
+    config["imds_endpoint"] = imds_endpoint
+    return config
+
+
+@dataclasses.dataclass
+class LocalNode:
+    """One fleet instance running as local processes.
+
+    Attributes:
+        instance_id, availability_zone: the moto instance.
+        node_dir: ``<work_dir>/nodes/<instance-id>``; ``agent.log`` there holds the agent's (and the
+            trainer's) output, ``config.json`` the node config.
+        config: the local node config.
+        imds: the node's emulator.
+        process: the agent process (its own session; stopped by PID).
+        launched_at: ``time.time()`` when the agent was started (seconds).
+    """
+
+    instance_id: str
+    availability_zone: str
+    node_dir: Path
+    config: dict[str, Any]
+    imds: ImdsEmulator
+    process: subprocess.Popen[bytes]
+    launched_at: float
+
+    @property
+    def mount_point(self) -> Path:
+        """The node's mount point (a symlink to the attached volume's directory once mounted)."""
+        return Path(self.config["volume"]["mount_point"])
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        return Path(self.config["training"]["checkpoint_dir"])
+
+    @property
+    def log_dir(self) -> Path:
+        return Path(self.config["training"]["log_dir"])
+
+    @property
+    def log_path(self) -> Path:
+        return self.node_dir / "agent.log"
+
+    @property
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def trainer_pids(self) -> list[int]:
+        """PIDs of the trainers this node's agent started (from its ``training started`` log lines)."""
+        pids = []
+        if self.log_path.exists():
+            for line in self.log_path.read_text(errors="replace").splitlines():
+                if '"training started"' in line:
+                    try:
+                        pids.append(int(json.loads(line)["pid"]))
+                    except (ValueError, KeyError):
+                        continue
+        return pids
+
+    def post_interruption_notice(self) -> dict[str, str]:
+        """Post a spot interruption notice (terminate in two minutes) on the node's IMDS."""
+        return self.imds.post_spot_interruption()
+
+    def stop(self, timeout_s: float = DEFAULT_STOP_TIMEOUT_S) -> int | None:
+        """Stop the node: SIGTERM the agent (it stops its trainer), then SIGKILL what is left, by PID.
+
+        Returns the agent's exit status (None if it had to be killed). Idempotent.
+        """
+        status: int | None = self.process.poll()
+        if status is None:
+            _signal_group(self.process.pid, signal.SIGTERM)
+            try:
+                status = self.process.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                _signal_group(self.process.pid, signal.SIGKILL)
+                self.process.wait(timeout=10)
+                status = None
+        for pid in self.trainer_pids():  # trainers run in sessions of their own
+            _signal_group(pid, signal.SIGKILL)
+        self.imds.stop()
+        return status
+
+
+def _signal_group(pid: int, sig: int) -> None:
+    try:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+class NodeRunner:
+    """Turns the stack's running fleet instances into :class:`LocalNode` processes and acts for the fleet.
+
+    Args:
+        aws: boto3 clients for the moto server.
+        endpoint_url: the moto server (given to the agents as ``AWS_ENDPOINT_URL``).
+        volumes_dir: the moto server's EBS data plane (``MotoServer.volumes_dir``).
+        stack: the deployed stack (fleet, launch template, subnets).
+        work_dir: nodes live in ``<work_dir>/nodes/<instance-id>/``.
+        python: the interpreter for agents and trainers (default: this one).
+        on_event: called with a dict for each thing that happens (``{"event": "node-started", ...}``).
+    """
+
+    def __init__(self, *, aws: Clients, endpoint_url: str, volumes_dir: Path, stack: DeployedStack,
+                 work_dir: Path, python: str = sys.executable,
+                 on_event: Callable[[dict[str, Any]], None] | None = None) -> None:
+        self.aws = aws
+        self.endpoint_url = endpoint_url
+        self.volumes_dir = Path(volumes_dir)
+        self.stack = stack
+        self.work_dir = Path(work_dir)
+        self.python = python
+        self.on_event = on_event or (lambda event: None)
+        self.nodes: dict[str, LocalNode] = {}
+        self.launched_for_fleet: list[str] = []
+        self._deployed_config = None
+        self._asset_zip: bytes | None = None
+
+    # ---- what the launch template carries ------------------------------------------------------
+    def deployed_config(self) -> dict[str, Any]:
+        """The node config from the fleet's launch template (cached)."""
+        if self._deployed_config is None:
+            from infra.userdata import extract_config
+
+            self._deployed_config = extract_config(_user_data(self.aws, self.stack.launch_template_id))
+        return json.loads(json.dumps(self._deployed_config))
+
+    def _asset(self) -> bytes:
+        """The bootstrap asset zip the user data downloads (``aws s3 cp s3://...``), from moto's S3."""
+        if self._asset_zip is None:
+            text = _user_data(self.aws, self.stack.launch_template_id)
+            urls = [m for m in _S3_URL.finditer(text) if m.group(2).endswith(".zip")]
+            if not urls:
+                raise NodeError(f"no s3://...zip download in launch template {self.stack.launch_template_id}'s user data")
+            bucket, key = urls[0].group(1), urls[0].group(2)
+            self._asset_zip = self.aws.s3.get_object(Bucket=bucket, Key=key)["Body"].read()
+        return self._asset_zip
+
+    # ---- nodes ---------------------------------------------------------------------------------
+    def fleet_instances(self) -> list[dict[str, Any]]:
+        """Running instances of the stack's fleet (tagged with its fleet request id), oldest first."""
+        reservations = self.aws.ec2.describe_instances(Filters=[
+            {"Name": f"tag:{FLEET_TAG}", "Values": [self.stack.fleet_request_id]},
+            {"Name": "instance-state-name", "Values": ["pending", "running"]},
+        ])["Reservations"]
+        instances = [i for r in reservations for i in r["Instances"]]
+        return sorted(instances, key=lambda i: i["LaunchTime"])
+
+    def sync(self) -> list[LocalNode]:
+        """Start a node for each running fleet instance that has none; returns the new nodes."""
+        started = []
+        for instance in self.fleet_instances():
+            if instance["InstanceId"] not in self.nodes:
+                started.append(self.start_node(instance["InstanceId"]))
+        return started
+
+    def start_node(self, instance_id: str) -> LocalNode:
+        """Start the IMDS emulator and the agent of moto instance ``instance_id``.
+
+        Raises:
+            NodeError: the instance is unknown or the launch template lacks the config.
+        """
+        node_dir = self.work_dir / "nodes" / instance_id
+        code_dir = node_dir / "code"
+        if code_dir.exists():
+            shutil.rmtree(code_dir)
+        code_dir.mkdir(parents=True)
+        with zipfile.ZipFile(io.BytesIO(self._asset())) as archive:
+            archive.extractall(code_dir)
+        imds = ImdsEmulator.from_moto(self.aws.ec2, instance_id).start()
+        config = local_node_config(self.deployed_config(), node_dir=node_dir, code_dir=code_dir,
+                                   imds_endpoint=imds.endpoint, python=self.python)
+        config_path = node_dir / "config.json"
+        config_path.write_text(json.dumps(config, indent=2))
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "SPOT_TRAINING_"))}
+        env.update({
+            "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_SESSION_TOKEN": "testing",
+            "AWS_REGION": config["region"], "AWS_DEFAULT_REGION": config["region"],
+            "AWS_ENDPOINT_URL": self.endpoint_url,
+            "SPOT_TRAINING_BLOCKDEV_DIR": str(self.volumes_dir),
+            "PYTHONUNBUFFERED": "1", "PYTHONDONTWRITEBYTECODE": "1", "TF_CPP_MIN_LOG_LEVEL": "2",
+        })
+        env.pop("PYTHONPATH", None)
+        with open(node_dir / "agent.log", "ab") as log:
+            process = subprocess.Popen(
+                [self.python, "-m", "bootstrap", "run", "--config", str(config_path)],
+                cwd=code_dir, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        node = LocalNode(instance_id=instance_id, availability_zone=imds.availability_zone, node_dir=node_dir,
+                         config=config, imds=imds, process=process, launched_at=time.time())
+        self.nodes[instance_id] = node
+        self.on_event({"event": "node-started", "instance_id": instance_id,
+                       "availability_zone": node.availability_zone, "pid": process.pid})
+        return node
+
+    # ---- acting for the fleet ------------------------------------------------------------------
+    def terminate_instance(self, instance_id: str) -> None:
+        """Terminate ``instance_id`` in moto (its node must already be stopped) and wait until it is."""
+        self.aws.ec2.terminate_instances(InstanceIds=[instance_id])
+        self.aws.ec2.get_waiter("instance_terminated").wait(InstanceIds=[instance_id],
+                                                            WaiterConfig={"Delay": 1, "MaxAttempts": 60})
+
+    def launch_for_fleet(self, availability_zone: str, *, instance_type: str) -> str:
+        """Launch a replacement instance as the ``maintain`` fleet would; returns its id.
+
+        Raises:
+            ValueError: the stack has no subnet in ``availability_zone`` (names the ones it has).
+        """
+        subnet = self.stack.subnets.get(availability_zone)
+        if subnet is None:
+            raise ValueError(f"availability_zone {availability_zone!r} has no subnet in the stack; "
+                             f"expected one of {sorted(self.stack.subnets)}")
+        tags = [{"Key": FLEET_TAG, "Value": self.stack.fleet_request_id},
+                {"Key": STACK_TAG_KEY, "Value": self.stack.name}]
+        reservation = self.aws.ec2.run_instances(
+            LaunchTemplate={"LaunchTemplateId": self.stack.launch_template_id, "Version": "$Latest"},
+            SubnetId=subnet, InstanceType=instance_type, MinCount=1, MaxCount=1,
+            InstanceMarketOptions={"MarketType": "spot", "SpotOptions": {"SpotInstanceType": "one-time"}},
+            TagSpecifications=[{"ResourceType": "instance", "Tags": tags}],
+        )
+        instance_id = reservation["Instances"][0]["InstanceId"]
+        self.launched_for_fleet.append(instance_id)
+        self.on_event({"event": "instance-launched", "instance_id": instance_id,
+                       "availability_zone": availability_zone, "by": "fleet (local mode acting for moto)"})
+        return instance_id
+
+    def fleet_active(self) -> bool:
+        """Whether the stack's fleet request still exists and is not cancelled."""
+        configs = self.aws.ec2.describe_spot_fleet_requests()["SpotFleetRequestConfigs"]
+        for config in configs:
+            if config["SpotFleetRequestId"] == self.stack.fleet_request_id:
+                return not config["SpotFleetRequestState"].startswith("cancelled")
+        return False
+
+    def reconcile(self) -> list[str]:
+        """If the fleet was cancelled, terminate the instances launched for it (as EC2 does with
+        ``TerminateInstances=True``) once their nodes are done; returns the ids terminated."""
+        if self.fleet_active():
+            return []
+        terminated = []
+        for instance in self.fleet_instances():
+            node = self.nodes.get(instance["InstanceId"])
+            if node is not None and node.alive:
+                continue
+            self.aws.ec2.terminate_instances(InstanceIds=[instance["InstanceId"]])
+            terminated.append(instance["InstanceId"])
+            self.on_event({"event": "instance-terminated", "instance_id": instance["InstanceId"],
+                           "reason": "fleet request cancelled"})
+        return terminated
+
+    def close(self) -> None:
+        """Stop every node by PID and terminate the instances launched for the fleet that still run."""
+        for node in self.nodes.values():
+            node.stop()
+        for instance_id in self.launched_for_fleet:
+            try:
+                state = self.aws.ec2.describe_instances(InstanceIds=[instance_id])["Reservations"][0]["Instances"][0]["State"]["Name"]
+            except Exception:  # noqa: BLE001 - the server may be gone already; nothing to terminate then
+                continue
+            if state not in ("terminated", "shutting-down"):
+                self.aws.ec2.terminate_instances(InstanceIds=[instance_id])
