@@ -10,9 +10,12 @@ Steps (each one logged as a JSON line with an ``event`` field, each bounded by a
    None: :class:`ConfigError` (exit 78), nothing touched. Several independent ones: ConfigError that
    lists them (the agent will not guess which holds your data).
 2. Already attached to this instance: mount and return (one API call).
-3. ``lease_acquired``: the data-volume lease (bootstrap/lease.py); the loser waits or exits 75.
-4. Same AZ: ``volume_attached`` (AttachVolume, retried on ``VolumeInUse`` while an old instance
-   detaches; boto3 ``volume_in_use`` waiter).
+3. Same AZ, volume ``available``, nobody moving it (no lease tag on any candidate): AttachVolume is
+   the arbiter, no lease needed (a second AttachVolume gets ``VolumeInUse``) -> ``volume_attached``
+   (boto3 ``volume_in_use`` waiter). The article's three calls. A volume still attached to another
+   instance (the interrupted one, detaching) is waited for, bounded, then exit 75.
+4. Anything else (a move, or leftovers of an interrupted one): ``lease_acquired`` first
+   (bootstrap/lease.py; the loser waits or exits 75), then the same-AZ attach or:
 5. Other AZ, a move that never leaves zero copies of the data:
    ``snapshot_created`` (tagged ``spot-training:purpose=migration-snapshot`` + stack tag + source
    volume) -> waiter ``snapshot_completed`` -> ``volume_created`` in this AZ with the source's type,
