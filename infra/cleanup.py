@@ -33,6 +33,7 @@ class DataCleanup(constructs.Construct):
 
     Attributes:
         function: the handler ``lambda_.Function``.
+        log_group: the handler's CloudWatch Logs group (kept ``log_retention``, deleted with the stack).
         provider: the ``custom_resources.Provider``.
         resource: the ``cdk.CustomResource`` (properties ``StackName``, ``TagKey``, ``TagValue``,
             ``RetainData`` as ``"true"``/``"false"``).
@@ -75,9 +76,7 @@ class DataCleanup(constructs.Construct):
             timeout=HANDLER_TIMEOUT,
             memory_size=256,
             description=f"Deletes the EBS volumes and snapshots tagged {STACK_TAG_KEY}={tag_value} on stack delete",
-            log_group=logs.LogGroup(
-                self, "HandlerLogs", retention=log_retention, removal_policy=cdk.RemovalPolicy.DESTROY
-            ),
+            log_group=self._handler_logs(log_retention),
             initial_policy=[
                 iam.PolicyStatement(
                     sid="Describe",
@@ -115,6 +114,10 @@ class DataCleanup(constructs.Construct):
                 "RetainData": "true" if retain_data else "false",
             },
         )
+
+    def _handler_logs(self, retention: logs.RetentionDays) -> logs.LogGroup:
+        self.log_group = logs.LogGroup(self, "HandlerLogs", retention=retention, removal_policy=cdk.RemovalPolicy.DESTROY)
+        return self.log_group
 
     def run_after(self, *constructs_: constructs.IConstruct) -> None:
         """Make CloudFormation delete ``constructs_`` (the fleet) before this cleanup runs its Delete.

@@ -208,7 +208,7 @@ class SpotTrainingStack(cdk.Stack):
             value=(
                 f"agent: journalctl -u {SERVICE_NAME} on the node (aws ssm start-session --target INSTANCE_ID); "
                 f"trainer: {settings.mount_point}/logs on the data volume; "
-                f"cleanup: CloudWatch Logs /aws/lambda/<DataCleanup handler>"
+                f"cleanup: CloudWatch Logs group {self.cleanup.log_group.log_group_name}"
             ),
             description="Where the logs go",
         )

@@ -198,7 +198,10 @@ def test_outputs(default_synth: Synth) -> None:
     outputs = default_synth.data["Outputs"]
     assert outputs["FleetRequestId"]["Value"] == {"Ref": next(iter(default_synth.resources("AWS::EC2::SpotFleet")))}
     assert outputs["DataVolumeId"]["Value"] == {"Ref": PINNED_VOLUME_ID}
-    assert "journalctl -u spot-training-agent" in outputs["Logs"]["Value"]
+    logs = json.dumps(outputs["Logs"]["Value"])
+    assert "journalctl -u spot-training-agent" in logs and "/dltraining/logs" in logs
+    (handler_logs,) = [k for k in default_synth.resources("AWS::Logs::LogGroup") if k.startswith("DataCleanupHandlerLogs")]
+    assert {"Ref": handler_logs} in outputs["Logs"]["Value"]["Fn::Join"][1]
 
 
 def test_default_ami_is_the_deep_learning_ami_ssm_parameter(default_synth: Synth) -> None:
