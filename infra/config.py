@@ -246,6 +246,11 @@ class StackSettings:
             out["volume_iops"] = _as_int("volume_iops", v["volume_iops"], 3000, 16000, "(IOPS)")
         if v["volume_throughput_mibps"] is not None:
             out["volume_throughput_mibps"] = _as_int("volume_throughput_mibps", v["volume_throughput_mibps"], 125, 1000, "(MiB/s)")
+        size, iops, tput = (out.get(k, getattr(cls, k)) for k in ("volume_size_gib", "volume_iops", "volume_throughput_mibps"))
+        if iops > 3000 and iops > 500 * size:
+            raise _bad("volume_iops", v["volume_iops"], f"at most 500 IOPS per GiB of volume_size_gib={size} (max {500 * size})")
+        if tput > 125 and tput * 4 > iops:
+            raise _bad("volume_throughput_mibps", v["volume_throughput_mibps"], f"at most volume_iops/4 = {iops // 4} MiB/s (gp3)")
         out["volume_kms_key_arn"] = _as_optional_str(
             "volume_kms_key_arn", v["volume_kms_key_arn"], re.compile(r"^arn:aws[a-z-]*:kms:"), "a KMS key ARN (arn:aws:kms:REGION:ACCOUNT:key/ID)"
         )

@@ -90,6 +90,15 @@ def test_fails_when_other_keys_are_bad(key: str, value: object, allowed: str) ->
         settings_from_app_context(**{key: value})
 
 
+def test_fails_when_gp3_ratios_are_broken() -> None:
+    with pytest.raises(ValueError, match=r"'volume_iops': got 8000; allowed: at most 500 IOPS per GiB of volume_size_gib=10 \(max 5000\)"):
+        settings_from_app_context(volume_size_gib=10, volume_iops=8000)
+    with pytest.raises(ValueError, match=r"'volume_throughput_mibps': got 1000; allowed: at most volume_iops/4 = 750 MiB/s"):
+        settings_from_app_context(volume_throughput_mibps=1000)
+    ok = settings_from_app_context(volume_iops=4000, volume_throughput_mibps=1000)
+    assert (ok.volume_iops, ok.volume_throughput_mibps) == (4000, 1000)
+
+
 def test_fails_when_azs_are_outside_the_region() -> None:
     with pytest.raises(ValueError, match=r"'availability_zones'.*Availability Zones of region eu-west-1"):
         settings_from_app_context(region="eu-west-1", availability_zones=["us-east-1a"])
