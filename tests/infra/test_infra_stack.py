@@ -321,6 +321,10 @@ def test_user_data_fetches_the_asset_and_starts_the_agent_under_systemd(default_
     assert "systemctl enable --now spot-training-agent.service" in text
     assert text.index("# END spot-training config") < text.index("systemctl enable --now")
     assert len(text.encode()) < 16 * 1024  # EC2's user data limit, with room to spare
+    assert text.startswith("#!/bin/bash\n")
+    import subprocess
+
+    subprocess.run(["bash", "-n", "-c", text], check=True)  # parses as bash
 
 
 def test_user_data_runs_and_unpacks_a_real_asset_zip(default_synth: Synth, tmp_path: Path) -> None:
