@@ -1,0 +1,350 @@
+"""``spot-train``: local mode from the command line.
+
+    spot-train local drill [--work-dir out/demo] [--interruptions 3] [--az-moves 1] [--random-az]
+                           [--epochs 30] [--seed 0] [--no-baseline] [--timeout 900]
+    spot-train local up    [--work-dir out/local]     # moto server + cdk bootstrap + cdk deploy; stays up
+    spot-train local down  [--work-dir out/local]     # cdk destroy, orphan check, server stopped by PID
+    spot-train status      [--work-dir DIR]           # the live stack (after `up`) or the last drill's report
+
+``drill`` exits 0 only when training completed, no step was lost, the final weights equal the
+uninterrupted baseline's and nothing is left after ``cdk destroy`` (the report's ``passed``); 1
+otherwise; 2 on bad arguments. ``up``/``down``/``status`` exit 0 on success and 1 on failure.
+
+The live display: a progress bar with step, loss and ETA, and one line per event (interruption
+notice, checkpoint, AZ move, resume) as it happens; plain lines when stdout is not a terminal.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any, TextIO
+
+DEFAULT_DRILL_DIR = Path("out/demo")
+DEFAULT_UP_DIR = Path("out/local")
+STATE_FILE = "state.json"
+
+
+# ---- live display --------------------------------------------------------------------------------
+class ProgressDisplay:
+    """Renders drill events: a redrawn progress bar on a terminal, plain lines otherwise.
+
+    Args:
+        stream: where to write (default ``sys.stdout``).
+        tty: force terminal mode on or off (default: ``stream.isatty()``).
+        width: bar width in characters (default 30).
+    """
+
+    def __init__(self, stream: TextIO | None = None, *, tty: bool | None = None, width: int = 30) -> None:
+        self.stream = stream or sys.stdout
+        self.tty = self.stream.isatty() if tty is None else tty
+        self.width = width
+        self._bar_shown = False
+        self._rate: list[tuple[float, int]] = []
+        self._last_plain_decile = -1
+
+    def __call__(self, event: dict[str, Any]) -> None:
+        kind = event["event"]
+        if kind == "progress":
+            self._progress(event)
+            return
+        line = self.describe(event)
+        if line:
+            self._line(f"[{event.get('t', 0):7.1f}s] {line}")
+
+    def _line(self, text: str) -> None:
+        if self._bar_shown:
+            self.stream.write("\r\033[K")
+            self._bar_shown = False
+        self.stream.write(text + "\n")
+        self.stream.flush()
+
+    def _progress(self, event: dict[str, Any]) -> None:
+        step, total = int(event["step"]), max(1, int(event["total"]))
+        now = time.monotonic()
+        if self._rate and step < self._rate[-1][1]:
+            self._rate.clear()  # a new run resumed from a checkpoint
+        self._rate.append((now, step))
+        self._rate = [(t, s) for t, s in self._rate if now - t <= 10.0]
+        eta = "--"
+        if len(self._rate) >= 2 and self._rate[-1][1] > self._rate[0][1]:
+            per_s = (self._rate[-1][1] - self._rate[0][1]) / max(1e-6, self._rate[-1][0] - self._rate[0][0])
+            eta = f"{max(0, total - step) / per_s:4.0f}s"
+        fraction = min(1.0, step / total)
+        if self.tty:
+            filled = int(round(fraction * self.width))
+            bar = "#" * filled + "." * (self.width - filled)
+            self.stream.write(f"\r\033[K[{bar}] step {step}/{total} loss {event['loss']:.4f} ETA {eta}")
+            self.stream.flush()
+            self._bar_shown = True
+        else:
+            decile = int(fraction * 10)
+            if decile != self._last_plain_decile:
+                self._last_plain_decile = decile
+                self._line(f"[{event.get('t', 0):7.1f}s] step {step}/{total} loss {event['loss']:.4f} ETA {eta}")
+
+    @staticmethod
+    def describe(event: dict[str, Any]) -> str:
+        """One line for an event, or '' for events not worth a line."""
+        kind = event["event"]
+        if kind == "phase":
+            return f"== {event['phase']}: {event.get('message', '')}"
+        if kind == "deployed":
+            return (f"deployed: fleet {event['fleet_request_id']}, data volume {event['data_volume_id']}, "
+                    f"AZs {', '.join(event['availability_zones'])}")
+        if kind == "node-started":
+            return f"node {event['instance_id']} ({event['availability_zone']}) booted: agent pid {event['pid']}"
+        if kind == "instance-launched":
+            return f"fleet launched {event['instance_id']} in {event['availability_zone']}"
+        if kind == "notice-posted":
+            return (f"!! spot interruption #{event['index']}: notice to {event['instance_id']} "
+                    f"({event['availability_zone']}) at step {event['step']}")
+        if kind == "checkpointed":
+            return f"   checkpoint at step {event['step']}, {event['notice_to_checkpoint_s']:.1f} s after the notice"
+        if kind == "instance-terminated":
+            return f"   instance {event['instance_id']} terminated ({event.get('reason', '')})"
+        if kind == "resumed":
+            move = f"; data volume MOVED to {event['availability_zone']} as {event['volume_id']}" if event["volume_moved"] else ""
+            return (f"   resumed at step {event['step']} on {event['instance_id']} ({event['availability_zone']}), "
+                    f"{event['boot_to_resume_s']:.1f} s after boot{move}")
+        if kind == "completed":
+            return f"training completed at step {event['step']}, test accuracy {event['test_accuracy']}"
+        if kind == "destroyed":
+            return f"destroyed; orphans: {event['orphans'] or 'none'}"
+        if kind == "baseline":
+            return f"uninterrupted baseline exited {event['exit_status']}; final weights equal: {event['matches']}"
+        if kind == "error":
+            return f"ERROR: {event['message']}"
+        return ""
+
+
+def format_report(report: dict[str, Any]) -> str:
+    """The report as terminal tables (summary, then one row per interruption)."""
+    def fmt(value: Any) -> str:
+        if isinstance(value, float):
+            return f"{value:.3f}" if value < 10 else f"{value:.1f}"
+        if isinstance(value, list):
+            return "[]" if not value else ", ".join(map(str, value))
+        return str(value)
+
+    keys = ["passed", "completed", "steps_total", "steps_executed", "lost_steps", "interruptions", "az_moves",
+            "test_accuracy", "baseline_test_accuracy", "matches_uninterrupted_baseline", "orphans_after_destroy",
+            "wall_s"]
+    rows = [(key, fmt(report.get(key))) for key in keys]
+    rows += [(f"phase {name} (s)", fmt(value)) for name, value in report.get("phases_s", {}).items()]
+    if report.get("error"):
+        rows.append(("error", str(report["error"])))
+    width = max(len(k) for k, _ in rows)
+    lines = ["", "Drill report", "-" * (width + 40)]
+    lines += [f"{key.ljust(width)}  {value}" for key, value in rows]
+    events = report.get("interruption_events") or []
+    if events:
+        header = ("#", "instance", "AZ", "volume", "notice@", "ckpt@", "resume@", "notice->ckpt s", "boot->resume s")
+        table = [header] + [
+            (str(e["index"]), e["instance_id"], f"{e['from_az']}->{e['to_az']}", "moved" if e["volume_moved"] else "stayed",
+             str(e["step_at_notice"]), str(e["checkpoint_step"]), str(e["resumed_at_step"]),
+             f"{e['notice_to_checkpoint_s']:.2f}", f"{e['boot_to_resume_s']:.2f}")
+            for e in events
+        ]
+        widths = [max(len(row[i]) for row in table) for i in range(len(header))]
+        lines += ["", "Interruptions"]
+        for n, row in enumerate(table):
+            lines.append("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)))
+            if n == 0:
+                lines.append("  ".join("-" * w for w in widths))
+    return "\n".join(lines) + "\n"
+
+
+# ---- commands ------------------------------------------------------------------------------------
+def cmd_drill(args: argparse.Namespace) -> int:
+    from localmode.drill import DrillOptions, run_drill
+
+    options = DrillOptions(work_dir=args.work_dir, interruptions=args.interruptions, az_moves=args.az_moves,
+                           random_az=args.random_az, epochs=args.epochs, seed=args.seed,
+                           baseline=not args.no_baseline, timeout_s=args.timeout, stack=args.stack)
+    try:
+        options.validate()
+    except ValueError as error:
+        print(f"spot-train: error: {error}", file=sys.stderr)
+        return 2
+    display = ProgressDisplay()
+    report = run_drill(options, on_event=display)
+    sys.stdout.write(format_report(report))
+    work = Path(report["work_dir"])
+    print(f"report: {work / 'report.json'}\nplot:   {work / 'training.png'}")
+    return 0 if report["passed"] else 1
+
+
+def _state_path(work_dir: Path) -> Path:
+    return Path(work_dir) / STATE_FILE
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    from localmode.deploy import CdkCli, clients, local_context, stack_resources
+    from localmode.moto_server import MotoServer
+
+    state_path = _state_path(args.work_dir)
+    if state_path.exists() and _pid_alive(json.loads(state_path.read_text()).get("pid")):
+        print(f"spot-train: error: local mode is already up ({state_path}); run `spot-train local down` first",
+              file=sys.stderr)
+        return 1
+    work = Path(args.work_dir).resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    server = MotoServer(work / "moto").start()
+    context = local_context()
+    state = {"endpoint_url": server.endpoint_url, "pid": server.pid, "stack": args.stack, "context": context,
+             "work_dir": str(work)}
+    state_path.write_text(json.dumps(state, indent=2))
+    display = ProgressDisplay()
+    try:
+        cdk = CdkCli(server.endpoint_url, work_dir=work)
+        display({"event": "phase", "phase": "bootstrap", "message": "cdk bootstrap"})
+        cdk.bootstrap()
+        display({"event": "phase", "phase": "deploy", "message": f"cdk deploy {args.stack}"})
+        cdk.deploy(args.stack, context=context)
+        stack = stack_resources(clients(server.endpoint_url), args.stack)
+    except Exception as error:  # noqa: BLE001 - reported; the server stays up for `down`/inspection
+        print(f"spot-train: error: {error}", file=sys.stderr)
+        return 1
+    state["fleet_request_id"] = stack.fleet_request_id
+    state_path.write_text(json.dumps(state, indent=2))
+    print(f"up: moto server {server.endpoint_url} (pid {server.pid}), stack {args.stack} deployed, "
+          f"fleet {stack.fleet_request_id}\n"
+          f"use it:  export AWS_ENDPOINT_URL={server.endpoint_url} AWS_ACCESS_KEY_ID=testing "
+          f"AWS_SECRET_ACCESS_KEY=testing AWS_REGION=us-east-1\n"
+          f"stop it: spot-train local down --work-dir {args.work_dir}")
+    return 0
+
+
+def cmd_down(args: argparse.Namespace) -> int:
+    from localmode.deploy import CdkCli, clients, find_orphans
+
+    state_path = _state_path(args.work_dir)
+    if not state_path.exists():
+        print(f"spot-train: error: no {state_path}; nothing is up (start it with `spot-train local up`)", file=sys.stderr)
+        return 1
+    state = json.loads(state_path.read_text())
+    orphans: list[str] | None = None
+    if _pid_alive(state["pid"]):
+        cdk = CdkCli(state["endpoint_url"], work_dir=Path(state["work_dir"]))
+        try:
+            cdk.destroy(state["stack"], context=state["context"])
+        except Exception as error:  # noqa: BLE001 - the orphan check says what is left
+            print(f"spot-train: cdk destroy failed: {error}", file=sys.stderr)
+        fleets = [state["fleet_request_id"]] if state.get("fleet_request_id") else []
+        orphans = find_orphans(clients(state["endpoint_url"]), state["stack"], fleet_request_ids=fleets)
+        try:
+            os.killpg(state["pid"], signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        for _ in range(100):
+            if not _pid_alive(state["pid"]):
+                break
+            time.sleep(0.1)
+    state_path.unlink()
+    print(f"down: stack {state['stack']} destroyed, moto server (pid {state['pid']}) stopped; "
+          f"orphans: {orphans if orphans is not None else 'unknown (server was not running)'}")
+    return 0 if orphans == [] else 1
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    candidates = [Path(args.work_dir)] if args.work_dir else [DEFAULT_UP_DIR, DEFAULT_DRILL_DIR]
+    for work in candidates:
+        state_path = _state_path(work)
+        if state_path.exists():
+            state = json.loads(state_path.read_text())
+            if not _pid_alive(state["pid"]):
+                print(f"{work}: local mode state found but its moto server (pid {state['pid']}) is not running")
+                continue
+            print(json.dumps(live_status(state), indent=2))
+            return 0
+        report_path = work / "report.json"
+        if report_path.exists():
+            report = json.loads(report_path.read_text())
+            sys.stdout.write(format_report(report))
+            return 0
+    print("nothing to report: run `spot-train local drill` or `spot-train local up`", file=sys.stderr)
+    return 1
+
+
+def live_status(state: dict[str, Any]) -> dict[str, Any]:
+    """What runs in the local stack now: stack status, fleet state, instances, the data volume's AZ."""
+    from localmode.deploy import clients
+    from localmode.injector import data_volume
+
+    aws = clients(state["endpoint_url"])
+    stack = state["stack"]
+    stacks = [s for s in aws.cloudformation.list_stacks()["StackSummaries"] if s["StackName"] == stack]
+    fleets = aws.ec2.describe_spot_fleet_requests()["SpotFleetRequestConfigs"]
+    instances = [
+        {"instance_id": i["InstanceId"], "availability_zone": i["Placement"]["AvailabilityZone"], "state": i["State"]["Name"]}
+        for r in aws.ec2.describe_instances(Filters=[{"Name": "tag:spot-training:stack", "Values": [stack]}])["Reservations"]
+        for i in r["Instances"]
+    ]
+    volume = data_volume(aws.ec2, stack)
+    return {
+        "endpoint_url": state["endpoint_url"], "stack": stack,
+        "stack_status": stacks[-1]["StackStatus"] if stacks else None,
+        "fleets": [{"id": f["SpotFleetRequestId"], "state": f["SpotFleetRequestState"]} for f in fleets],
+        "instances": instances,
+        "data_volume": {"volume_id": volume[0], "availability_zone": volume[1]} if volume else None,
+    }
+
+
+def _pid_alive(pid: Any) -> bool:
+    if not isinstance(pid, int):
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """Parse the command line (argparse exits 2 on a usage error)."""
+    parser = argparse.ArgumentParser(prog="spot-train", description="Spot training: local mode (moto server, real CDK CLI).")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    local = sub.add_parser("local", help="local mode: drill, up, down")
+    local_sub = local.add_subparsers(dest="local_command", required=True, metavar="ACTION")
+
+    drill = local_sub.add_parser("drill", help="deploy, train through interruptions and an AZ move, destroy, report")
+    drill.add_argument("--work-dir", type=Path, default=DEFAULT_DRILL_DIR, help="output and state (default out/demo; emptied first)")
+    drill.add_argument("--stack", default="SpotTraining", help="stack name (default SpotTraining)")
+    drill.add_argument("--interruptions", type=int, default=3, help="spot interruptions to inject (default 3)")
+    drill.add_argument("--az-moves", type=int, default=1, help="interruptions whose replacement lands in another AZ (default 1)")
+    drill.add_argument("--random-az", action="store_true", help="pick each replacement's AZ at random (seeded)")
+    drill.add_argument("--epochs", type=int, default=30, help="training epochs over the digits (default 30 = 1,320 steps)")
+    drill.add_argument("--seed", type=int, default=0, help="trainer and AZ seed (default 0)")
+    drill.add_argument("--no-baseline", action="store_true", help="skip the uninterrupted baseline comparison")
+    drill.add_argument("--timeout", type=float, default=900.0, help="seconds the training phase may take (default 900)")
+    drill.set_defaults(handler=cmd_drill)
+
+    for name, handler, text in (("up", cmd_up, "start the moto server, cdk bootstrap and cdk deploy; leave it up"),
+                                ("down", cmd_down, "cdk destroy, check for orphans, stop the moto server")):
+        command = local_sub.add_parser(name, help=text)
+        command.add_argument("--work-dir", type=Path, default=DEFAULT_UP_DIR, help="state directory (default out/local)")
+        command.add_argument("--stack", default="SpotTraining", help="stack name (default SpotTraining)")
+        command.set_defaults(handler=handler)
+
+    status = sub.add_parser("status", help="the live local stack, or the last drill's report")
+    status.add_argument("--work-dir", type=Path, default=None, help="default: out/local, then out/demo")
+    status.set_defaults(handler=cmd_status)
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``spot-train`` console script; returns the exit status."""
+    args = parse_args(argv)
+    return int(args.handler(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
