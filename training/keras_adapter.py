@@ -104,6 +104,8 @@ class KerasCheckpointer:
         self.store = store
         self.background = background
         self.saver: BackgroundSaver | None = None  # started on the first background save
+        self.save_seconds: list[float] = []  # training-thread time per save (host copy, or the whole write)
+        self.last_saved_step: int | None = None
 
     # -- state
     def ensure_built(self, sample_x: np.ndarray | None = None) -> None:
@@ -180,6 +182,9 @@ class KerasCheckpointer:
         """Save the current state as checkpoint ``step``. In background mode the host copy is taken
         now and written on the saver thread (returns None unless ``block``); ``block=True`` also
         waits until it is committed and returns it."""
+        if step == self.last_saved_step:  # e.g. the final save right after a scheduled one
+            return self.wait() if block else None
+        started = time.perf_counter()
         arrays, index = self.snapshot()
         meta = {"adapter": "keras", "adapter_format": ADAPTER_FORMAT, **(metadata or {})}
 
@@ -187,11 +192,15 @@ class KerasCheckpointer:
             self.write_snapshot(arrays, index, directory)
 
         if not self.background:
-            return self.store.save(write, step=step, epoch=epoch, metadata=meta)
-        if self.saver is None:
-            self.saver = BackgroundSaver(self.store)
-        self.saver.submit(write, step=step, epoch=epoch, metadata=meta)
-        return self.saver.wait() if block else None
+            ckpt = self.store.save(write, step=step, epoch=epoch, metadata=meta)
+        else:
+            if self.saver is None:
+                self.saver = BackgroundSaver(self.store)
+            self.saver.submit(write, step=step, epoch=epoch, metadata=meta)
+            ckpt = self.saver.wait() if block else None
+        self.last_saved_step = step
+        self.save_seconds.append(time.perf_counter() - started)
+        return ckpt
 
     def wait(self) -> Checkpoint | None:
         """Wait for a background write (no-op in synchronous mode)."""
@@ -332,6 +341,7 @@ class ResumableFit:
         self.checkpointer.ensure_built(x[:1])
         restored = self.store.restore(self.checkpointer.read)
         self.step = restored.step if restored is not None else 0
+        self.checkpointer.last_saved_step = restored.step if restored is not None else None
         if restored is not None:
             log.info("resumed from %s (step %d of %d)", restored.path, self.step, total)
             saved_spe = restored.metadata.get("steps_per_epoch")

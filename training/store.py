@@ -492,10 +492,17 @@ class BackgroundSaver:
     while a previous write is still running (so at most one copy waits in memory). An exception
     of a background write is re-raised by the next ``submit``, ``wait`` or ``close``.
     A process killed mid-write leaves the previous checkpoint valid (the store's atomic rename).
+
+    writer_nice: nice value of the writer thread on Linux (default 10, None: unchanged), so that on
+    a small node its CPU work uses idle cores and yields to training instead of slowing it.
     """
 
-    def __init__(self, store: CheckpointStore) -> None:
+    def __init__(self, store: CheckpointStore, *, writer_nice: int | None = 10) -> None:
+        if writer_nice is not None and (isinstance(writer_nice, bool) or not isinstance(writer_nice, int)
+                                        or not 0 <= writer_nice <= 19):
+            raise ValueError(f"writer_nice must be an integer 0..19 or None. Received: writer_nice={writer_nice!r}")
         self.store = store
+        self.writer_nice = writer_nice
         self._queue: queue.Queue = queue.Queue(maxsize=1)
         self._idle = threading.Event()
         self._idle.set()
@@ -555,7 +562,20 @@ class BackgroundSaver:
             err, self._error = self._error, None
             raise err
 
+    def _lower_priority(self) -> None:
+        # The writer's CPU work (zip, sha256, copies) must not slow the training thread: on Linux a
+        # thread is a task with its own nice value, so raise only this thread's (always permitted).
+        # Elsewhere, or if the kernel refuses, the writer keeps the process's priority.
+        if self.writer_nice is None or not hasattr(os, "setpriority"):
+            return
+        try:
+            tid = threading.get_native_id()
+            os.setpriority(os.PRIO_PROCESS, tid, max(os.getpriority(os.PRIO_PROCESS, tid), self.writer_nice))
+        except OSError as err:
+            self.store.log.debug("could not lower the checkpoint writer's priority: %s", err)
+
     def _run(self) -> None:
+        self._lower_priority()
         while True:
             item = self._queue.get()
             if item is None:

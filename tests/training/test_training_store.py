@@ -257,3 +257,35 @@ def test_torture_sigkill_during_checkpoint_writes_always_leaves_a_valid_checkpoi
         assert not [p for p in ck.iterdir() if p.name.startswith(".tmp-")]
     assert kills >= 20
     assert len(steps) >= 20 and steps[-1] > steps[0]
+
+
+def test_background_writer_thread_runs_at_lower_priority_than_training(tmp_path):
+    seen = {}
+    main_before = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+    def write(tmp: Path) -> None:
+        seen["writer"] = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+        (tmp / "w").write_bytes(b"x")
+
+    saver = BackgroundSaver(CheckpointStore(tmp_path, framework="tensorflow"), writer_nice=10)
+    saver.submit(write, step=1, epoch=0)
+    saver.close()
+    assert seen["writer"] >= max(10, main_before)
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == main_before, "only the writer is lowered"
+    with pytest.raises(ValueError, match="Received: writer_nice=25"):
+        BackgroundSaver(CheckpointStore(tmp_path, framework="tensorflow"), writer_nice=25)
+
+
+def test_two_phase_save_commits_what_another_writer_put_in_the_temp_dir(tmp_path):
+    store = CheckpointStore(tmp_path, framework="tensorflow")
+    saver = BackgroundSaver(store)
+    tmp = store.begin(5)
+    assert tmp.parent == tmp_path and tmp.name.startswith(".tmp-ckpt-000000000005")
+
+    def finish() -> None:  # stands in for tf.train.Checkpoint.sync(): the async write lands now
+        (tmp / "tf_ckpt.index").write_bytes(b"index")
+
+    saver.submit_prepared(tmp, finish, step=5, epoch=0)
+    ckpt = saver.close()
+    assert ckpt.step == 5 and set(ckpt.manifest["files"]) == {"tf_ckpt.index"}
+    assert not tmp.exists() and store.latest().step == 5
