@@ -1,0 +1,141 @@
+"""An elastic TensorFlow ``ParameterServerStrategy`` cluster on one machine: real agents, the chief
+(``ClusterCoordinator`` custom loop), 2 ps tasks and 2-3 worker tasks as real processes, each node in its
+own network namespace (cluster_harness.py), EFS as a shared directory, the 8x8 digits.
+
+One cluster runs through the story in order (each test needs the one before): train; a third worker
+joins (new generation from the chief's checkpoint); a worker leaves on a spot notice; a worker's process
+is SIGKILLed and training carries on inside the generation (its agent restarts it at the same address,
+TensorFlow lets it rejoin); a parameter server's node is SIGKILLed, a replacement node registers and
+training resumes from the checkpoint; training completes at exactly the total step.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from cluster_harness import Cluster, Network
+
+from training.examples.prepare_data import prepare_digits
+
+TOTAL_STEPS = 600
+SAVE_EVERY = 20
+HEARTBEAT_TIMEOUT_S = 8.0
+RESTART_BUDGET_S = 150.0  # six TensorFlow imports on 2 shared cores
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def network():
+    net = Network()
+    yield net
+    net.close()
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory, network):
+    data = tmp_path_factory.mktemp("tf-digits")
+    prepare_digits(data)
+    c = Cluster(tmp_path_factory.mktemp("tf-cluster"), network, framework="tensorflow", data_dir=data,
+                trainer_module="training.distributed.tf_pss",
+                trainer_args=["--steps", str(TOTAL_STEPS), "--batch-size", "64", "--save-every-steps",
+                              str(SAVE_EVERY), "--min-step-seconds", "0.05"],
+                heartbeat_timeout_s=HEARTBEAT_TIMEOUT_S, debounce_s=2.0, kill_grace_s=3.0, base_port=9100)
+    yield c
+    c.close()
+
+
+def _progress(cluster: Cluster, generation: int, steps: int, timeout: float = RESTART_BUDGET_S) -> None:
+    def enough():
+        rows = cluster.steps_in_generation(generation)
+        return rows and max(int(r["step"]) for r in rows) - min(int(r["step"]) for r in rows) >= steps
+    cluster.wait_for(enough, timeout, f"{steps} steps in generation {generation}")
+
+
+def _first_and_last(cluster: Cluster, generation: int) -> tuple[int, int]:
+    steps = [int(r["step"]) for r in cluster.steps_in_generation(generation)]
+    return min(steps), max(steps)
+
+
+def test_two_ps_and_two_workers_train(cluster):
+    cluster.add_node("scheduler")
+    cluster.add_node("server")
+    cluster.add_node("server")
+    cluster.add_node("worker")
+    cluster.add_node("worker")
+    assert cluster.wait_for(lambda: cluster.running_generation(workers=2), RESTART_BUDGET_S, "generation 1") == 1
+    _progress(cluster, 1, 40)
+
+
+def test_third_worker_joins_and_training_continues_from_the_checkpoint(cluster):
+    cluster.add_node("worker")
+    gen = cluster.wait_for(lambda: cluster.running_generation(generation_above=1, workers=3), RESTART_BUDGET_S,
+                           "a generation with 3 workers")
+    assert any(e["state"] == "checkpoint" and "joined" in e["reason"] for e in cluster.events())
+    _progress(cluster, gen, 20)
+    first, _ = _first_and_last(cluster, gen)
+    _, last_before = _first_and_last(cluster, gen - 1)
+    assert first == last_before + 1  # the chief joined, saved at that step and exited 0
+    assert {r["num_workers"] for r in cluster.steps_in_generation(gen)} == {"3"}
+
+
+def test_worker_leaves_on_a_spot_notice_and_training_continues_without_it(cluster):
+    plan = cluster.plan()
+    leaver = next(n for n in cluster.nodes if n.instance_id == plan.workers[1]["node_id"])
+    leaver.imds.post_spot_interruption()
+    gen = cluster.wait_for(lambda: cluster.running_generation(generation_above=plan.generation, workers=2),
+                           RESTART_BUDGET_S, "a generation without the leaving worker")
+    assert leaver.instance_id not in {w["node_id"] for w in cluster.plan().workers}
+    _progress(cluster, gen, 10)
+    first, _ = _first_and_last(cluster, gen)
+    _, last_before = _first_and_last(cluster, plan.generation)
+    assert first == last_before + 1
+    cluster.wait_for(lambda: not leaver.alive(), 30, "the leaving worker's agent to exit")
+    assert leaver.agent.returncode == 0
+
+
+def test_sigkilled_worker_process_and_training_carries_on_in_the_same_generation(cluster):
+    plan = cluster.plan()
+    victim = next(n for n in cluster.nodes if n.instance_id == plan.workers[0]["node_id"])
+    _progress(cluster, plan.generation, 10)
+    killed_pid = cluster.kill_process(victim)
+    at_kill = cluster.max_step()
+    _progress_after = lambda: cluster.max_step() >= at_kill + 40  # noqa: E731
+    cluster.wait_for(_progress_after, RESTART_BUDGET_S, "40 more steps after the worker was killed")
+    assert cluster.plan().generation == plan.generation and cluster.plan().state == "running"
+    cluster.wait_for(lambda: cluster.process_pid(victim) not in (None, killed_pid), 60,
+                     "the agent to restart the worker at the same address")
+    assert "restarting it at the same address" in victim.log_path.read_text()
+
+
+def test_sigkilled_ps_node_is_replaced_and_training_resumes_from_the_checkpoint(cluster):
+    plan = cluster.plan()
+    victim = next(n for n in cluster.nodes if n.instance_id == plan.servers[0]["node_id"])
+    _progress(cluster, plan.generation, 10)
+    cluster.kill_node(victim)
+    cluster.wait_for(lambda: cluster.plan().state in ("teardown", "waiting"), HEARTBEAT_TIMEOUT_S + 30,
+                     "the coordinator to notice the lost parameter server")
+    replacement = cluster.add_node("server")  # what the servers' Auto Scaling group does
+    gen = cluster.wait_for(lambda: cluster.running_generation(generation_above=plan.generation), RESTART_BUDGET_S,
+                           "a generation with the replacement ps")
+    assert replacement.instance_id in {s["node_id"] for s in cluster.plan().servers}
+    _progress(cluster, gen, 5)
+    first, _ = _first_and_last(cluster, gen)
+    _, last_before = _first_and_last(cluster, plan.generation)
+    assert first - 1 <= last_before and last_before - (first - 1) <= SAVE_EVERY
+
+
+def test_training_completes_at_the_exact_step_with_test_accuracy(cluster):
+    cluster.wait_for(lambda: cluster.plan().state == "completed", 400, "training to complete")
+    result = cluster.result()
+    assert result is not None, cluster.diagnostics()
+    assert result["step"] == TOTAL_STEPS
+    assert max(cluster.checkpoint_steps()) == TOTAL_STEPS
+    assert {int(r["step"]) for r in cluster.steps()} == set(range(1, TOTAL_STEPS + 1))
+    print(f"TensorFlow cluster: {TOTAL_STEPS} steps over {cluster.plan().generation} generations, "
+          f"held-out digits accuracy {result['test_accuracy']:.4f}")
+    assert result["test_accuracy"] >= 0.9
+    cluster.wait_for(lambda: not any(n.alive() for n in cluster.nodes), 60, "every agent to exit")
+    assert {n.name: n.agent.returncode for n in cluster.nodes if not n.extra.get("killed")} == \
+        {n.name: 0 for n in cluster.nodes if not n.extra.get("killed")}

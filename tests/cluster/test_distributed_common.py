@@ -1,0 +1,41 @@
+"""training.distributed.lr and .common: learning-rate scaling with warm-up, global batches and shards."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from training.distributed.common import global_batch, worker_shard
+from training.distributed.lr import scaled_learning_rate
+
+
+def test_linear_scaling_ramps_from_base_to_workers_times_base():
+    rates = [scaled_learning_rate(0.1, num_workers=4, step=s, warmup_steps=4) for s in range(6)]
+    assert rates == pytest.approx([0.175, 0.25, 0.325, 0.4, 0.4, 0.4])
+    assert scaled_learning_rate(0.1, num_workers=1, step=0, warmup_steps=10) == pytest.approx(0.1)
+    # warm-up restarts where a generation changed the worker count
+    assert scaled_learning_rate(0.1, num_workers=2, step=100, warmup_steps=10, warmup_start_step=100) == \
+        pytest.approx(0.11)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"num_workers": 0}, "num_workers must be an integer >= 1. Received: num_workers=0"),
+    ({"num_workers": True}, "num_workers must be an integer >= 1. Received: num_workers=True"),
+    ({"step": -1}, "step must be an integer >= 0. Received: step=-1"),
+])
+def test_fails_when_scaling_arguments_are_bad(kwargs, message):
+    args = {"num_workers": 2, "step": 0, **kwargs}
+    with pytest.raises(ValueError, match=message):
+        scaled_learning_rate(0.1, **args)
+    with pytest.raises(ValueError, match="base_lr must be > 0"):
+        scaled_learning_rate(0.0, num_workers=1, step=0)
+
+
+def test_shards_cover_the_global_batch_exactly_once_for_any_worker_count():
+    batch = global_batch(7, batch_size=64, n=1437, seed=0)
+    for workers in (1, 2, 3):
+        shards = [worker_shard(batch, rank=r, num_workers=workers) for r in range(workers)]
+        assert np.array_equal(np.concatenate(shards), batch)
+        assert max(map(len, shards)) - min(map(len, shards)) <= 1
+    with pytest.raises(ValueError, match="rank must be in 0..num_workers-1, got rank=3, num_workers=3"):
+        worker_shard(batch, rank=3, num_workers=3)
