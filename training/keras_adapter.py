@@ -130,7 +130,7 @@ class KerasCheckpointer:
         return out
 
     def snapshot(self) -> tuple[dict[str, np.ndarray], list[dict]]:
-        """Copy every variable to host memory (numpy arrays, copied, so training may go on).
+        """Copy every variable to host memory (numpy arrays of their own, so training may go on).
 
         Returns ``(arrays, index)``: arrays keyed ``model.0000``/``optimizer.0000``; index entries
         ``{"key", "path", "shape", "dtype"}``.
@@ -140,7 +140,11 @@ class KerasCheckpointer:
         for group, v in self._variables():
             key = f"{group}.{counters[group]:04d}"
             counters[group] += 1
-            value = np.array(v.numpy(), copy=True)
+            # One copy, no second: ``numpy()`` of a TensorFlow variable returns host memory of its
+            # own (a read copies on CPU), and were it ever an alias, TensorFlow's variables are
+            # copy-on-write (AssignSub/Assign copy a buffer that a tensor still references), so
+            # later optimizer updates cannot change the snapshot.
+            value = v.numpy()
             arrays[key] = value
             index.append({"key": key, "path": v.path, "shape": list(value.shape), "dtype": str(value.dtype)})
         return arrays, index
