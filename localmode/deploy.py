@@ -160,9 +160,10 @@ class CdkCli:
         """The cloud assembly directory (``<work_dir>/cdk.out``)."""
         return self.work_dir / "cdk.out"
 
-    def _run(self, name: str, args: Sequence[str]) -> str:
-        command = [str(CDK_BIN), *args, "--no-notices", "--no-version-reporting",
-                   "--app", f"{sys.executable} app.py", "--output", str(self.output_dir)]
+    def _run(self, name: str, args: Sequence[str], *, assembly: bool = False) -> str:
+        # assembly=True: use the cloud assembly the deploy wrote (no second synth: ~20 s saved).
+        app = ["--app", str(self.output_dir)] if assembly else ["--app", f"{sys.executable} app.py", "--output", str(self.output_dir)]
+        command = [str(CDK_BIN), *args, "--no-notices", "--no-version-reporting", *app]
         log_path = self.work_dir / "logs" / f"cdk-{name}.log"
         started = time.monotonic()
         lines: list[str] = []
@@ -201,7 +202,10 @@ class CdkCli:
         return self._run("deploy", ["deploy", stack, "--require-approval", "never", *_context_args(context)])
 
     def destroy(self, stack: str, *, context: Mapping[str, str]) -> str:
-        """``cdk destroy STACK --force -c k=v ...`` (the same context as the deploy)."""
+        """``cdk destroy STACK --force``: from the deploy's cloud assembly when there is one, else
+        synthesized again with the same context (``-c k=v ...``)."""
+        if (self.output_dir / "manifest.json").exists():
+            return self._run("destroy", ["destroy", stack, "--force"], assembly=True)
         return self._run("destroy", ["destroy", stack, "--force", *_context_args(context)])
 
 

@@ -51,7 +51,8 @@ def plot_training(log_path: Path, report: dict[str, Any], out_path: Path) -> Pat
         label += "\n(volume moved)" if moved else ""
         label += f"\nresumed in {event['boot_to_resume_s']:.0f} s"
         loss_axis.annotate(label, xy=(step, 1.0), xycoords=("data", "axes fraction"), xytext=(4, -4),
-                           textcoords="offset points", va="top", fontsize=8, color=color)
+                           textcoords="offset points", va="top", fontsize=8, color=color,
+                           bbox={"boxstyle": "round,pad=0.2", "facecolor": "white", "alpha": 0.85, "edgecolor": color})
     title = (f"{report.get('stack', 'SpotTraining')} local drill: {report.get('steps_total', 0)} steps, "
              f"{report.get('interruptions', 0)} interruptions, {report.get('az_moves', 0)} AZ move(s), "
              f"lost steps {report.get('lost_steps')}, test accuracy {report.get('test_accuracy')}")
