@@ -121,3 +121,40 @@ def test_fails_on_bad_arguments(ec2):
         VolumeLease(ec2=ec2, owner="i 1")
     with pytest.raises(ValueError, match="ttl_s must be > 0 seconds, got 0"):
         VolumeLease(ec2=ec2, owner="i-1", ttl_s=0)
+
+
+def test_rival_leases_on_different_candidates_smaller_owner_wins(ec2):
+    """Two agents that chose different candidates both see both leases: the smaller id keeps its lease."""
+    first, second = create_data_volume(ec2, "us-east-1a"), create_data_volume(ec2, "us-east-1b")
+    clock = _Clock()
+    read = _reader(ec2)
+    rival_value = f"i-zzz {int(clock.now + 60)}"
+    wrote = []
+
+    def read_with_rival_on_second():
+        if not wrote:
+            ec2.create_tags(Resources=[second], Tags=[{"Key": LEASE_TAG, "Value": rival_value}])
+            wrote.append(True)
+        return read()
+
+    smaller = _lease(ec2, "i-aaa", clock)
+    smaller.acquire(first, read_with_rival_on_second, volumes=read())
+    assert smaller.current is not None and smaller.current.owner == "i-aaa"
+
+    # Mirror image: i-zzz writes first, and i-aaa's lease appears on the other candidate while it settles.
+    smaller.release([first])
+    larger = _lease(ec2, "i-zzz", clock, wait_s=2.0)
+    smaller_value = f"i-aaa {int(clock.now + 60)}"
+    wrote.clear()
+    ec2.delete_tags(Resources=[second], Tags=[{"Key": LEASE_TAG, "Value": rival_value}])
+
+    def read_with_smaller_on_first():
+        if not wrote:
+            ec2.create_tags(Resources=[first], Tags=[{"Key": LEASE_TAG, "Value": smaller_value}])
+            wrote.append(True)
+        return read()
+
+    with pytest.raises(TemporaryError, match="held by i-aaa"):
+        larger.acquire(second, read_with_smaller_on_first, volumes=read())
+    tags = {t["Key"] for t in ec2.describe_volumes(VolumeIds=[second])["Volumes"][0].get("Tags", [])}
+    assert LEASE_TAG not in tags  # i-zzz withdrew its own lease

@@ -127,6 +127,8 @@ def _delete_volumes(ec2: Any, volumes: list[dict[str, Any]], max_wait_s: int) ->
     waiter = ec2.get_waiter("volume_available")
     for volume in volumes:
         volume_id = volume["VolumeId"]
+        if volume["State"] in ("deleting", "deleted"):
+            continue  # already on its way out (a repeated Delete, or deleted by hand)
         if volume["State"] != "available":
             try:
                 waiter.wait(
