@@ -22,7 +22,7 @@ from gluon_jobs import REPO
 from training.store import TMP_PREFIX, CheckpointStore
 
 WORKER = Path(__file__).with_name("torture_worker.py")
-KILLS = 22
+KILLS = 20
 
 
 def _start(directory: Path, mode: str) -> subprocess.Popen:
