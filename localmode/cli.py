@@ -173,7 +173,16 @@ def cmd_drill(args: argparse.Namespace) -> int:
         print(f"spot-train: error: {error}", file=sys.stderr)
         return 2
     display = ProgressDisplay()
-    report = run_drill(options, on_event=display)
+
+    def stop(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, stop)  # tear down (destroy, stop by PID) as on Ctrl-C
+    try:
+        report = run_drill(options, on_event=display)
+    except KeyboardInterrupt:
+        print("\nspot-train: interrupted; the stack was destroyed and every process stopped", file=sys.stderr)
+        return 130
     sys.stdout.write(format_report(report))
     work = Path(report["work_dir"])
     print(f"report: {work / 'report.json'}\nplot:   {work / 'training.png'}")

@@ -306,6 +306,10 @@ def run_drill(options: DrillOptions, *, on_event: Callable[[dict[str, Any]], Non
     except Exception as error:  # noqa: BLE001 - recorded in the report; teardown still runs below
         report["error"] = f"{type(error).__name__}: {error}"
         record({"event": "error", "message": report["error"]})
+    except BaseException:  # Ctrl-C / SIGTERM: tear down, stop the baseline too, then re-raise
+        report["error"] = "interrupted by the user"
+        _stop(baseline)
+        raise
     finally:
         report["interruptions"] = len(interruptions)
         report["az_moves"] = sum(1 for i in interruptions if i.volume_moved)

@@ -18,19 +18,20 @@ import pytest
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
-def _descendants(pid: int) -> set[int]:
-    children: set[int] = set()
+def _processes_mentioning(text: str) -> list[str]:
+    """Command lines of live processes that mention ``text`` (the drill's unique work dir is in every
+    command it starts: moto server --ebs-dir, agent --config, trainer --save-final-weights, cdk --output)."""
+    found = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+                cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
             except OSError:
                 continue
-            if int(fields[1]) == pid and fields[0] != "Z":
-                children.add(int(entry.name))
-    for child in list(children):
-        children |= _descendants(child)
-    return children
+            if text in cmdline and state != "Z":
+                found.append(f"{entry.name}: {cmdline}")
+    return found
 
 
 @pytest.mark.slow
@@ -75,4 +76,33 @@ def test_single_node_drill_survives_an_interruption_with_an_az_move(tmp_path):
     assert "Drill report" in completed.stdout and "spot interruption #1" in completed.stdout
     assert "MOVED to" in completed.stdout
     # Nothing it started is still running (moto server, agents, trainers, baseline, CDK CLI).
-    assert _descendants(os.getpid()) == set()
+    assert _processes_mentioning(str(work)) == []
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_local_up_status_down_leaves_nothing(tmp_path):
+    work = tmp_path / "local"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+
+    def spot_train(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-c", "import sys; from localmode.cli import main; sys.exit(main())", *args],
+                              cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=800)
+
+    up = spot_train("local", "up", "--work-dir", str(work))
+    state = json.loads((work / "state.json").read_text())
+    try:
+        assert up.returncode == 0, up.stdout[-2000:] + up.stderr[-2000:]
+        status = spot_train("status", "--work-dir", str(work))
+        assert status.returncode == 0, status.stderr
+        live = json.loads(status.stdout)
+        assert live["stack_status"] == "CREATE_COMPLETE"
+        assert [f["state"] for f in live["fleets"]] == ["active"]
+        assert [i["state"] for i in live["instances"]] == ["running"]
+        assert live["data_volume"]["availability_zone"] == "us-east-1a"
+    finally:
+        down = spot_train("local", "down", "--work-dir", str(work))
+    assert down.returncode == 0, down.stdout[-2000:] + down.stderr[-2000:]
+    assert "orphans: []" in down.stdout
+    assert not (work / "state.json").exists()
+    assert _processes_mentioning(str(work)) == []

@@ -195,3 +195,20 @@ def test_find_orphans_sees_each_kind_and_ignores_others(moto_server):
     aws.ec2.delete_snapshot(SnapshotId=snapshot)
     aws.ec2.delete_volume(VolumeId=volume)
     assert find_orphans(aws, "Drill") == []
+
+
+def test_status_prints_the_last_drill_report(tmp_path, capsys):
+    (tmp_path / "report.json").write_text(json.dumps(_report()))
+    assert main(["status", "--work-dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "Drill report" in out and "us-east-1a->us-east-1b" in out
+
+
+def test_status_fails_when_there_is_nothing(tmp_path, capsys):
+    assert main(["status", "--work-dir", str(tmp_path)]) == 1
+    assert "nothing to report" in capsys.readouterr().err
+
+
+def test_down_fails_when_nothing_is_up(tmp_path, capsys):
+    assert main(["local", "down", "--work-dir", str(tmp_path)]) == 1
+    assert "nothing is up" in capsys.readouterr().err
