@@ -177,9 +177,22 @@ class LocalNode:
                 self.process.wait(timeout=10)
                 status = None
         for pid in self.trainer_pids():  # trainers run in sessions of their own
-            _signal_group(pid, signal.SIGKILL)
+            if _mentions(pid, str(self.node_dir)):  # still our trainer, not a reused PID
+                _signal_group(pid, signal.SIGKILL)
         self.imds.stop()
         return status
+
+
+def _mentions(pid: int, text: str) -> bool:
+    """Whether live process ``pid``'s command line or environment (the trainer's SPOT_TRAINING_* paths)
+    contains ``text``."""
+    for name in ("cmdline", "environ"):
+        try:
+            if text in Path(f"/proc/{pid}/{name}").read_bytes().replace(b"\0", b" ").decode(errors="replace"):
+                return True
+        except OSError:
+            continue
+    return False
 
 
 def _signal_group(pid: int, sig: int) -> None:
