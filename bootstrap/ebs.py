@@ -134,7 +134,12 @@ class _Plan:
 def _plan(volumes: list[dict[str, Any]], *, instance_id: str, availability_zone: str, tags: dict[str, str],
           log: logging.Logger) -> _Plan:
     by_id = {v["VolumeId"]: v for v in volumes}
-    copies = [v for v in volumes if _tags(v).get(SOURCE_VOLUME_TAG) in by_id]
+    # A verified copy supersedes its source; an unverified copy of a source that has a verified copy
+    # (even once that source is gone) lost the race or was abandoned, and is no data volume either.
+    superseded_sources = {_tags(v).get(SOURCE_VOLUME_TAG) for v in volumes
+                          if _tags(v).get(MOVE_STATE_TAG) == VERIFIED} - {None}
+    copies = [v for v in volumes if _tags(v).get(SOURCE_VOLUME_TAG) in by_id
+              or (_tags(v).get(SOURCE_VOLUME_TAG) in superseded_sources and _tags(v).get(MOVE_STATE_TAG) != VERIFIED)]
     verified = [v for v in copies if _tags(v).get(MOVE_STATE_TAG) == VERIFIED]
     copying = [v for v in copies if _tags(v).get(MOVE_STATE_TAG) != VERIFIED]
     retire_ids = {_tags(v)[SOURCE_VOLUME_TAG] for v in verified}

@@ -5,9 +5,11 @@ does, in the instance's AZ, mounted, with no leftover snapshot, copy or lease.""
 from __future__ import annotations
 
 import signal
+import time
 
 import pytest
 from storage_helpers import (
+    FAST,
     agent_command,
     create_data_volume,
     data_volumes,
@@ -108,3 +110,35 @@ def test_killed_after_every_step_in_turn_still_converges(ec2, moto_server, tmp_p
     assert final.returncode == 0, err + out
     assert kills >= 5  # the chain really crashed at many different points
     _assert_converged(ec2, moto_server, config, instance_id)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("step", ["snapshot_created", "volume_created", "volume_attached", "copy_verified",
+                                  "old_volume_retired"])
+def test_mover_interrupted_and_replaced_in_a_third_az_converges(ec2, moto_server, tmp_path, step):
+    """The instance moving the volume dies mid-move (killed, then terminated as spot does); its
+    replacement boots in yet another AZ once the dead one's lease expired, and finishes the job."""
+    config, config_path = make_config(tmp_path)
+    _seed(ec2, moto_server)
+    dying = run_instance(ec2, "us-east-1b")
+    short_lease = {**FAST, "lease_ttl_s": 1.0}
+    reached, _ = _kill_at(agent_command(config_path, dying, "us-east-1b", moto_server.volumes_dir,
+                                        timeouts=short_lease) + ["--pause-after", step], step)
+    assert reached
+    ec2.terminate_instances(InstanceIds=[dying])  # detaches whatever it had attached
+    assert _copies_with_data(ec2, moto_server)
+    time.sleep(1.5)  # the dead instance's lease expires
+
+    replacement = run_instance(ec2, "us-east-1c")
+    rerun = start_agent(agent_command(config_path, replacement, "us-east-1c", moto_server.volumes_dir))
+    out, err = rerun.communicate(timeout=60)
+    assert rerun.returncode == 0, err + out
+
+    volumes = data_volumes(ec2)
+    assert len(volumes) == 1, [(v["VolumeId"], v["AvailabilityZone"], v["Tags"]) for v in volumes]
+    [volume] = volumes
+    assert volume["AvailabilityZone"] == "us-east-1c"
+    assert [a["InstanceId"] for a in volume["Attachments"]] == [replacement]
+    assert (config.volume.mount_point / "checkpoints" / "ckpt-1234").read_bytes() == PAYLOAD
+    assert len(migration_snapshots(ec2)) <= config.volume.keep_snapshots
+    assert LEASE_TAG not in {t["Key"] for t in volume.get("Tags", [])}
