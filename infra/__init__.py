@@ -20,6 +20,12 @@ _EXPORTS = {
     "BootstrapAsset": "asset",
     "DataCleanup": "cleanup",
     "SpotTrainingStack": "stack",
+    "ParameterServerCluster": "cluster",
+    "ClusterPorts": "cluster",
+    "Framework": "cluster",
+    "DistributedTrainingStack": "cluster_stack",
+    "ClusterSettings": "cluster_config",
+    "CLUSTER_CONTEXT_KEYS": "cluster_config",
     "StackSettings": "config",
     "CONTEXT_KEYS": "config",
     "extract_config": "userdata",
@@ -27,6 +33,7 @@ _EXPORTS = {
     "apply_nag": "nag",
     "STACK_TAG_KEY": "tags",
     "PURPOSE_TAG_KEY": "tags",
+    "CLUSTER_MEMBER_TAG_KEY": "tags",
 }
 
 __all__ = sorted(_EXPORTS)

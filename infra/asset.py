@@ -3,13 +3,23 @@
 from __future__ import annotations
 
 import atexit
+import json
 import shutil
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import constructs
+from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_s3_assets as s3_assets
+
+from .userdata import agent_commands, config_block
+
+#: What the node agents install when the AMI's system Python lacks boto3 (requirements-agent.txt).
+BOTO3_REQUIREMENT = "boto3>=1.34,<2"
+#: Where the node downloads the asset.
+ARCHIVE_PATH = "/opt/spot-training/bootstrap.zip"
 
 #: The project root when running from a checkout, or site-packages when pip-installed: both hold
 #: ``bootstrap/`` and ``training/`` beside ``infra/``.
@@ -69,3 +79,39 @@ class BootstrapAsset(constructs.Construct):
         super().__init__(scope, construct_id)
         staging = stage_packages(Path(root) if root is not None else DEFAULT_ROOT, packages)
         self.asset = s3_assets.Asset(self, "Resource", path=str(staging))
+
+    def user_data(
+        self,
+        config: Mapping[str, Any],
+        *,
+        region: str,
+        training_python: str | None = None,
+        training_requirements: Sequence[str] = (),
+    ) -> ec2.UserData:
+        """Linux user data that downloads this asset, writes ``config`` (the node config dict,
+        docs/contracts.md) to ``/etc/spot-training/config.json``, installs ``training_requirements``
+        into ``training_python`` (if any) and starts the agent under systemd.
+
+        ``region`` and values in ``config`` may be tokens. The nodes need ``asset.grant_read``.
+
+        Raises:
+            ValueError: from :func:`infra.userdata.agent_commands` (a malformed requirement).
+        """
+        user_data = ec2.UserData.for_linux()
+        user_data.add_commands("set -euo pipefail")
+        archive = user_data.add_s3_download_command(
+            bucket=self.asset.bucket, bucket_key=self.asset.s3_object_key, local_file=ARCHIVE_PATH, region=region
+        )
+        # json.dumps, not Stack.to_json_string: the latter drops null values ("efs": null), which the
+        # contract spells out. The only tokens here (region, EFS ids) need no JSON escaping, and
+        # CDK resolves tokens embedded in strings.
+        user_data.add_commands(*config_block(json.dumps(config, indent=2)))
+        user_data.add_commands(
+            *agent_commands(
+                archive_path=archive,
+                boto3_requirement=BOTO3_REQUIREMENT,
+                training_python=training_python,
+                training_requirements=training_requirements,
+            )
+        )
+        return user_data

@@ -17,12 +17,19 @@ from typing import Any
 
 from .fleet import DEFAULT_INSTANCE_TYPES, AllocationStrategy, validate_instance_type
 
-#: Frameworks the node agent can run, with the Python interpreter the trainer uses by default
-#: (the AWS Deep Learning AMI's conda environments; override with ``training_python``).
-FRAMEWORK_PYTHON = {
-    "tensorflow": "/opt/conda/envs/tensorflow/bin/python",
-    "mxnet": "/opt/conda/envs/mxnet/bin/python",
+#: The trainer's interpreter by default: the system Python of the default AMI. The Deep Learning
+#: Base AMI (Ubuntu 22.04) documents ``python_location: /usr/bin/python3.10`` in its release notes
+#: and ships no framework, so the node installs :data:`FRAMEWORK_REQUIREMENTS` into it at boot.
+DEFAULT_TRAINING_PYTHON = "/usr/bin/python3"
+#: Frameworks the node agent can run, with the pip requirements installed into the default
+#: interpreter at boot (GPU builds; TensorFlow 2.17 is what the training library is tested with,
+#: MXNet 1.9.1 needs numpy<1.24). Not installed when ``training_python`` names another interpreter.
+FRAMEWORK_REQUIREMENTS: dict[str, tuple[str, ...]] = {
+    "tensorflow": ("tensorflow[and-cuda]>=2.17,<2.18",),
+    "mxnet": ("mxnet-cu112==1.9.1", "numpy<1.24"),
 }
+#: Kept for callers of the first version: frameworks and their default interpreter.
+FRAMEWORK_PYTHON = {name: DEFAULT_TRAINING_PYTHON for name in FRAMEWORK_REQUIREMENTS}
 #: Default training command; ``{python}`` is replaced by ``training_python`` on the node.
 DEFAULT_TRAINING_COMMAND = ("{python}", "training/examples/keras_resnet.py")
 #: Public SSM parameter of the AWS Deep Learning Base AMI (x86_64, NVIDIA driver, Ubuntu 22.04).
@@ -67,7 +74,9 @@ CONTEXT_KEYS: tuple[ContextKey, ...] = (
     ContextKey("image_id", None, "-", "AMI id; default: the Deep Learning AMI from `ami_ssm_parameter`"),
     ContextKey("ami_ssm_parameter", DEFAULT_AMI_SSM_PARAMETER, "-", "public SSM parameter resolved to the AMI id at deploy time"),
     ContextKey("framework", "tensorflow", "-", "one of " + ", ".join(FRAMEWORK_PYTHON)),
-    ContextKey("training_python", None, "-", "trainer's interpreter; default per framework: " + ", ".join(f"{k}: {v}" for k, v in FRAMEWORK_PYTHON.items())),
+    ContextKey("training_python", None, "-", f"trainer's interpreter; default: {DEFAULT_TRAINING_PYTHON} (the Base AMI's Python) with `training_requirements` installed at boot"),
+    ContextKey("training_requirements", None, "list", "pip requirements installed into `training_python` at boot; default: the framework's ("
+               + "; ".join(f"{k}: {', '.join(v)}" for k, v in FRAMEWORK_REQUIREMENTS.items()) + ") when `training_python` is not set, else none; `[]`: none"),
     ContextKey("training_command", list(DEFAULT_TRAINING_COMMAND), "list", "trainer command; `{python}` becomes `training_python`"),
     ContextKey("training_user", "ubuntu", "-", "OS user that runs the trainer"),
     ContextKey("code_git_url", None, "-", "clone the training code from this git URL instead of using the bootstrap asset"),
@@ -134,6 +143,33 @@ def _as_optional_str(key: str, value: Any, pattern: re.Pattern[str] | None, allo
     return value
 
 
+_REQUIREMENT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(\[[A-Za-z0-9,._-]+\])?\s*([<>=!~]=?[^\s',;]+(,\s*[<>=!~]=?[^\s',;]+)*)?$")
+
+
+def training_requirements(value: Any, *, framework: str, python_given: bool, key: str = "training_requirements") -> tuple[str, ...]:
+    """The pip requirements to install at boot (context key ``key``).
+
+    ``None``: the framework's :data:`FRAMEWORK_REQUIREMENTS` when the interpreter is the default one
+    (``python_given`` false), else none. ``[]``, ``"[]"`` or ``"none"``: none. Otherwise a list (or
+    ``-c`` string) of requirement specifiers such as ``tensorflow[and-cuda]>=2.17,<2.18``.
+
+    Raises:
+        ValueError: naming ``key``, the value and the allowed form.
+    """
+    if value is None:
+        return () if python_given else FRAMEWORK_REQUIREMENTS[framework]
+    if value in ([], "[]", "none", ""):
+        return ()
+    allowed = "a list of pip requirement specifiers such as tensorflow[and-cuda]>=2.17,<2.18, or [] for none"
+    if isinstance(value, str) and not value.strip().startswith("["):
+        items = [value.strip()]  # one specifier may hold commas (>=2.17,<2.18)
+    else:
+        items = _as_list(key, value)
+    if not all(_REQUIREMENT_RE.match(item.strip()) for item in items):
+        raise _bad(key, value, allowed)
+    return tuple(item.strip() for item in items)
+
+
 @dataclasses.dataclass(frozen=True)
 class StackSettings:
     """Validated settings of :class:`infra.stack.SpotTrainingStack` (see :data:`CONTEXT_KEYS` for units)."""
@@ -156,7 +192,8 @@ class StackSettings:
     image_id: str | None = None
     ami_ssm_parameter: str = DEFAULT_AMI_SSM_PARAMETER
     framework: str = "tensorflow"
-    training_python: str = FRAMEWORK_PYTHON["tensorflow"]
+    training_python: str = DEFAULT_TRAINING_PYTHON
+    training_requirements: tuple[str, ...] = FRAMEWORK_REQUIREMENTS["tensorflow"]
     training_command: tuple[str, ...] = DEFAULT_TRAINING_COMMAND
     training_user: str = "ubuntu"
     code_git_url: str | None = None
@@ -267,10 +304,13 @@ class StackSettings:
         if framework not in FRAMEWORK_PYTHON:
             raise _bad("framework", framework, "one of " + ", ".join(FRAMEWORK_PYTHON))
         out["framework"] = framework
-        python = v["training_python"] if v["training_python"] is not None else FRAMEWORK_PYTHON[framework]
-        if not isinstance(python, str) or not python.startswith("/"):
-            raise _bad("training_python", python, "an absolute path to a Python interpreter")
+        python = v["training_python"] if v["training_python"] is not None else DEFAULT_TRAINING_PYTHON
+        if not isinstance(python, str) or not re.fullmatch(r"(/[A-Za-z0-9._+-]+)+", python):
+            raise _bad("training_python", python, "an absolute path to a Python interpreter such as /usr/bin/python3")
         out["training_python"] = python
+        out["training_requirements"] = training_requirements(
+            v["training_requirements"], framework=framework, python_given=v["training_python"] is not None
+        )
         if v["training_command"] is not None:
             out["training_command"] = tuple(_as_list("training_command", v["training_command"]))
         if v["training_user"] is not None:

@@ -100,6 +100,7 @@ class SpotTrainingFleet(constructs.Construct):
         root_device_name: str = "/dev/sda1",
         key_pair: ec2.IKeyPair | None = None,
         stack_tag_value: str | None = None,
+        instance_metadata_tags: bool = False,
     ) -> None:
         """Define the launch template and the Spot Fleet request.
 
@@ -125,6 +126,9 @@ class SpotTrainingFleet(constructs.Construct):
             key_pair: an SSH key pair; default: none (connect with SSM Session Manager).
             stack_tag_value: value of the ``spot-training:stack`` tag on the fleet request;
                 default: the stack's name.
+            instance_metadata_tags: expose the instance's tags in instance metadata
+                (``InstanceMetadataTags=enabled``; a cluster worker watches its member tag there);
+                default false. Tag keys then must not contain ``/`` or spaces.
 
         Raises:
             ValueError: an empty or malformed ``instance_types``, a negative ``target_capacity``,
@@ -175,6 +179,7 @@ class SpotTrainingFleet(constructs.Construct):
             http_tokens=ec2.LaunchTemplateHttpTokens.REQUIRED,
             http_put_response_hop_limit=2,
             http_endpoint=True,
+            instance_metadata_tags=instance_metadata_tags or None,
             block_devices=[
                 ec2.BlockDevice(
                     device_name=root_device_name,

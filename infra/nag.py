@@ -13,6 +13,8 @@ import cdk_nag
 import constructs
 
 from .cleanup import DataCleanup
+from .cluster import ParameterServerCluster
+from .cluster_stack import DistributedTrainingStack
 from .roles import SpotFleetRole, TrainingNodeRole
 from .stack import SpotTrainingStack
 
@@ -96,6 +98,15 @@ ACKNOWLEDGEMENTS: tuple[tuple[type, str, list[object], str], ...] = (
         "custom_resources.Provider lets its framework function invoke every version of the handler "
         "(aws-cdk-lib's own grant).",
     ),
+    (
+        ParameterServerCluster,
+        "AwsSolutions-AS3",
+        [],
+        "The scheduler and server groups have a fixed size (min = max); their only scaling activity is "
+        "replacing a lost node, which the agents already handle (the replacement registers and the "
+        "coordinator starts the next generation, logged in events.jsonl on EFS) and which the group's "
+        "activity history records. There is no subscriber to notify by default.",
+    ),
 )
 
 
@@ -117,7 +128,12 @@ FLOW_LOGS_OFF_REASON = (
 def acknowledge(scope: constructs.IConstruct) -> None:
     """Attach :data:`ACKNOWLEDGEMENTS` to every matching construct under ``scope``."""
     for node in scope.node.find_all():
-        if isinstance(node, SpotTrainingStack) and not node.settings.vpc_flow_logs and not node.settings.vpc_id:
+        flow_logs_off = (
+            isinstance(node, SpotTrainingStack) and not node.settings.vpc_flow_logs and not node.settings.vpc_id
+        ) or (
+            isinstance(node, DistributedTrainingStack) and not node.settings.base.vpc_flow_logs and not node.settings.base.vpc_id
+        )
+        if flow_logs_off:
             cdk_nag.NagSuppressions.add_resource_suppressions(
                 node.vpc, [cdk_nag.NagPackSuppression(id="AwsSolutions-VPC7", reason=FLOW_LOGS_OFF_REASON)]
             )
@@ -125,6 +141,6 @@ def acknowledge(scope: constructs.IConstruct) -> None:
             if isinstance(node, construct_type):
                 cdk_nag.NagSuppressions.add_resource_suppressions(
                     node,
-                    [cdk_nag.NagPackSuppression(id=rule, reason=reason, applies_to=applies_to)],
+                    [cdk_nag.NagPackSuppression(id=rule, reason=reason, applies_to=applies_to or None)],
                     apply_to_children=True,
                 )

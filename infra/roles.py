@@ -68,6 +68,7 @@ class TrainingNodeRole(constructs.Construct):
         stack_tag_value: str | None = None,
         assets: Sequence[s3_assets.Asset] = (),
         description: str | None = None,
+        data_volume_access: bool = True,
     ) -> None:
         """Define the role, its policy and the instance profile.
 
@@ -76,9 +77,12 @@ class TrainingNodeRole(constructs.Construct):
                 default: the stack's name.
             assets: S3 assets the nodes download (the bootstrap asset); default: none.
             description: the role's description; default: a generic one.
+            data_volume_access: grant the EBS statements that find, move, attach and delete the data
+                volume and its snapshots; default true. Parameter-server cluster nodes keep their
+                data on EFS and get only the Describe and CancelSpotFleetRequests statements.
 
         Raises:
-            ValueError: ``stack_tag_value`` is empty.
+            ValueError: ``stack_tag_value`` is empty, or ``data_volume_access`` is not a bool.
         """
         super().__init__(scope, construct_id)
         stack = cdk.Stack.of(self)
@@ -93,8 +97,11 @@ class TrainingNodeRole(constructs.Construct):
             managed_policies=[iam.ManagedPolicy.from_aws_managed_policy_name("AmazonSSMManagedInstanceCore")],
         )
         self.instance_profile = iam.InstanceProfile(self, "InstanceProfile", role=self.role)
+        if not isinstance(data_volume_access, bool):
+            raise ValueError(f"data_volume_access must be True or False, got {data_volume_access!r}")
         for statement in node_policy_statements(self.stack_tag_value):
-            self.role.add_to_principal_policy(statement)
+            if data_volume_access or statement.sid in ("Describe", "CancelOwnSpotFleet"):
+                self.role.add_to_principal_policy(statement)
         for asset in assets:
             asset.grant_read(self.role)
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import aws_cdk as cdk
@@ -12,18 +11,17 @@ from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_kms as kms
 from aws_cdk import aws_logs as logs
 
-from .asset import BootstrapAsset
+from .asset import BOTO3_REQUIREMENT, BootstrapAsset
 from .cleanup import DataCleanup
 from .config import StackSettings
 from .filesystem import SharedFileSystem
 from .fleet import SpotTrainingFleet
 from .roles import TrainingNodeRole
 from .tags import STACK_TAG_KEY
-from .userdata import SERVICE_NAME, agent_commands, config_block, node_config
+from .userdata import SERVICE_NAME, node_config
 from .volume import TrainingVolume
 
-#: What the node agents install when the AMI's system Python lacks boto3 (requirements-agent.txt).
-BOTO3_REQUIREMENT = "boto3>=1.34,<2"
+__all__ = ["BOTO3_REQUIREMENT", "EFS_MOUNT_POINT", "FixedImage", "SpotTrainingStack", "machine_image", "new_vpc"]
 #: Where the node mounts the shared file system, when there is one.
 EFS_MOUNT_POINT = "/mnt/efs"
 
@@ -151,31 +149,18 @@ class SpotTrainingStack(cdk.Stack):
             cancel_fleet_on_success=settings.cancel_fleet_on_success,
             imds_endpoint=settings.imds_endpoint,
         )
-        user_data = ec2.UserData.for_linux()
-        user_data.add_commands("set -euo pipefail")
-        archive = user_data.add_s3_download_command(
-            bucket=self.bootstrap_asset.asset.bucket,
-            bucket_key=self.bootstrap_asset.asset.s3_object_key,
-            local_file="/opt/spot-training/bootstrap.zip",
+        user_data = self.bootstrap_asset.user_data(
+            self.node_config,
             region=self.region,
-        )
-        # json.dumps, not Stack.to_json_string: the latter drops null values ("efs": null), which the
-        # contract spells out. The only tokens here (region, EFS ids) need no JSON escaping, and
-        # CDK resolves tokens embedded in strings.
-        user_data.add_commands(*config_block(json.dumps(self.node_config, indent=2)))
-        user_data.add_commands(*agent_commands(archive_path=archive, boto3_requirement=BOTO3_REQUIREMENT))
-
-        machine_image = (
-            FixedImage(settings.image_id)
-            if settings.image_id
-            else ec2.MachineImage.from_ssm_parameter(settings.ami_ssm_parameter, os=ec2.OperatingSystemType.LINUX)
+            training_python=settings.training_python,
+            training_requirements=settings.training_requirements,
         )
         self.fleet = SpotTrainingFleet(
             self,
             "Fleet",
             vpc=self.vpc,
             vpc_subnets=ec2.SubnetSelection(subnet_type=ec2.SubnetType.PUBLIC),
-            machine_image=machine_image,
+            machine_image=machine_image(settings.image_id, settings.ami_ssm_parameter),
             instance_profile=self.node_role.instance_profile,
             user_data=user_data,
             instance_types=settings.instance_types,
@@ -223,21 +208,34 @@ class SpotTrainingStack(cdk.Stack):
         return list(pinned) if pinned else super().availability_zones
 
     def _vpc(self, settings: StackSettings) -> ec2.IVpc:
-        if settings.vpc_id:
-            return ec2.Vpc.from_lookup(self, "Vpc", vpc_id=settings.vpc_id)
-        vpc = ec2.Vpc(
-            self,
-            "Vpc",
-            ip_addresses=ec2.IpAddresses.cidr("10.20.0.0/16"),
-            max_azs=len(self.availability_zones),
-            nat_gateways=0,
-            subnet_configuration=[
-                ec2.SubnetConfiguration(name="Public", subnet_type=ec2.SubnetType.PUBLIC, cidr_mask=20)
-            ],
+        return new_vpc(self, settings.vpc_id, flow_logs=settings.vpc_flow_logs)
+
+
+def machine_image(image_id: str | None, ami_ssm_parameter: str) -> ec2.IMachineImage:
+    """``image_id`` as is when given, else the AMI id in the public SSM parameter ``ami_ssm_parameter``
+    (resolved by CloudFormation at deploy time; no credentials at synth)."""
+    if image_id:
+        return FixedImage(image_id)
+    return ec2.MachineImage.from_ssm_parameter(ami_ssm_parameter, os=ec2.OperatingSystemType.LINUX)
+
+
+def new_vpc(stack: cdk.Stack, vpc_id: str | None, *, flow_logs: bool) -> ec2.IVpc:
+    """The existing VPC ``vpc_id`` (``Vpc.from_lookup``), else a new one (construct id ``Vpc``):
+    10.20.0.0/16, one public /20 subnet per AZ of ``stack``, no NAT gateway, and with ``flow_logs``
+    flow logs to a CloudWatch Logs group kept one month."""
+    if vpc_id:
+        return ec2.Vpc.from_lookup(stack, "Vpc", vpc_id=vpc_id)
+    vpc = ec2.Vpc(
+        stack,
+        "Vpc",
+        ip_addresses=ec2.IpAddresses.cidr("10.20.0.0/16"),
+        max_azs=len(stack.availability_zones),
+        nat_gateways=0,
+        subnet_configuration=[ec2.SubnetConfiguration(name="Public", subnet_type=ec2.SubnetType.PUBLIC, cidr_mask=20)],
+    )
+    if flow_logs:
+        log_group = logs.LogGroup(
+            stack, "FlowLogs", retention=logs.RetentionDays.ONE_MONTH, removal_policy=cdk.RemovalPolicy.DESTROY
         )
-        if settings.vpc_flow_logs:
-            log_group = logs.LogGroup(
-                self, "FlowLogs", retention=logs.RetentionDays.ONE_MONTH, removal_policy=cdk.RemovalPolicy.DESTROY
-            )
-            vpc.add_flow_log("FlowLog", destination=ec2.FlowLogDestination.to_cloud_watch_logs(log_group))
-        return vpc
+        vpc.add_flow_log("FlowLog", destination=ec2.FlowLogDestination.to_cloud_watch_logs(log_group))
+    return vpc

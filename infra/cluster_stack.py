@@ -1,0 +1,123 @@
+"""``DistributedTrainingStack``: the parameter-server cluster stack (stack name ``DistributedTraining`` by default)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import aws_cdk as cdk
+import constructs
+from aws_cdk import aws_ec2 as ec2
+
+from .cluster import EFS_MOUNT_POINT, STATE_DIR, ParameterServerCluster
+from .cluster_config import ClusterSettings
+from .stack import machine_image, new_vpc
+from .tags import CLUSTER_MEMBER_TAG_KEY, STACK_TAG_KEY
+from .userdata import SERVICE_NAME
+
+
+class DistributedTrainingStack(cdk.Stack):
+    """A parameter-server training cluster with elastic spot workers (:class:`ParameterServerCluster`).
+
+    Resources: a VPC (new: public subnets, no NAT gateway, flow logs; or an existing one by id) and
+    the cluster: EFS for the dataset, checkpoints and cluster state; a coordinator/scheduler node and
+    parameter servers in fixed-size on-demand Auto Scaling groups; workers on a Spot Fleet; one
+    security group open only between members on the framework ports. Everything carries
+    ``spot-training:stack=<stack name>``. The cluster agents create no EBS volumes or snapshots, so
+    this stack has no data cleanup resource; the file system is RETAINed on ``cdk destroy``.
+
+    Outputs: ``FileSystemId``, ``AccessPointId``, ``WorkerFleetRequestId``, ``SchedulerGroupName``,
+    ``ServerGroupName``, ``SecurityGroupId``, ``Logs``.
+
+    Attributes:
+        settings, vpc, cluster.
+    """
+
+    def __init__(
+        self,
+        scope: constructs.Construct,
+        construct_id: str | None = None,
+        *,
+        settings: ClusterSettings | None = None,
+        **kwargs: Any,
+    ) -> None:
+        """Define the stack.
+
+        Args:
+            scope: the app.
+            construct_id: default: ``settings.stack_name``.
+            settings: validated settings; default: ``ClusterSettings()`` (every default).
+            kwargs: passed to ``cdk.Stack`` (``env`` overrides ``settings.base.account``/``region``).
+
+        Raises:
+            ValueError: from the constructs, naming the bad prop.
+        """
+        settings = settings or ClusterSettings()
+        base = settings.base
+        if "env" not in kwargs and (base.account or base.region):
+            kwargs["env"] = cdk.Environment(account=base.account, region=base.region)
+        kwargs.setdefault("stack_name", settings.stack_name)
+        kwargs.setdefault(
+            "description",
+            f"Spot training: {settings.framework.value} parameter-server cluster, on-demand scheduler and servers, elastic spot workers, EFS",
+        )
+        self._pinned_azs = list(base.availability_zones) if base.availability_zones else None
+        super().__init__(scope, construct_id or settings.stack_name, **kwargs)
+        self.settings = settings
+        cdk.Tags.of(self).add(STACK_TAG_KEY, self.stack_name)
+        self.vpc = new_vpc(self, base.vpc_id, flow_logs=base.vpc_flow_logs)
+        code = {"type": "git", "url": base.code_git_url, "ref": base.code_git_ref} if base.code_git_url else None
+        self.cluster = ParameterServerCluster(
+            self,
+            "Cluster",
+            vpc=self.vpc,
+            vpc_subnets=ec2.SubnetSelection(subnet_type=ec2.SubnetType.PUBLIC),
+            machine_image=machine_image(base.image_id, base.ami_ssm_parameter),
+            framework=settings.framework,
+            num_servers=settings.num_servers,
+            desired_workers=settings.workers,
+            min_workers=settings.min_workers,
+            max_workers=settings.max_workers,
+            scheduler_instance_type=settings.scheduler_instance_type,
+            server_instance_type=settings.server_instance_type,
+            worker_instance_types=settings.worker_instance_types,
+            ports=settings.ports,
+            training_command=settings.training_command,
+            training_python=settings.training_python,
+            # Already resolved per framework by ClusterSettings (possibly empty).
+            training_requirements=settings.training_requirements,
+            training_user=base.training_user,
+            code=code,
+            allocation_strategy=base.allocation_strategy,
+            max_price=base.max_price,
+            root_volume_size_gib=base.root_volume_size_gib,
+            imds_endpoint=base.imds_endpoint,
+            stack_tag_value=self.stack_name,
+        )
+        c = self.cluster
+        cdk.CfnOutput(self, "FileSystemId", value=c.file_system.file_system_id, description="EFS: datasets/, checkpoints/, logs/, cluster/")
+        cdk.CfnOutput(self, "AccessPointId", value=c.file_system.access_point_id)
+        cdk.CfnOutput(
+            self,
+            "WorkerFleetRequestId",
+            value=c.worker_fleet.fleet_request_id,
+            description=f"Workers' Spot Fleet; change its target capacity within {settings.min_workers}..{settings.max_workers} "
+            f"(aws ec2 modify-spot-fleet-request), or remove a worker's {CLUSTER_MEMBER_TAG_KEY} tag to let it leave",
+        )
+        cdk.CfnOutput(self, "SchedulerGroupName", value=c.scheduler_group.auto_scaling_group_name)
+        cdk.CfnOutput(self, "ServerGroupName", value=c.server_group.auto_scaling_group_name)
+        cdk.CfnOutput(self, "SecurityGroupId", value=c.security_group.security_group_id)
+        cdk.CfnOutput(
+            self,
+            "Logs",
+            value=(
+                f"agent: journalctl -u {SERVICE_NAME} on a node (aws ssm start-session --target INSTANCE_ID); "
+                f"trainer: {EFS_MOUNT_POINT}/logs on EFS; membership: {STATE_DIR}/plan.json and events.jsonl on EFS"
+            ),
+            description="Where the logs go",
+        )
+
+    @property
+    def availability_zones(self) -> list[str]:
+        """The AZs from the ``availability_zones`` setting when pinned (no lookup), else CDK's."""
+        pinned = getattr(self, "_pinned_azs", None)
+        return list(pinned) if pinned else super().availability_zones
