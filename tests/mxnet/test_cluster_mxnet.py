@@ -4,7 +4,8 @@ ps-lite scheduler, 2 servers and 2-3 workers as real processes, each node in its
 
 One cluster runs through the whole story in order (each test is one chapter and needs the one before):
 two servers + two workers train; a third worker joins and training continues from the checkpoint;
-a worker leaves on a spot interruption notice; a worker's process is SIGKILLed (MXNet hangs, so the
+a worker leaves on a spot interruption notice, another when its member tag is removed (as in the
+Dynamic Training article); a worker's process is SIGKILLed (MXNet hangs, so the
 coordinator tears the generation down and restarts it within the timeout); a parameter server's
 node is SIGKILLed (heartbeats stop; a replacement node, as the Auto Scaling group would start,
 registers and training resumes from the checkpoint); training completes at exactly the total step.
@@ -19,7 +20,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "cluster"))
-from cluster_harness import Cluster, Network  # noqa: E402
+from cluster_harness import MEMBER_TAG, Cluster, Network  # noqa: E402
 
 TOTAL_STEPS = 700
 SAVE_EVERY = 20
@@ -110,6 +111,22 @@ def test_worker_leaves_on_a_spot_notice_and_training_continues_without_it(cluste
     assert leaver.agent.returncode == 0
     rows = cluster.steps_in_generation(gen)
     print(f"leave: notice -> generation {gen} training {float(rows[0]['wall_time']) - noticed:.1f} s")
+
+
+def test_worker_leaves_when_its_member_tag_is_removed(cluster):
+    plan = cluster.plan()
+    leaver = next(n for n in cluster.nodes if n.instance_id == plan.workers[-1]["node_id"])
+    _progress(cluster, plan.generation, 10)
+    del leaver.imds.tags[MEMBER_TAG]  # what `aws ec2 delete-tags` does, seen through instance metadata tags
+    gen = cluster.wait_for(lambda: cluster.running_generation(generation_above=plan.generation, workers=1),
+                           RESTART_BUDGET_S, "a generation without the untagged worker")
+    assert leaver.instance_id not in {w["node_id"] for w in cluster.plan().workers}
+    _progress(cluster, gen, 10)
+    first, _ = _first_and_last(cluster, gen)
+    _, last_before = _first_and_last(cluster, plan.generation)
+    assert first == last_before + 1
+    cluster.wait_for(lambda: not leaver.alive(), 30, "the untagged worker's agent to exit")
+    assert leaver.agent.returncode == 0
 
 
 def test_sigkilled_worker_process_restarts_the_generation_within_the_timeout(cluster):
