@@ -6,8 +6,8 @@ every node's framework process in its own network namespace with its own address
   address and its tags; a spot interruption is posted there.
 - Network: a bridge and one namespace + veth pair per node in a private /24 we create
   (10.213.X.0/24, X random so that parallel runs do not meet), all removed on teardown even after a
-  failure. Without ``ip netns`` (no root, no iproute2) the nodes fall back to loopback addresses
-  with distinct ports, and the harness says so on stdout.
+  failure. Without ``ip netns`` (no root, no iproute2), or with ``SPOT_TRAINING_TEST_LOOPBACK=1``,
+  the nodes fall back to loopback addresses with distinct ports, and the harness says so on stdout.
 
 Imports neither TensorFlow nor MXNet (used by tests/cluster and tests/mxnet alike).
 """
@@ -53,7 +53,9 @@ class Network:
         self.netns = False
         self.reason = ""
         self._count = 0
-        if shutil.which("ip") is None:
+        if os.environ.get("SPOT_TRAINING_TEST_LOOPBACK"):
+            self.reason = "SPOT_TRAINING_TEST_LOOPBACK is set"
+        elif shutil.which("ip") is None:
             self.reason = "iproute2 not installed"
         else:
             made = _ip("link", "add", self.bridge, "type", "bridge")

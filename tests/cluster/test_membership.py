@@ -222,3 +222,36 @@ def test_member_tag_removal_is_a_leave_only_after_the_tag_was_seen():
     event = monitor.poll()
     assert event is not None and event.kind == "member-tag-removed"
     assert MemberTagMonitor(FakeImds(None)).poll() is None  # tags not exposed in metadata
+
+
+def test_agent_with_a_bad_cluster_section_exits_78_and_registers_nothing(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from localmode.imds_emulator import ImdsEmulator
+
+    repo = Path(__file__).resolve().parents[2]
+    state_dir = tmp_path / "efs" / "cluster"
+    with ImdsEmulator(instance_id="i-0bad", availability_zone="us-east-1a", local_ipv4="10.0.0.5") as imds:
+        config = {
+            "schema_version": 1, "region": "us-east-1", "stack_name": "DistributedTraining", "node_role": "worker",
+            "volume": {"tags": {"spot-training:stack": "DistributedTraining", "spot-training:purpose": "data-volume"},
+                       "device_name": "/dev/sdf", "mount_point": str(tmp_path / "mnt"), "fs_type": "xfs",
+                       "keep_snapshots": 2},
+            "efs": None,
+            "training": {"framework": "mxnet", "python": sys.executable, "command": ["{python}", "-c", "pass"],
+                         "user": "ubuntu", "dataset_dir": str(tmp_path / "data"),
+                         "checkpoint_dir": str(tmp_path / "ckpt"), "log_dir": str(tmp_path / "logs"),
+                         "code": {"type": "asset", "path": str(repo)}},
+            "cleanup": {"cancel_fleet_on_success": False}, "imds_endpoint": imds.endpoint,
+            "cluster": {"state_dir": str(state_dir), "num_servers": 0, "worker_port": 70000},
+        }
+        path = tmp_path / "config.json"
+        path.write_text(json.dumps(config))
+        done = subprocess.run([sys.executable, "-m", "bootstrap", "run", "--config", str(path)], cwd=repo,
+                              env=dict(os.environ, PYTHONPATH=str(repo), SPOT_TRAINING_BLOCKDEV_DIR=str(tmp_path / "b")),
+                              capture_output=True, text=True, timeout=60)
+    assert done.returncode == 78, done.stderr
+    assert "cluster.num_servers: got 0" in done.stderr and "cluster.worker_port: got 70000" in done.stderr
+    assert not state_dir.exists()

@@ -24,7 +24,7 @@ from cluster_harness import MEMBER_TAG, Cluster, Network  # noqa: E402
 
 TOTAL_STEPS = 700
 SAVE_EVERY = 20
-HEARTBEAT_TIMEOUT_S = 8.0
+HEARTBEAT_TIMEOUT_S = 10.0
 # Worst case to notice and restart a generation on this 2-core machine: heartbeat timeout, kill
 # grace, and ~10 s of `import mxnet` per process when other jobs load the machine.
 RESTART_BUDGET_S = 120.0
