@@ -13,7 +13,7 @@ import pytest
 from mxnet import autograd, gluon
 
 from training.examples.gluon_resnet import build_net
-from training.mxnet_adapter import PARAMS_FILE, TRAINER_FILE, GluonCheckpointer
+from training.mxnet_adapter import PARAMS_FILE, TRAINER_FILE, WRITER_NICE, GluonCheckpointer, GluonState
 from training.notice import NoticeHandler
 from training.store import (
     CheckpointPathError,
@@ -252,3 +252,30 @@ def test_steps_on_sigterm_saves_the_finished_step_and_exits_0(tmp_path):
     assert CheckpointStore(tmp_path, framework="mxnet").latest().step == 7
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL or callable(signal.getsignal(signal.SIGTERM))
     assert not ck.notices._previous  # handlers uninstalled
+
+
+def test_background_writer_thread_runs_at_lower_cpu_priority_and_training_thread_does_not(tmp_path):
+    import os
+    import threading
+
+    net, trainer = make()
+    train_step(net, trainer)
+    seen = {}
+    original = GluonState.write
+
+    def spy(self, directory):
+        original(self, directory)
+        seen[threading.current_thread().name] = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+    GluonState.write = spy
+    try:
+        ck = checkpointer(net, trainer, tmp_path / "bg", every_steps=1, background=True)
+        ck.after_step()
+        ck.close()
+        ck = checkpointer(net, trainer, tmp_path / "sync", every_steps=1, background=False)
+        ck.after_step()
+        ck.close()
+    finally:
+        GluonState.write = original
+    main_nice = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    assert seen == {"checkpoint-writer": max(WRITER_NICE, main_nice), "MainThread": main_nice}, seen
