@@ -661,6 +661,15 @@ class NodeAgent:
         """Register, then loop every ``heartbeat_interval_s / 2`` seconds (at most 0.5 s) until done;
         returns the outcome of :meth:`step`. The process group is always stopped before returning."""
         self.data_ready = self.role != "worker" or self._data_is_ready()
+        plan = self.state.plan()
+        if plan is not None and plan.state == RUNNING and self.node_id in plan.members():
+            # This agent restarted (systemd) inside a running generation: its process is gone with it.
+            # Report that as an exit so the coordinator tears an MXNet generation down (ps-lite cannot take
+            # a node back) and a TensorFlow worker is restarted at its address, instead of hanging.
+            self.started_generation = plan.generation
+            self.last_exit = (plan.generation, -1)
+            log.warning("agent restarted inside running generation %d; reporting its process as exited",
+                        plan.generation)
         self._register()
         interval = min(0.5, self.settings.heartbeat_interval_s / 2)
         try:

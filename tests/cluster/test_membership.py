@@ -255,3 +255,28 @@ def test_agent_with_a_bad_cluster_section_exits_78_and_registers_nothing(tmp_pat
     assert done.returncode == 78, done.stderr
     assert "cluster.num_servers: got 0" in done.stderr and "cluster.worker_port: got 70000" in done.stderr
     assert not state_dir.exists()
+
+
+class LoopStopped(Exception):
+    pass
+
+
+def _stop_loop(seconds: float) -> None:
+    raise LoopStopped()
+
+
+def test_agent_restarted_inside_a_running_generation_reports_its_process_lost(world, tmp_path):
+    from bootstrap.cluster import NodeAgent
+
+    _start(world)
+    _running(world, 1)
+    agent = NodeAgent(world.settings, framework="mxnet", role="worker", node_id="i-w1", host="10.0.0.5",
+                      training_argv=["true"], python="python3", environ={}, workdir=tmp_path,
+                      checkpoint_dir=tmp_path / "ckpt", dataset_dir=tmp_path, log_dir=tmp_path / "logs",
+                      clock=world.clock, sleep=_stop_loop)
+    with pytest.raises(LoopStopped):
+        agent.run()  # one pass of the loop, then the fake sleep stops it
+    beat = world.state.heartbeats()["i-w1"]
+    assert (beat["generation"], beat["proc"], beat["returncode"]) == (1, "exited", -1)
+    assert agent.running is None  # it did not join the running ps-lite job
+    assert world.tick().state == TEARDOWN
