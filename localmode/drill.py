@@ -154,7 +154,9 @@ def _start_baseline(options: DrillOptions, work_dir: Path) -> subprocess.Popen[b
     prepare_digits(root / "datasets")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "SPOT_TRAINING_"))}
     env.update({"SPOT_TRAINING_DATA_DIR": str(root / "datasets"), "SPOT_TRAINING_CHECKPOINT_DIR": str(root / "checkpoints"),
-                "SPOT_TRAINING_LOG_DIR": str(root / "logs"), "PYTHONUNBUFFERED": "1", "TF_CPP_MIN_LOG_LEVEL": "2"})
+                "SPOT_TRAINING_LOG_DIR": str(root / "logs"), "PYTHONUNBUFFERED": "1", "TF_CPP_MIN_LOG_LEVEL": "2",
+                "PYTHONDONTWRITEBYTECODE": "1", "HOME": str(root / "home")})
+    (root / "home").mkdir()
     with open(root / "trainer.log", "ab") as log:
         return subprocess.Popen([sys.executable, *options.trainer_args(str(root))], cwd=REPO_ROOT, env=env,
                                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)

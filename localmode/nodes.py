@@ -293,7 +293,10 @@ class NodeRunner:
             "AWS_ENDPOINT_URL": self.endpoint_url,
             "SPOT_TRAINING_BLOCKDEV_DIR": str(self.volumes_dir),
             "PYTHONUNBUFFERED": "1", "PYTHONDONTWRITEBYTECODE": "1", "TF_CPP_MIN_LOG_LEVEL": "2",
+            # An instance has a home of its own: Keras' ~/.keras and other dot files stay in the node's directory.
+            "HOME": str(node_dir / "home"),
         })
+        (node_dir / "home").mkdir(exist_ok=True)
         env.pop("PYTHONPATH", None)
         with open(node_dir / "agent.log", "ab") as log:
             process = subprocess.Popen(
