@@ -51,7 +51,6 @@ from botocore.exceptions import ClientError, WaiterError
 
 from bootstrap.blockdev import BlockDeviceError, BlockDevices
 from bootstrap.config import (
-    DATA_VOLUME_PURPOSE,
     MIGRATION_SNAPSHOT_PURPOSE,
     PURPOSE_TAG,
     STACK_TAG,

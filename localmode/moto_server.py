@@ -69,7 +69,7 @@ class MotoServer:
             ``ValueError``: the server has no authentication.
         port: TCP port (default: a free one chosen by the kernel).
         compat: apply :mod:`localmode.moto_compat` inside the server (default ``True``).
-        startup_timeout: seconds to wait for the server to answer HTTP (default 30).
+        startup_timeout: seconds to wait for the server to answer HTTP (default 60).
         load_default_amis: load moto's catalogue of public AMIs into every fresh EC2 backend
             (default ``False``: it costs seconds after each reset; moto accepts any ``ImageId``
             since AMI validation is off by default).
@@ -85,7 +85,7 @@ class MotoServer:
         host: str = "127.0.0.1",
         port: int | None = None,
         compat: bool = True,
-        startup_timeout: float = 30.0,
+        startup_timeout: float = 60.0,
         load_default_amis: bool = False,
     ) -> None:
         if host not in ("127.0.0.1", "localhost", "::1"):

@@ -191,3 +191,15 @@ def test_refuses_to_mount_over_another_mount(ec2, moto_server, tmp_path):
 
     with pytest.raises(TemporaryError, match="already has .*other-disk mounted"):
         _prepare(ec2, moto_server, config, instance_id, "us-east-1a")
+
+
+def test_verify_mounted_refuses_when_the_volume_is_not_mounted(tmp_path):
+    root = tmp_path / "volumes"
+    (root / "vol-0123456789abcdef0").mkdir(parents=True)
+    (tmp_path / "root-disk").mkdir()
+    devices = DirectoryBlockDevices(root)
+    with pytest.raises(TemporaryError, match="not mounted at .*dltraining.*refusing to start training on the root disk"):
+        verify_mounted(devices, "vol-0123456789abcdef0", tmp_path / "dltraining")
+    (tmp_path / "dltraining").symlink_to(tmp_path / "root-disk")  # something, but not the volume
+    with pytest.raises(TemporaryError, match="root-disk"):
+        verify_mounted(devices, "vol-0123456789abcdef0", tmp_path / "dltraining")
