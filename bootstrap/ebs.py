@@ -10,7 +10,7 @@ Steps (each one logged as a JSON line with an ``event`` field, each bounded by a
    None: :class:`ConfigError` (exit 78), nothing touched. Several independent ones: ConfigError that
    lists them (the agent will not guess which holds your data).
 2. Already attached to this instance: mount and return (one API call).
-3. Same AZ, volume ``available``, nobody moving it (no lease tag on any candidate): AttachVolume is
+3. Same AZ, nobody moving it (no lease tag on any candidate): AttachVolume is
    the arbiter, no lease needed (a second AttachVolume gets ``VolumeInUse``) -> ``volume_attached``
    (boto3 ``volume_in_use`` waiter). The article's three calls. A volume still attached to another
    instance (the interrupted one, detaching) is waited for, bounded, then exit 75.
@@ -244,12 +244,11 @@ class _VolumeStep:
         if clean and _attached_instance(plan.current) == self.instance_id:
             self.event("already_attached", "data volume already attached to this instance", volume_id=plan.current["VolumeId"])
             return self.mount(plan.current["VolumeId"])
-        if clean and plan.current["AvailabilityZone"] == self.az and plan.current["State"] == "available":
+        if clean and plan.current["AvailabilityZone"] == self.az:
             # Same AZ, nobody moving it: AttachVolume itself is the arbiter (a second attach gets
             # VolumeInUse), so no lease is needed; a mover re-checks the source before retiring it.
-            self.attach(plan.current["VolumeId"])
-            self.verify_device(plan.current["VolumeId"])
-            return self.mount(plan.current["VolumeId"])
+            # A volume the interrupted instance still holds is waited for (bounded) first.
+            return self.mount(self.attach_same_az(plan.current))
 
         # Leases of ours left by an earlier run of this instance that was killed mid-way.
         earlier = {v["VolumeId"] for v in volumes if (lease_of(v) or _NO_LEASE).owner == self.instance_id}
