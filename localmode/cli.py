@@ -127,7 +127,7 @@ def format_report(report: dict[str, Any]) -> str:
     """The report as terminal tables (summary, then one row per interruption)."""
     def fmt(value: Any) -> str:
         if isinstance(value, float):
-            return f"{value:.3f}" if value < 10 else f"{value:.1f}"
+            return f"{value:.4f}" if value < 1 else f"{value:.1f}"
         if isinstance(value, list):
             return "[]" if not value else ", ".join(map(str, value))
         return str(value)

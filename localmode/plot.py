@@ -50,7 +50,8 @@ def plot_training(log_path: Path, report: dict[str, Any], out_path: Path) -> Pat
         label = f"#{event['index']} spot interruption\n{event['from_az']} -> {event['to_az']}"
         label += "\n(volume moved)" if moved else ""
         label += f"\nresumed in {event['boot_to_resume_s']:.0f} s"
-        loss_axis.annotate(label, xy=(step, 1.0), xycoords=("data", "axes fraction"), xytext=(4, -4),
+        # On the top axis (drawn last) in the empty middle band, so no curve hides the label.
+        accuracy_axis.annotate(label, xy=(step, 0.62), xycoords=("data", "axes fraction"), xytext=(4, 0),
                            textcoords="offset points", va="top", fontsize=8, color=color,
                            bbox={"boxstyle": "round,pad=0.2", "facecolor": "white", "alpha": 0.85, "edgecolor": color})
     title = (f"{report.get('stack', 'SpotTraining')} local drill: {report.get('steps_total', 0)} steps, "
@@ -58,7 +59,7 @@ def plot_training(log_path: Path, report: dict[str, Any], out_path: Path) -> Pat
              f"lost steps {report.get('lost_steps')}, test accuracy {report.get('test_accuracy')}")
     loss_axis.set_title(title, fontsize=10)
     handles = loss_axis.get_legend_handles_labels()[0] + accuracy_axis.get_legend_handles_labels()[0]
-    loss_axis.legend(handles=handles, loc="center right", fontsize=8)
+    loss_axis.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=2, fontsize=8, frameon=False)
     figure.tight_layout()
     figure.savefig(out_path)
     plt.close(figure)
