@@ -31,10 +31,18 @@ def _cdk_synth(outdir: Path, *context: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(args, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)
 
 
-@pytest.mark.slow
-def test_cli_synth_writes_the_must_show_template(tmp_path: Path) -> None:
-    result = _cdk_synth(tmp_path)
+@pytest.fixture(scope="module")
+def cli_synth(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One real `cdk synth` of app.py (both stacks) shared by the tests of this module."""
+    outdir = tmp_path_factory.mktemp("cdk-cli")
+    result = _cdk_synth(outdir)
     assert result.returncode == 0, result.stderr[-3000:]
+    return outdir
+
+
+@pytest.mark.slow
+def test_cli_synth_writes_the_must_show_template(cli_synth: Path) -> None:
+    tmp_path = cli_synth
     template_file = tmp_path / "SpotTraining.template.json"
     template = json.loads(template_file.read_text())
     resources = template["Resources"].values()
@@ -51,6 +59,36 @@ def test_cli_synth_writes_the_must_show_template(tmp_path: Path) -> None:
     staged = [tmp_path / a["source"]["path"] for a in assets.values() if a["source"].get("packaging") == "zip"]
     assert any((p / "bootstrap" / "__init__.py").is_file() and (p / "training" / "__init__.py").is_file() for p in staged)
     assert cfn_lint_errors(template_file) == []
+
+
+@pytest.mark.slow
+def test_cli_synth_writes_both_stacks_without_credentials(cli_synth: Path) -> None:
+    """One `cdk synth` of app.py: SpotTraining and DistributedTraining, cdk-nag clean, cfn-lint clean."""
+    tmp_path = cli_synth
+    cluster_file = tmp_path / "DistributedTraining.template.json"
+    cluster = json.loads(cluster_file.read_text())
+    resources = list(cluster["Resources"].values())
+    groups = [r["Properties"] for r in resources if r["Type"] == "AWS::AutoScaling::AutoScalingGroup"]
+    assert sorted((g["MinSize"], g["MaxSize"]) for g in groups) == [("1", "1"), ("2", "2")]
+    (fleet,) = [r for r in resources if r["Type"] == "AWS::EC2::SpotFleet"]
+    assert fleet["Properties"]["SpotFleetRequestConfigData"]["TargetCapacity"] == 2
+    templates = [r for r in resources if r["Type"] == "AWS::EC2::LaunchTemplate"]
+    assert len(templates) == 3
+    assert all(t["Properties"]["LaunchTemplateData"]["MetadataOptions"]["HttpTokens"] == "required" for t in templates)
+    assert cfn_lint_errors(cluster_file) == []
+    assert cfn_lint_errors(tmp_path / "SpotTraining.template.json") == []
+    for name in ("SpotTraining", "DistributedTraining"):
+        metadata = json.loads((tmp_path / f"{name}.metadata.json").read_text())
+        errors = [e for entries in metadata.values() for e in entries if e["type"] == "aws:cdk:error"]
+        assert errors == [], name
+
+
+@pytest.mark.slow
+def test_cli_synth_fails_on_a_bad_cluster_context_value(tmp_path: Path) -> None:
+    result = _cdk_synth(tmp_path, "cluster_workers=12")
+    assert result.returncode != 0
+    assert "context key 'cluster_workers': got 12; allowed: from cluster_min_workers=1 to cluster_max_workers=8" in result.stderr
+    assert not (tmp_path / "DistributedTraining.template.json").exists()
 
 
 @pytest.mark.slow
