@@ -66,6 +66,7 @@ MOVE_STATE_TAG = "spot-training:move-state"
 CREATED_BY_TAG = "spot-training:created-by"
 COPYING = "copying"
 VERIFIED = "verified"
+ABANDONED = "abandoned"
 #: Tags of ours that describe one copy's progress; never copied onto the next copy.
 _PROGRESS_TAGS = frozenset({SOURCE_VOLUME_TAG, SOURCE_SNAPSHOT_TAG, MOVE_STATE_TAG, CREATED_BY_TAG, LEASE_TAG})
 _GONE_STATES = frozenset({"deleting", "deleted", "error"})
@@ -166,7 +167,8 @@ def _plan(volumes: list[dict[str, Any]], *, instance_id: str, availability_zone:
     for copy in copying:
         copy_tags = _tags(copy)
         mine = copy_tags.get(CREATED_BY_TAG) == instance_id and copy["AvailabilityZone"] == availability_zone
-        if pending is None and mine and copy_tags.get(SOURCE_VOLUME_TAG) == current["VolumeId"]:
+        if (pending is None and mine and copy_tags.get(SOURCE_VOLUME_TAG) == current["VolumeId"]
+                and copy_tags.get(MOVE_STATE_TAG) == COPYING):
             pending = copy
         else:
             stale.append(copy)
@@ -438,12 +440,18 @@ class _VolumeStep:
         # The source must still be ours and untouched before the copy becomes the data volume.
         fresh = self.describe_volume(source["VolumeId"])
         if fresh is not None:
+            problem = None
             if not self.lease.holds(fresh):
-                raise TemporaryError(f"lost the data-volume lease on {source['VolumeId']} during the move; "
-                                     f"the copy {copy_id} stays unverified and the source keeps the data")
-            if _attached_instance(fresh) is not None:
-                raise TemporaryError(f"source volume {source['VolumeId']} was attached to {_attached_instance(fresh)} "
-                                     f"during the move; the copy {copy_id} stays unverified")
+                problem = f"lost the data-volume lease on {source['VolumeId']} during the move"
+            elif _attached_instance(fresh) is not None:
+                problem = (f"source volume {source['VolumeId']} was attached to {_attached_instance(fresh)} during the "
+                           "move, so it may hold data newer than the snapshot")
+            if problem is not None:
+                # The copy may be stale: mark it so that no later run continues it; the source keeps the data.
+                self.ec2.create_tags(Resources=[copy_id], Tags=[{"Key": MOVE_STATE_TAG, "Value": ABANDONED}])
+                self.event("copy_abandoned", f"{problem}; abandoning the copy", volume_id=copy_id,
+                           source_volume_id=source["VolumeId"])
+                raise TemporaryError(f"{problem}; the copy {copy_id} is abandoned and the source keeps the data")
         self.ec2.create_tags(Resources=[copy_id], Tags=[{"Key": MOVE_STATE_TAG, "Value": VERIFIED}])
         self.event("copy_verified", "new volume attached and its device present; it now holds the data",
                    volume_id=copy_id, source_volume_id=source["VolumeId"])
@@ -468,10 +476,16 @@ class _VolumeStep:
         self.event("old_volume_retired", "old volume deleted", volume_id=volume_id, reason=reason)
 
     def discard_stale_copy(self, copy: dict[str, Any]) -> None:
-        """Delete a 'copying' copy made elsewhere (never trained on; its source still holds the data)."""
-        if _attached_instance(copy) is not None:
-            self.log.warning("leaving an unfinished copy that is attached to an instance", extra={
-                "event": "stale_copy_kept", "volume_id": copy["VolumeId"], "holder": _attached_instance(copy)})
+        """Delete an unverified copy that will not be continued (made elsewhere, or abandoned): it was
+        never trained on, and its source (or a verified copy of it) holds the data."""
+        holder = _attached_instance(copy)
+        if holder == self.instance_id:
+            deadline = Deadline(self.t.attach_s, f"detach {copy['VolumeId']}", self.clock)
+            self.ec2.detach_volume(VolumeId=copy["VolumeId"], InstanceId=self.instance_id)
+            self.wait("volume_available", deadline, VolumeIds=[copy["VolumeId"]])
+        elif holder is not None:
+            self.log.warning("leaving an unfinished copy that is attached to another instance", extra={
+                "event": "stale_copy_kept", "volume_id": copy["VolumeId"], "holder": holder})
             return
         try:
             self.ec2.delete_volume(VolumeId=copy["VolumeId"])

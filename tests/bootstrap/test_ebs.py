@@ -203,3 +203,42 @@ def test_verify_mounted_refuses_when_the_volume_is_not_mounted(tmp_path):
     (tmp_path / "dltraining").symlink_to(tmp_path / "root-disk")  # something, but not the volume
     with pytest.raises(TemporaryError, match="root-disk"):
         verify_mounted(devices, "vol-0123456789abcdef0", tmp_path / "dltraining")
+
+
+def test_copy_is_abandoned_when_the_source_was_attached_during_the_move(ec2, moto_server, tmp_path):
+    """Another instance attached (and trained on) the source after our snapshot: our copy may be stale,
+    so it is never verified; once the source is free again, a fresh move carries the newer data."""
+    config, _ = make_config(tmp_path)
+    source_id = create_data_volume(ec2, "us-east-1a")
+    source_dir = volume_dir(moto_server.ebs_dir, source_id)
+    (source_dir / DirectoryBlockDevices.FS_MARKER).write_text("xfs")
+    (source_dir / "epoch").write_text("1")
+    me = run_instance(ec2, "us-east-1b")
+    # A half-made move of ours (as left by a kill after 'volume_attached').
+    snapshot_id = ec2.create_snapshot(VolumeId=source_id)["SnapshotId"]
+    copy_id = ec2.create_volume(AvailabilityZone="us-east-1b", SnapshotId=snapshot_id, VolumeType="gp3",
+                                TagSpecifications=[{"ResourceType": "volume", "Tags": [
+                                    {"Key": "spot-training:stack", "Value": "SpotTraining"},
+                                    {"Key": "spot-training:purpose", "Value": "data-volume"},
+                                    {"Key": SOURCE_VOLUME_TAG, "Value": source_id},
+                                    {"Key": MOVE_STATE_TAG, "Value": "copying"},
+                                    {"Key": "spot-training:created-by", "Value": me}]}])["VolumeId"]
+    ec2.attach_volume(VolumeId=copy_id, InstanceId=me, Device="/dev/sdf")
+    # Meanwhile an instance in the source's AZ attached the source and trained on.
+    other = run_instance(ec2, "us-east-1a")
+    ec2.attach_volume(VolumeId=source_id, InstanceId=other, Device="/dev/sdf")
+    (source_dir / "epoch").write_text("2")
+
+    with pytest.raises(TemporaryError, match="attached to .* during the move.*abandoned"):
+        _prepare(ec2, moto_server, config, me, "us-east-1b")
+    copy = ec2.describe_volumes(VolumeIds=[copy_id])["Volumes"][0]
+    assert _tags(copy)[MOVE_STATE_TAG] == "abandoned"
+    assert (source_dir / "epoch").read_text() == "2"  # the source is untouched
+
+    ec2.terminate_instances(InstanceIds=[other])  # the other instance is interrupted in turn
+    mount_point = _prepare(ec2, moto_server, config, me, "us-east-1b")
+
+    assert (mount_point / "epoch").read_text() == "2"  # the newer data, not the abandoned copy's
+    [volume] = data_volumes(ec2)
+    assert volume["VolumeId"] not in (source_id, copy_id)
+    assert [a["InstanceId"] for a in volume["Attachments"]] == [me]
