@@ -96,6 +96,15 @@ class Job:
                 raise AssertionError(f"trainer did not reach {rows} steps in {timeout} s")
             time.sleep(0.005)
 
+    def wait_for_file(self, proc: subprocess.Popen, path: Path, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while not path.exists():
+            if proc.poll() is not None:
+                raise AssertionError(f"trainer exited {proc.returncode} before {path} appeared:\n{self.stderr_text()}")
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{path} did not appear in {timeout} s")
+            time.sleep(0.005)
+
 
 def load_params(path: Path) -> dict[str, np.ndarray]:
     with np.load(path) as data:

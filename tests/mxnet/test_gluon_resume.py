@@ -54,6 +54,9 @@ def test_sigkill_at_a_random_step_repeats_only_steps_after_the_last_checkpoint(j
     at = random.randrange(SAVE_EVERY + 2, TOTAL_STEPS - 5)
     proc = job.start()
     job.wait_for_rows(proc, at)
+    # Kill only once a checkpoint has been committed, so that the resume really restores one (on a
+    # busy machine the background write of step 20 can still be running a few steps later).
+    job.wait_for_file(proc, job.checkpoint_dir / "LATEST")
     proc.send_signal(signal.SIGKILL)
     assert proc.wait(timeout=60) == -signal.SIGKILL
     before = job.logged_steps()
