@@ -369,6 +369,10 @@ class ParameterServerCluster(constructs.Construct):
             ],
         )
         # Fixed size (min = max): the group exists to replace a lost node, not to scale.
+        # A changed launch template (a new node config: servers, ports, ...) replaces the nodes one
+        # at a time, old one first: the coordinator reads its config only at boot, and two
+        # coordinators must never run side by side (a replacing update would start the new group
+        # before deleting the old one).
         group = autoscaling.AutoScalingGroup(
             self,
             f"{role}Group",
@@ -377,5 +381,6 @@ class ParameterServerCluster(constructs.Construct):
             launch_template=template,
             min_capacity=size,
             max_capacity=size,
+            update_policy=autoscaling.UpdatePolicy.rolling_update(max_batch_size=1, min_instances_in_service=0),
         )
         return template, group

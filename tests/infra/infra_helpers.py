@@ -69,5 +69,5 @@ def cfn_lint_errors(template_file: Path) -> list[str]:
     """cfn-lint's error-level findings (rule ids starting with E) for a template file."""
     from cfnlint.api import lint_file
 
-    return [f"{m.rule.id} {m.message} ({m.path_string if hasattr(m, 'path_string') else m.path})"
+    return [f"{m.rule.id} {m.message} ({getattr(m, 'path_string', None) or getattr(m, 'path', '')})"
             for m in lint_file(template_file) if m.rule.id.startswith("E")]

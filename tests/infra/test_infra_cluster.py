@@ -107,6 +107,9 @@ def test_scheduler_and_servers_are_fixed_size_on_demand_groups_with_launch_templ
             # No spot options: on-demand capacity.
             assert "InstanceMarketOptions" not in templates[role]["Properties"]["LaunchTemplateData"]
             assert "MixedInstancesPolicy" not in props
+            # A new launch template version replaces nodes old-first, one at a time (never two coordinators).
+            rolling = group["UpdatePolicy"]["AutoScalingRollingUpdate"]
+            assert (rolling["MaxBatchSize"], rolling["MinInstancesInService"]) == (1, 0)
     types = {role: lt["Properties"]["LaunchTemplateData"].get("InstanceType") for role, lt in _launch_templates(cluster_synth).items()}
     assert types == {"scheduler": "m5.large", "server": "m5.xlarge", "worker": None}
     types = {role: lt["Properties"]["LaunchTemplateData"].get("InstanceType") for role, lt in _launch_templates(cluster_tf_synth).items()}
@@ -444,3 +447,26 @@ def test_docs_list_every_cluster_context_key_with_its_default() -> None:
         default = "none" if key.default is None else key.default
         shown = ", ".join(default) if isinstance(default, list) else str(default)
         assert shown in row, f"docs/infra.md row for {key.name!r} does not show its default {shown!r}: {row}"
+
+
+def test_docs_cluster_example_synthesizes_clean(tmp_path: Any) -> None:
+    """The "In your own CDK app" example of docs/infra.md runs as written: cdk-nag and cfn-lint clean."""
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "infra.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
+    (example,) = [b for b in blocks if "ParameterServerCluster(" in b and "app.synth()" in b]
+    # The jsii runtime already runs (it read CDK_OUTDIR at its start), so pass the outdir to the App.
+    assert example.count("app = cdk.App()") == 1
+    example = example.replace("app = cdk.App()", f"app = cdk.App(outdir={str(tmp_path)!r})")
+    namespace: dict[str, Any] = {}
+    exec(compile(example, "docs/infra.md", "exec"), namespace)  # noqa: S102 - our own documentation
+    stack = namespace["stack"]
+    errors = assertions.Annotations.from_stack(stack).find_error("*", Match.any_value())
+    assert [f"{m.id}: {m.entry.data}" for m in errors] == []
+    template_file = tmp_path / "MyCluster.template.json"
+    assert cfn_lint_errors(template_file) == []
+    data = json.loads(template_file.read_text())
+    (fleet,) = [r for r in data["Resources"].values() if r["Type"] == "AWS::EC2::SpotFleet"]
+    assert fleet["Properties"]["SpotFleetRequestConfigData"]["TargetCapacity"] == 4
+    assert namespace["cluster"].node_configs["scheduler"]["training"]["command"][-1] == "--scale-lr"
