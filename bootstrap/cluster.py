@@ -18,9 +18,10 @@ A generation goes ``running`` -> (``checkpoint`` ->) ``teardown`` -> the next on
 
 - *Join* (a data-ready worker not in the plan, membership stable for ``debounce_s``) and *leave* (a
   worker whose registration says ``leaving``: spot interruption notice, member tag removed, agent
-  stopped; no debounce) go through ``checkpoint``: the checkpointing processes get SIGTERM (MXNet
-  workers agree on a last step through the kvstore and rank 0 saves; the TensorFlow chief joins its
-  coordinator and saves), then ``teardown``.
+  stopped; no debounce; after a tag removal the agent then lowers its fleet's target capacity and
+  terminates its instance, see :func:`leave_fleet`) go through ``checkpoint``: the checkpointing
+  processes get SIGTERM (MXNet workers agree on a last step through the kvstore and rank 0 saves;
+  the TensorFlow chief joins its coordinator and saves), then ``teardown``.
 - *Failure* goes straight to ``teardown`` (a checkpoint cannot complete with a process gone: MXNet
   hangs silently): a member's heartbeat older than ``heartbeat_timeout_s`` (node gone), or a member's
   process exited inside a running generation (any MXNet process; TensorFlow chief or ps; a
@@ -55,7 +56,7 @@ from bootstrap.errors import ConfigError
 log = logging.getLogger("bootstrap.cluster")
 
 __all__ = ["ClusterSettings", "ClusterState", "Coordinator", "NodeAgent", "MemberTagMonitor", "Plan",
-           "make_plan", "settings_from_config", "RUNNING", "CHECKPOINT", "TEARDOWN", "WAITING", "COMPLETED"]
+           "make_plan", "settings_from_config", "leave_fleet", "RUNNING", "CHECKPOINT", "TEARDOWN", "WAITING", "COMPLETED"]
 
 RUNNING, CHECKPOINT, TEARDOWN, WAITING, COMPLETED = "running", "checkpoint", "teardown", "waiting", "completed"
 PLAN_STATES = (RUNNING, CHECKPOINT, TEARDOWN, WAITING, COMPLETED)
@@ -502,6 +503,7 @@ class NodeAgent:
         self.coordinator = Coordinator(self.state, settings, framework=framework, node_id=node_id,
                                        completed=self.completed, clock=clock) if role == "scheduler" else None
         self.leaving = False
+        self.leave_reason: str | None = None  # the event kind that made this worker leave
         self.stop_requested = False
         self.running: _Running | None = None
         self.started_generation = 0
@@ -604,6 +606,7 @@ class NodeAgent:
             event = monitor.poll()
             if event is not None:
                 log.info("worker leaving the cluster", extra={"kind": event.kind, "event_id": event.id})
+                self.leave_reason = event.kind
                 self.leaving = True
                 self._register()
                 return
@@ -619,6 +622,7 @@ class NodeAgent:
             self._register()
         self._poll_monitors()
         if self.stop_requested and self.role == "worker" and not self.leaving:
+            self.leave_reason = "agent-stopped"
             self.leaving = True
             self._register()
         if self.coordinator is not None:
@@ -686,6 +690,34 @@ class NodeAgent:
                 self.running = None
 
 
+def leave_fleet(*, ec2: Any, instance_id: str, stack_name: str) -> str | None:
+    """After a worker left because its member tag was removed: lower its spot fleet's target capacity by
+    one (``ExcessCapacityTerminationPolicy=noTermination``, so the fleet picks no other victim), then
+    terminate this instance. Without the lower target a ``maintain`` fleet would launch a replacement.
+
+    Only a fleet tagged ``spot-training:stack`` = ``stack_name`` is touched (as bootstrap.cleanup).
+    Returns the fleet request id, or None when no fleet of ours holds the instance (then nothing is
+    changed; the instance is left running for whoever launched it). Raises botocore's ClientError.
+    """
+    from bootstrap.cleanup import _fleet_requests, find_fleet_request_id
+    from bootstrap.config import STACK_TAG
+
+    fleet_id = find_fleet_request_id(ec2, instance_id)
+    fleets = _fleet_requests(ec2, [fleet_id]) if fleet_id else []
+    tags = {t["Key"]: t["Value"] for t in (fleets[0].get("Tags", []) if fleets else [])}
+    if not fleets or tags.get(STACK_TAG) != stack_name:
+        log.warning("no spot fleet of this stack holds the instance; leaving capacity and instance alone",
+                    extra={"instance_id": instance_id, "fleet_request_id": fleet_id})
+        return None
+    target = int(fleets[0]["SpotFleetRequestConfig"]["TargetCapacity"])
+    ec2.modify_spot_fleet_request(SpotFleetRequestId=fleet_id, TargetCapacity=max(0, target - 1),
+                                  ExcessCapacityTerminationPolicy="noTermination")
+    ec2.terminate_instances(InstanceIds=[instance_id])
+    log.info("left the spot fleet: target capacity lowered and this instance terminated",
+             extra={"fleet_request_id": fleet_id, "target_capacity": max(0, target - 1)})
+    return fleet_id
+
+
 def run_node(config: Any, imds: Any, *, instance_id: str, local_mode: bool) -> str:
     """Run this node as a cluster member (``node_role`` scheduler/server/worker); the CLI's entry.
 
@@ -719,4 +751,10 @@ def run_node(config: Any, imds: Any, *, instance_id: str, local_mode: bool) -> s
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     log.info("cluster node done", extra={"outcome": outcome, "role": config.node_role})
+    # Local mode has an EC2 API only when a moto server is named (AWS_ENDPOINT_URL).
+    if outcome == "left" and agent.leave_reason == MEMBER_TAG_REMOVED and (
+            not local_mode or os.environ.get("AWS_ENDPOINT_URL")):
+        from bootstrap.cleanup import ec2_client
+
+        leave_fleet(ec2=ec2_client(config.region), instance_id=instance_id, stack_name=config.stack_name)
     return outcome
