@@ -186,6 +186,7 @@ class Cluster:
     def start(self, node: Node) -> None:
         env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1", TF_CPP_MIN_LOG_LEVEL="2",
                    SPOT_TRAINING_BLOCKDEV_DIR=str(node.config_path.parent / "blockdev"))
+        env.pop("AWS_ENDPOINT_URL", None)  # no EC2 API here: a leaving worker has no fleet to lower
         if node.netns:
             env["SPOT_TRAINING_NETNS"] = node.netns
         log = open(node.log_path, "ab")
