@@ -341,9 +341,11 @@ def _put_dataset(volume_dir: Path, config: dict[str, Any]) -> None:
     dataset_dir = config["training"]["dataset_dir"]
     if not dataset_dir.startswith(mount_point + "/"):
         raise DrillError(f"training.dataset_dir {dataset_dir!r} is not on the data volume ({mount_point})")
-    marker = volume_dir / ".spot-training-fs"  # bootstrap.blockdev.DirectoryBlockDevices' superblock
-    if not marker.exists():
-        marker.write_text(config["volume"]["fs_type"])
+    from bootstrap.blockdev import DirectoryBlockDevices
+
+    devices = DirectoryBlockDevices(volume_dir.parent)
+    if devices.has_filesystem(str(volume_dir)) is None:  # "mkfs", so the agent finds a file system, not a blank volume
+        devices.format(str(volume_dir), config["volume"]["fs_type"])
     prepare_digits(volume_dir / dataset_dir[len(mount_point) + 1:])
 
 
