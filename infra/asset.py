@@ -14,7 +14,7 @@ import constructs
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_s3_assets as s3_assets
 
-from .userdata import agent_commands, config_block
+from .userdata import STOP_TIMEOUT_S, agent_commands, config_block
 
 #: What the node agents install when the AMI's system Python lacks boto3 (requirements-agent.txt).
 BOTO3_REQUIREMENT = "boto3>=1.34,<2"
@@ -87,10 +87,12 @@ class BootstrapAsset(constructs.Construct):
         region: str,
         training_python: str | None = None,
         training_requirements: Sequence[str] = (),
+        stop_timeout_s: int = STOP_TIMEOUT_S,
     ) -> ec2.UserData:
         """Linux user data that downloads this asset, writes ``config`` (the node config dict,
         docs/contracts.md) to ``/etc/spot-training/config.json``, installs ``training_requirements``
-        into ``training_python`` (if any) and starts the agent under systemd.
+        into ``training_python`` (if any) and starts the agent under systemd (``TimeoutStopSec`` =
+        ``stop_timeout_s`` seconds, default 120).
 
         ``region`` and values in ``config`` may be tokens. The nodes need ``asset.grant_read``.
 
@@ -112,6 +114,7 @@ class BootstrapAsset(constructs.Construct):
                 boto3_requirement=BOTO3_REQUIREMENT,
                 training_python=training_python,
                 training_requirements=training_requirements,
+                stop_timeout_s=stop_timeout_s,
             )
         )
         return user_data

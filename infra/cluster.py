@@ -42,6 +42,10 @@ STATE_DIR = f"{EFS_MOUNT_POINT}/cluster"
 #: The agents' bounds (bootstrap.cluster.settings_from_config): servers 1..64, workers 1..1024.
 MAX_SERVERS = 64
 MAX_WORKERS = 1024
+#: systemd's ``TimeoutStopSec`` for cluster agents: a stopped worker leaves first (checkpoint and
+#: teardown phases, each bounded by the agents' ``cluster.stop_timeout_s`` of 120 s, then its
+#: ``kill_grace_s`` of 5 s), so 2 x 120 + 5 s plus a margin.
+AGENT_STOP_TIMEOUT_S = 300
 DEFAULT_SCHEDULER_INSTANCE_TYPE = "m5.large"
 DEFAULT_SERVER_INSTANCE_TYPE = "m5.xlarge"
 
@@ -299,7 +303,8 @@ class ParameterServerCluster(constructs.Construct):
                 cluster=cluster_section,
             )
             user_data[role] = self.bootstrap_asset.user_data(
-                self.node_configs[role], region=stack.region, training_python=python, training_requirements=requirements
+                self.node_configs[role], region=stack.region, training_python=python, training_requirements=requirements,
+                stop_timeout_s=AGENT_STOP_TIMEOUT_S,
             )
 
         self.scheduler_launch_template, self.scheduler_group = self._on_demand_group(

@@ -78,8 +78,8 @@ class TrainingNodeRole(constructs.Construct):
             assets: S3 assets the nodes download (the bootstrap asset); default: none.
             description: the role's description; default: a generic one.
             data_volume_access: grant the EBS statements that find, move, attach and delete the data
-                volume and its snapshots; default true. Parameter-server cluster nodes keep their
-                data on EFS and get only the Describe and CancelSpotFleetRequests statements.
+                volume and its snapshots, and cancel the stack's fleet; default true. Parameter-server
+                cluster nodes keep their data on EFS, cancel nothing, and get only the Describe statement.
 
         Raises:
             ValueError: ``stack_tag_value`` is empty, or ``data_volume_access`` is not a bool.
@@ -100,7 +100,7 @@ class TrainingNodeRole(constructs.Construct):
         if not isinstance(data_volume_access, bool):
             raise ValueError(f"data_volume_access must be True or False, got {data_volume_access!r}")
         for statement in node_policy_statements(self.stack_tag_value):
-            if data_volume_access or statement.sid in ("Describe", "CancelOwnSpotFleet"):
+            if data_volume_access or statement.sid == "Describe":
                 self.role.add_to_principal_policy(statement)
         for asset in assets:
             asset.grant_read(self.role)

@@ -23,13 +23,17 @@ EXIT_BAD_CONFIG = 78
 _HEREDOC_TAG = "SPOT_TRAINING_CONFIG_JSON"
 _HEREDOC_START = re.compile(r"<<\s*'(?P<tag>[A-Za-z_][A-Za-z0-9_]*)'\s*$")
 
-#: Seconds systemd waits for the agent to stop before SIGKILL. The agent gives the trainer up to 90 s
-#: to checkpoint and exit on stop (and a cluster node up to ``cluster.stop_timeout_s``); systemd's
-#: default of 90 s would kill the agent at that very edge.
+#: Seconds systemd waits for the single-node agent to stop before SIGKILL. The agent gives the
+#: trainer up to 90 s to checkpoint and exit on stop; systemd's default of 90 s would kill the agent
+#: at that very edge. (Cluster nodes pass a longer bound, infra.cluster.AGENT_STOP_TIMEOUT_S.)
 STOP_TIMEOUT_S = 120
-#: The systemd unit that runs the agent. ``Restart=on-failure`` retries exit 75 (try again later)
-#: and crashes; ``RestartPreventExitStatus=78`` stops the loop on a bad config.
-SYSTEMD_UNIT = f"""[Unit]
+
+
+def systemd_unit(stop_timeout_s: int = STOP_TIMEOUT_S) -> str:
+    """The systemd unit that runs the agent. ``Restart=on-failure`` retries exit 75 (try again later)
+    and crashes; ``RestartPreventExitStatus=78`` stops the loop on a bad config; ``TimeoutStopSec``
+    is ``stop_timeout_s`` seconds (default :data:`STOP_TIMEOUT_S`)."""
+    return f"""[Unit]
 Description=spot-training node agent (volume, trainer, interruption notices, cleanup)
 Wants=network-online.target
 After=network-online.target
@@ -41,12 +45,16 @@ ExecStart=/usr/bin/python3 -m bootstrap run --config {CONFIG_PATH}
 Restart=on-failure
 RestartSec=15
 RestartPreventExitStatus={EXIT_BAD_CONFIG}
-TimeoutStopSec={STOP_TIMEOUT_S}
+TimeoutStopSec={stop_timeout_s}
 Environment=PYTHONUNBUFFERED=1
 
 [Install]
 WantedBy=multi-user.target
 """
+
+
+#: The single-node agent's unit.
+SYSTEMD_UNIT = systemd_unit()
 
 
 def node_config(
@@ -137,6 +145,7 @@ def agent_commands(
     boto3_requirement: str,
     training_python: str | None = None,
     training_requirements: Sequence[str] = (),
+    stop_timeout_s: int = STOP_TIMEOUT_S,
 ) -> list[str]:
     """User-data lines that unpack the bootstrap asset and start the agent as a systemd service.
 
@@ -147,6 +156,7 @@ def agent_commands(
         training_python: the trainer's interpreter; needed only with ``training_requirements``.
         training_requirements: pip requirements installed into ``training_python`` before the agent
             starts (the framework, when the AMI ships none); default: none.
+        stop_timeout_s: the unit's ``TimeoutStopSec``; default :data:`STOP_TIMEOUT_S` (120).
 
     Raises:
         ValueError: a requirement holds a quote or whitespace-only text, or requirements come without
@@ -166,7 +176,7 @@ def agent_commands(
         f"|| python3 -m pip install --quiet --break-system-packages '{boto3_requirement}'",
         *install,
         f"cat > /etc/systemd/system/{SERVICE_NAME}.service <<'SPOT_TRAINING_UNIT'",
-        SYSTEMD_UNIT.rstrip("\n"),
+        systemd_unit(stop_timeout_s).rstrip("\n"),
         "SPOT_TRAINING_UNIT",
         "systemctl daemon-reload",
         f"systemctl enable --now {SERVICE_NAME}.service",

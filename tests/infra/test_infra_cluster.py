@@ -13,7 +13,7 @@ from aws_cdk import assertions
 from aws_cdk import aws_ec2 as ec2
 from infra_helpers import Synth, cfn_lint_errors
 
-from infra.cluster import ClusterPorts, Framework, ParameterServerCluster
+from infra.cluster import AGENT_STOP_TIMEOUT_S, ClusterPorts, Framework, ParameterServerCluster
 from infra.cluster_config import CLUSTER_CONTEXT_KEYS, ClusterSettings
 from infra.tags import CLUSTER_MEMBER_TAG_KEY, STACK_TAG_KEY
 from infra.userdata import extract_config
@@ -223,8 +223,8 @@ def _node_statements(synth: Synth) -> list[dict[str, Any]]:
 def test_cluster_nodes_get_efs_but_no_data_volume_permissions(cluster_synth: Synth) -> None:
     actions = {a for s in _node_statements(cluster_synth) for a in _as_list(s["Action"])}
     assert {"elasticfilesystem:ClientMount", "elasticfilesystem:ClientWrite"} <= actions
-    assert not actions & {"ec2:AttachVolume", "ec2:DetachVolume", "ec2:CreateVolume", "ec2:DeleteVolume",
-                          "ec2:CreateSnapshot", "ec2:DeleteSnapshot", "ec2:CreateTags", "ec2:DeleteTags"}
+    ec2_actions = {a for a in actions if a.startswith("ec2:")}
+    assert ec2_actions and all(a.split(":")[1].startswith("Describe") for a in ec2_actions), ec2_actions
     for st in _node_statements(cluster_synth):
         if "*" in _as_list(st["Resource"]):
             assert all(a.split(":")[1].startswith("Describe") for a in _as_list(st["Action"])), st
@@ -273,6 +273,8 @@ def test_the_agents_accept_every_role_config(cluster_synth: Synth, cluster_tf_sy
             assert (cluster.port_for("scheduler"), cluster.port_for("server"), cluster.port_for("worker")) == ports
             assert str(cluster.state_dir).startswith(str(agent.efs.mount_point))
             assert str(agent.training.checkpoint_dir).startswith(str(agent.efs.mount_point))
+            # systemd must outwait a leaving worker: checkpoint and teardown phases, then the kill grace.
+            assert AGENT_STOP_TIMEOUT_S > 2 * cluster.stop_timeout_s + cluster.kill_grace_s
 
 
 def test_tensorflow_cluster_runs_the_pss_chief_with_its_own_python(cluster_tf_synth: Synth) -> None:
@@ -292,7 +294,8 @@ def test_user_data_installs_the_framework_and_bounds_the_agents_stop(cluster_syn
         text = _user_data(lt)
         assert "/usr/bin/python3 -m pip install --quiet 'mxnet-cu112==1.9.1' 'numpy<1.24'" in text, role
         assert text.index("mxnet-cu112") < text.index("systemctl enable --now spot-training-agent.service")
-        assert "TimeoutStopSec=120" in text
+        # A stopped worker first leaves (checkpoint + teardown, each up to cluster.stop_timeout_s = 120 s).
+        assert "TimeoutStopSec=300" in text
         assert len(text.encode()) < 16 * 1024
         subprocess.run(["bash", "-n", "-c", text], check=True)
 
