@@ -17,6 +17,9 @@ one TensorFlow intra-op thread (as the examples run; design.md: fastest on small
    its saves (a background block also waits for its last write). Overhead % = (mode - its
    baseline) / baseline, baseline ``none`` for ours and ``plain`` for the article's; the headline
    is the median over rounds of each round's ratio, the ratio of the totals is printed beside it.
+   Beside it, the share of the no-save training time during which saves held the training thread
+   (sync: the whole write; background: the host copy), which load from other processes cannot
+   blur, and the load average (wall-time ratios mean little when it exceeds the CPU count).
 2. Save time (sync: the whole write; background: time the training thread is blocked for the host
    copy; write: one full store write of that copy, what the writer thread does), restore time
    (a fresh model: verify sha256, load, assign), checkpoint size; the same for the article's .h5.
@@ -167,6 +170,7 @@ def main() -> int:
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--checkpoint-dir", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    sys.stdout.reconfigure(line_buffering=True)  # progress shows up at once when piped to a file
     if args.worker:
         return worker(args)
     for name in ("rounds", "threads"):
@@ -174,6 +178,7 @@ def main() -> int:
             parser.error(f"--{name} must be >= 1, got {getattr(args, name)}")
 
     started_all = time.perf_counter()
+    load_start = round(os.getloadavg()[0], 2)  # the wall-time figures mean little when this exceeds the CPUs
     import keras
     import tensorflow as tf
 
@@ -260,6 +265,11 @@ def main() -> int:
         # Save, write, restore, size.
         sync_saves = [s for f in fitters["sync"] for s in f.checkpointer.save_seconds]
         blocking = [s for f in fitters["background"] for s in f.checkpointer.save_seconds]
+        # The part of the overhead that load elsewhere cannot blur: seconds the training thread was
+        # held by saves, over the training time without saves (the rest of a wall-time overhead is
+        # the writer thread competing for CPU, which its lower priority keeps to idle cycles).
+        blocked_pct = {"sync": sum(sync_saves) / total["none"] * 100,
+                       "background": sum(blocking) / total["none"] * 100}
         store = CheckpointStore(scratch / "writes", framework="tensorflow")
         ck = KerasCheckpointer(model, store, background=False)
         arrays, index = ck.snapshot()
@@ -316,6 +326,9 @@ def main() -> int:
             "wall_s": {m: round(v, 3) for m, v in total.items()},
             "overhead_pct": {m: round(v, 2) for m, v in overhead.items()},
             "overhead_pct_of_totals": {m: round(v, 2) for m, v in overhead_total.items()},
+            "training_thread_blocked_pct": {m: round(v, 2) for m, v in blocked_pct.items()},
+            "load_average_1min": {"start": load_start, "end": round(os.getloadavg()[0], 2)},
+            "cpus": os.cpu_count(),
             "block_wall_s": {m: [round(x, 3) for x in v] for m, v in wall.items()},
             "save_s": {
                 "sync_mean": round(statistics.mean(sync_saves), 4),
@@ -352,6 +365,9 @@ def main() -> int:
         for label, mode, key, block in rows:
             print(f"{label:<34}{total[mode]:>9.2f}{total[mode] / (args.rounds * spe) * 1000:>9.2f}"
                   f"{overhead[key] if key else 0.0:>12.2f}{overhead_total[key] if key else 0.0:>13.2f}{block:>17.4f}")
+        print(f"training thread held by saves: sync {blocked_pct['sync']:.2f} %, background "
+              f"{blocked_pct['background']:.2f} % of the no-save training time; load average "
+              f"{load_start} -> {result['load_average_1min']['end']} on {os.cpu_count()} CPUs")
         print(f"background write (writer thread): {result['save_s']['background_write_mean']:.3f} s; "
               f"restore: {result['restore_s']:.3f} s (bitwise equal: {restored_equal}); checkpoint: "
               f"{size_mb:.1f} MB; article .h5: {h5_mb:.1f} MB, save {result['save_s']['article_h5_mean']:.3f} s, "

@@ -323,7 +323,9 @@ class ResumableFit:
     ) -> FitResult:
         """Train ``epochs`` epochs of ``len(x) // batch_size`` full batches (the remainder of each
         epoch's permutation is left out, so every step has one shape), resuming where a previous
-        run stopped. x, y: numpy arrays with equal first dimension. Other keyword arguments
+        run stopped. A callback that sets ``model.stop_training`` (EarlyStopping) ends training:
+        the final checkpoint and ``COMPLETED`` are written at that step (the callback's own state,
+        e.g. EarlyStopping's patience counter, is not checkpointed). x, y: numpy arrays with equal first dimension. Other keyword arguments
         (``validation_data``...) go to ``model.fit``; ``shuffle``, ``steps_per_epoch``,
         ``initial_epoch`` are owned by this method (ValueError if given).
 
@@ -353,6 +355,14 @@ class ResumableFit:
                 raise ValueError(
                     f"checkpoint {str(restored.path)!r} was written with steps_per_epoch={saved_spe}, this run has "
                     f"{spe} (len(x)={len(x)}, batch_size={batch_size}); the data position would not match")
+            if self.step > total:
+                raise ValueError(
+                    f"checkpoint {str(restored.path)!r} is at step {self.step}, beyond this run's {total} steps "
+                    f"(epochs={epochs} x {spe} steps); raise epochs or use another checkpoint directory")
+            saved_seed = restored.metadata.get("seed")
+            if saved_seed not in (None, self.seed):
+                log.warning("checkpoint %s was written with seed=%s, this run has seed=%s: the batch order "
+                            "from here on differs from the interrupted run's", restored.path, saved_seed, self.seed)
         self.stopped = False
         result = FitResult(step=self.step, epoch=self.step // spe, total_steps=total, completed=False,
                            stopped=False, restored_from=restored)
@@ -361,24 +371,30 @@ class ResumableFit:
             self.notice = NoticeHandler().install()
         callbacks = [StepCallback(self), *callbacks]
         try:
-            if self.step < total and self.step % spe:
+            if self.notice.stop_requested and self.step < total:
+                # A stop notice before the first step (e.g. during the TensorFlow import): the state
+                # is the restored checkpoint's, so there is nothing new to save.
+                log.info("stop requested before the first step; nothing to save (step %d)", self.step)
+                self.stopped = True
+            if self.step < total and self.step % spe and not self.stopped:
                 epoch, done = divmod(self.step, spe)
                 result.histories.append(self.model.fit(
                     self._batches(x, y, self.step, spe - done, batch_size), steps_per_epoch=spe - done,
                     initial_epoch=epoch, epochs=epoch + 1, callbacks=callbacks, verbose=verbose, shuffle=False,
                     **fit_kwargs))
-            if self.step < total and not self.stopped:
+            ended_by_callback = bool(result.histories) and self.model.stop_training and not self.stopped
+            if self.step < total and not self.stopped and not ended_by_callback:
                 result.histories.append(self.model.fit(
                     self._batches(x, y, self.step, total - self.step, batch_size), steps_per_epoch=spe,
                     initial_epoch=self.step // spe, epochs=epochs, callbacks=callbacks, verbose=verbose,
                     shuffle=False, **fit_kwargs))
             if not self.stopped:
                 if self.step != total:
-                    raise RuntimeError(f"fit ended at step {self.step}, expected {total}: was model.stop_training "
-                                       "set by another callback? Nothing was marked complete")
-                final = self.checkpointer.save(step=total, epoch=epochs, metadata=self._meta(), block=True)
-                self.store.mark_complete(step=total, epoch=epochs)
-                log.info("training complete at step %d (%s)", total, final.path if final else "")
+                    # Another callback (EarlyStopping...) set model.stop_training: training is over.
+                    log.info("a callback stopped training at step %d of %d; treating it as the end", self.step, total)
+                final = self.checkpointer.save(step=self.step, epoch=self._epoch(), metadata=self._meta(), block=True)
+                self.store.mark_complete(step=self.step, epoch=self._epoch())
+                log.info("training complete at step %d (%s)", self.step, final.path if final else "")
                 result.completed = True
         finally:
             self.checkpointer.close()

@@ -90,7 +90,8 @@ def _fix_keras_async_copy() -> None:
 def _seed_generator_states(model) -> list:
     # Keras 3 keeps each SeedGenerator's state as a variable whose path ends in "seed_generator_state";
     # Layer.variables lists them, tf.train.Checkpoint's object graph does not reach them.
-    return [v for v in getattr(model, "variables", []) if v.path.endswith("seed_generator_state")]
+    # Plain tf.Variables (of a tf.Module) have no ``path`` and are tracked by TensorFlow anyway.
+    return [v for v in getattr(model, "variables", []) if str(getattr(v, "path", "")).endswith("seed_generator_state")]
 
 
 class TFCheckpointer:
