@@ -265,12 +265,7 @@ def remap_trainer_states(trainer, saved_order: list[str], current_order: list[st
     """
     if saved_order == current_order:
         return
-    if sorted(saved_order) != sorted(current_order):
-        raise ShapeMismatchError(
-            f"checkpoint {str(path)!r}: the trainer optimizes other parameters than the one that wrote it "
-            f"(only in checkpoint: {sorted(set(saved_order) - set(current_order))}, only in this trainer: "
-            f"{sorted(set(current_order) - set(saved_order))})"
-        )
+    _check_same_parameters(saved_order, current_order, path=path)
     where = {name: i for i, name in enumerate(current_order)}
     perm = {old: where[name] for old, name in enumerate(saved_order)}
     for updater in trainer._updaters:
@@ -282,6 +277,15 @@ def remap_trainer_states(trainer, saved_order: list[str], current_order: list[st
         remapped = {perm.get(k, k): v for k, v in counts.items()}
         counts.clear()
         counts.update(remapped)
+
+
+def _check_same_parameters(saved_order: list[str], current_order: list[str], *, path: Path) -> None:
+    if sorted(saved_order) != sorted(current_order):
+        raise ShapeMismatchError(
+            f"checkpoint {str(path)!r}: the trainer optimizes other parameters than the one that wrote it "
+            f"(only in checkpoint: {sorted(set(saved_order) - set(current_order))}, only in this trainer: "
+            f"{sorted(set(current_order) - set(saved_order))})"
+        )
 
 
 def load_state(net, trainer, path: Path, *, saved_order: list[str] | None = None) -> None:
@@ -298,11 +302,14 @@ def load_state(net, trainer, path: Path, *, saved_order: list[str] | None = None
         raise CheckpointError(f"{path / PARAMS_FILE} holds a list of arrays, not named parameters")
     check_shapes(net, params, path=path)
     _updater(trainer)  # fails clearly before any change when update_on_kvstore=True
+    current_order = trainer_order(net, trainer)
+    if saved_order is not None:
+        _check_same_parameters(saved_order, current_order, path=path)
     for name, param in _named_parameters(net).items():
         param.set_data(params[name])
     trainer.load_states(str(path / TRAINER_FILE))
     if saved_order is not None:
-        remap_trainer_states(trainer, saved_order, trainer_order(net, trainer), path=path)
+        remap_trainer_states(trainer, saved_order, current_order, path=path)
 
 
 class GluonCheckpointer:
@@ -392,11 +399,21 @@ class GluonCheckpointer:
 
         Raises:
             FrameworkMismatchError: the newest checkpoint was written by TensorFlow.
+            CheckpointError: it was written by another MXNet tool or adapter format.
             ShapeMismatchError: its parameters do not match the model (message names path,
                 parameter and both shapes). Nothing is changed or deleted on either error.
         """
-        ckpt = self.store.restore(lambda c: load_state(
-            self.net, self.trainer, c.path, saved_order=c.metadata.get("trainer_params")))
+        def read(c: Checkpoint) -> None:
+            fmt = c.metadata.get("adapter_format")
+            if c.metadata.get("adapter") != "gluon" or fmt != ADAPTER_FORMAT:
+                raise CheckpointError(
+                    f"checkpoint {str(c.path)!r} was not written by this Gluon adapter (metadata adapter="
+                    f"{c.metadata.get('adapter')!r}, adapter_format={fmt!r}; expected 'gluon', {ADAPTER_FORMAT}); "
+                    "use another checkpoint directory"
+                )
+            load_state(self.net, self.trainer, c.path, saved_order=c.metadata.get("trainer_params"))
+
+        ckpt = self.store.restore(read)
         self.restored = ckpt
         self.step = ckpt.step if ckpt is not None else 0
         self.last_saved_step = ckpt.step if ckpt is not None else None

@@ -16,6 +16,7 @@ from training.examples.gluon_resnet import build_net
 from training.mxnet_adapter import PARAMS_FILE, TRAINER_FILE, WRITER_NICE, GluonCheckpointer, GluonState
 from training.notice import NoticeHandler
 from training.store import (
+    CheckpointError,
     CheckpointPathError,
     CheckpointStore,
     FrameworkMismatchError,
@@ -172,6 +173,17 @@ def test_fails_when_checkpoint_was_written_by_tensorflow(tmp_path):
     assert str(tmp_path / "ckpt-000000000010") in message and "'tensorflow'" in message and "'mxnet'" in message
     assert files_under(tmp_path) == before
     assert all(np.array_equal(params_of(net)[k], v) for k, v in params.items())
+    ck.close()
+
+
+def test_fails_when_mxnet_checkpoint_was_not_written_by_the_gluon_adapter(tmp_path):
+    CheckpointStore(tmp_path, framework="mxnet").save(
+        lambda d: (d / "model-0001.params").write_bytes(b"module checkpoint"), step=3, epoch=0)
+    before = files_under(tmp_path)
+    ck = checkpointer(*make(), tmp_path)
+    with pytest.raises(CheckpointError, match=r"ckpt-000000000003.*adapter=None, adapter_format=None"):
+        ck.restore()
+    assert files_under(tmp_path) == before
     ck.close()
 
 
