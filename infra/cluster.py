@@ -115,7 +115,8 @@ class ParameterServerCluster(constructs.Construct):
     Resources: a :class:`SharedFileSystem` (unless ``file_system`` is given) for the dataset,
     checkpoints and cluster state; a :class:`TrainingNodeRole` without data-volume permissions (the
     cluster keeps its data on EFS) that may mount and write the file system; the
-    :class:`BootstrapAsset` (unless given); one security group; a launch template and a fixed-size
+    :class:`BootstrapAsset` (unless given); a second :class:`TrainingNodeRole` for the workers, which
+    may also lower their fleet's target and terminate themselves when asked to leave; one security group; a launch template and a fixed-size
     Auto Scaling group for the scheduler (1 node) and for the servers (``num_servers`` nodes); a
     :class:`SpotTrainingFleet` for the workers (target ``desired_workers``) whose instances carry the
     member tag ``spot-training:cluster-member=true`` and expose their tags in instance metadata.
@@ -125,7 +126,8 @@ class ParameterServerCluster(constructs.Construct):
         framework, ports, num_servers, desired_workers, min_workers, max_workers: the validated props.
         security_group / connections: the members' group (``connections.allow_internally`` on the ports).
         file_system: the :class:`SharedFileSystem`.
-        node_role: the :class:`TrainingNodeRole`.
+        node_role: the scheduler's and servers' :class:`TrainingNodeRole`.
+        worker_role: the workers' :class:`TrainingNodeRole` (with :meth:`TrainingNodeRole.allow_leaving_fleet`).
         bootstrap_asset: the :class:`BootstrapAsset`.
         scheduler_group / server_group: the ``autoscaling.AutoScalingGroup`` of each on-demand role.
         scheduler_launch_template / server_launch_template: their ``ec2.LaunchTemplate``.
@@ -262,10 +264,22 @@ class ParameterServerCluster(constructs.Construct):
             "NodeRole",
             stack_tag_value=tag_value,
             assets=[self.bootstrap_asset.asset],
-            description=f"Parameter-server cluster nodes of stack {tag_value}",
+            description=f"Scheduler and parameter-server nodes of stack {tag_value}",
             data_volume_access=False,
         )
-        self.file_system.grant_read_write(self.node_role.role)
+        # Workers get a role of their own: only they may lower the fleet's target and terminate
+        # themselves when asked to leave (bootstrap.cluster.leave_fleet).
+        self.worker_role = TrainingNodeRole(
+            self,
+            "WorkerRole",
+            stack_tag_value=tag_value,
+            assets=[self.bootstrap_asset.asset],
+            description=f"Spot worker nodes of stack {tag_value}",
+            data_volume_access=False,
+        )
+        self.worker_role.allow_leaving_fleet()
+        for role in (self.node_role, self.worker_role):
+            self.file_system.grant_read_write(role.role)
 
         efs_config = {
             "file_system_id": self.file_system.file_system_id,
@@ -319,7 +333,7 @@ class ParameterServerCluster(constructs.Construct):
             vpc=vpc,
             vpc_subnets=subnets,
             machine_image=machine_image,
-            instance_profile=self.node_role.instance_profile,
+            instance_profile=self.worker_role.instance_profile,
             user_data=user_data["worker"],
             instance_types=worker_instance_types,
             target_capacity=self.desired_workers,
@@ -333,8 +347,9 @@ class ParameterServerCluster(constructs.Construct):
         cdk.Tags.of(self.worker_fleet.launch_template).add(CLUSTER_MEMBER_TAG_KEY, CLUSTER_MEMBER_TAG_VALUE)
 
         # Nodes must find their permissions and the EFS mount targets in place when they boot.
-        for dependent in (self.scheduler_group, self.server_group, self.worker_fleet.resource):
+        for dependent in (self.scheduler_group, self.server_group):
             dependent.node.add_dependency(self.node_role, self.file_system)
+        self.worker_fleet.resource.node.add_dependency(self.worker_role, self.file_system)
 
     def _on_demand_group(
         self,

@@ -123,6 +123,36 @@ class TrainingNodeRole(constructs.Construct):
             )
         )
 
+    def allow_leaving_fleet(self) -> None:
+        """Let a cluster worker leave its spot fleet (docs/contracts.md, "Parameter-server cluster").
+
+        A worker whose member tag was removed lowers its fleet's target capacity by one
+        (``ec2:ModifySpotFleetRequest`` on a fleet request tagged with this stack) and terminates its
+        own instance (``ec2:TerminateInstances`` on instances tagged with this stack that run with
+        this role's instance profile, ``ec2:InstanceProfile``; so a worker can end workers only,
+        never the scheduler or a server, which use another profile).
+        """
+        tagged = {f"aws:ResourceTag/{STACK_TAG_KEY}": self.stack_tag_value}
+        self.role.add_to_principal_policy(
+            iam.PolicyStatement(
+                sid="LowerOwnSpotFleetTarget",
+                actions=["ec2:ModifySpotFleetRequest"],
+                resources=[_arn("spot-fleet-request/*")],
+                conditions={"StringEquals": tagged},
+            )
+        )
+        self.role.add_to_principal_policy(
+            iam.PolicyStatement(
+                sid="TerminateOwnWorkers",
+                actions=["ec2:TerminateInstances"],
+                resources=[_arn("instance/*")],
+                conditions={
+                    "StringEquals": tagged,
+                    "ArnEquals": {"ec2:InstanceProfile": self.instance_profile.instance_profile_arn},
+                },
+            )
+        )
+
     @property
     def grant_principal(self) -> iam.IPrincipal:
         """The role, for ``grant_*`` calls of other constructs (EFS, S3)."""

@@ -211,30 +211,57 @@ def test_efs_is_encrypted_retained_with_an_access_point_and_mount_targets(cluste
 # ---- IAM -----------------------------------------------------------------------------------------
 
 
-def _node_statements(synth: Synth) -> list[dict[str, Any]]:
+def _statements(synth: Synth, prefix: str) -> list[dict[str, Any]]:
     statements = []
     for logical_id, policy in synth.resources("AWS::IAM::Policy").items():
-        if logical_id.startswith("ClusterNodeRole"):
+        if logical_id.startswith(prefix):
             statements += policy["Properties"]["PolicyDocument"]["Statement"]
-    assert statements
+    assert statements, prefix
     return statements
 
 
 def test_cluster_nodes_get_efs_but_no_data_volume_permissions(cluster_synth: Synth) -> None:
-    actions = {a for s in _node_statements(cluster_synth) for a in _as_list(s["Action"])}
-    assert {"elasticfilesystem:ClientMount", "elasticfilesystem:ClientWrite"} <= actions
-    ec2_actions = {a for a in actions if a.startswith("ec2:")}
-    assert ec2_actions and all(a.split(":")[1].startswith("Describe") for a in ec2_actions), ec2_actions
-    for st in _node_statements(cluster_synth):
-        if "*" in _as_list(st["Resource"]):
-            assert all(a.split(":")[1].startswith("Describe") for a in _as_list(st["Action"])), st
+    for prefix in ("ClusterNodeRole", "ClusterWorkerRole"):
+        statements = _statements(cluster_synth, prefix)
+        actions = {a for s in statements for a in _as_list(s["Action"])}
+        assert {"elasticfilesystem:ClientMount", "elasticfilesystem:ClientWrite"} <= actions, prefix
+        assert not actions & {"ec2:AttachVolume", "ec2:DetachVolume", "ec2:CreateVolume", "ec2:DeleteVolume",
+                              "ec2:CreateSnapshot", "ec2:DeleteSnapshot", "ec2:CreateTags", "ec2:DeleteTags"}, prefix
+        for st in statements:
+            if "*" in _as_list(st["Resource"]):
+                assert all(a.split(":")[1].startswith("Describe") for a in _as_list(st["Action"])), st
+    scheduler_ec2 = {a for s in _statements(cluster_synth, "ClusterNodeRole") for a in _as_list(s["Action"]) if a.startswith("ec2:")}
+    assert scheduler_ec2 and all(a.split(":")[1].startswith("Describe") for a in scheduler_ec2), scheduler_ec2
     roles = cluster_synth.resources("AWS::IAM::Role")
     principals = [json.dumps(r["Properties"]["AssumeRolePolicyDocument"]) for r in roles.values()]
-    assert sum("ec2.amazonaws.com" in p for p in principals) == 1
+    assert sum("ec2.amazonaws.com" in p for p in principals) == 2  # scheduler/servers, workers
     assert sum("spotfleet.amazonaws.com" in p for p in principals) == 1
     # No EBS data volume and no cleanup resource: the cluster keeps its data on EFS.
     cluster_synth.template.resource_count_is("AWS::EC2::Volume", 0)
     cluster_synth.template.resource_count_is("Custom::SpotTrainingDataCleanup", 0)
+
+
+def test_only_workers_may_leave_their_fleet_and_only_within_the_stack(cluster_synth: Synth) -> None:
+    """bootstrap.cluster.leave_fleet: ModifySpotFleetRequest + TerminateInstances, tag- and profile-scoped."""
+    mutating = [s for s in _statements(cluster_synth, "ClusterWorkerRole")
+                if any(a in ("ec2:ModifySpotFleetRequest", "ec2:TerminateInstances") for a in _as_list(s["Action"]))]
+    by_action = {a: s for s in mutating for a in _as_list(s["Action"])}
+    assert set(by_action) == {"ec2:ModifySpotFleetRequest", "ec2:TerminateInstances"}
+    for action, st in by_action.items():
+        assert st["Condition"]["StringEquals"] == {f"aws:ResourceTag/{STACK_TAG_KEY}": "DistributedTraining"}, action
+        assert "*" not in _as_list(st["Resource"])
+    assert "spot-fleet-request/*" in json.dumps(by_action["ec2:ModifySpotFleetRequest"]["Resource"])
+    terminate = by_action["ec2:TerminateInstances"]
+    assert "instance/*" in json.dumps(terminate["Resource"])
+    (worker_profile,) = [k for k in cluster_synth.resources("AWS::IAM::InstanceProfile") if k.startswith("ClusterWorkerRole")]
+    assert terminate["Condition"]["ArnEquals"] == {"ec2:InstanceProfile": {"Fn::GetAtt": [worker_profile, "Arn"]}}
+    # The workers' launch template runs with that profile; the scheduler's and servers' do not.
+    templates = _launch_templates(cluster_synth)
+    assert templates["worker"]["Properties"]["LaunchTemplateData"]["IamInstanceProfile"]["Arn"] == {"Fn::GetAtt": [worker_profile, "Arn"]}
+    for role in ("scheduler", "server"):
+        assert templates[role]["Properties"]["LaunchTemplateData"]["IamInstanceProfile"]["Arn"] != {"Fn::GetAtt": [worker_profile, "Arn"]}
+    actions = {a for s in _statements(cluster_synth, "ClusterNodeRole") for a in _as_list(s["Action"])}
+    assert not actions & {"ec2:ModifySpotFleetRequest", "ec2:TerminateInstances", "ec2:CancelSpotFleetRequests"}
 
 
 # ---- node configs ----------------------------------------------------------------------------------
