@@ -17,7 +17,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 CDK_FLAGS := --no-notices --no-version-reporting
 PYTEST := $(BIN)/python -m pytest
 
-.PHONY: setup system-deps test test-fast demo synth bench-synth bench-checkpoint bench-agent clean
+.PHONY: setup system-deps test test-fast demo synth bench-synth bench-checkpoint bench-agent bench-elastic clean
 
 setup: system-deps $(STAMP) $(CDK)
 
@@ -58,6 +58,9 @@ bench-checkpoint: setup
 
 bench-agent: setup
 	$(BIN)/python bench/bench_agent.py
+
+bench-elastic: setup
+	$(BIN)/python bench/bench_elastic.py
 
 clean:
 	rm -rf cdk.out out .pytest_cache
