@@ -28,7 +28,8 @@ from aws_cdk import aws_autoscaling as autoscaling
 from aws_cdk import aws_ec2 as ec2
 
 from .asset import BootstrapAsset
-from .config import DEFAULT_TRAINING_PYTHON, training_requirements as default_requirements
+from .config import DEFAULT_TRAINING_PYTHON, FRAMEWORK_CPU_REQUIREMENTS, FRAMEWORK_REQUIREMENTS
+from .config import training_requirements as checked_requirements
 from .filesystem import SharedFileSystem
 from .fleet import DEFAULT_INSTANCE_TYPES, AllocationStrategy, SpotTrainingFleet, validate_instance_type
 from .roles import TrainingNodeRole
@@ -185,9 +186,10 @@ class ParameterServerCluster(constructs.Construct):
                 framework's trainer in :data:`DEFAULT_TRAINING_COMMANDS`.
             training_python: absolute path of the trainer's interpreter; default ``/usr/bin/python3``
                 (the Deep Learning Base AMI's Python).
-            training_requirements: pip requirements installed into ``training_python`` at boot;
-                default: the framework's (``infra.config.FRAMEWORK_REQUIREMENTS``) when
-                ``training_python`` is left out, else none.
+            training_requirements: pip requirements installed into ``training_python`` at boot on
+                every node; default, when ``training_python`` is left out: the framework's GPU build
+                on workers (``infra.config.FRAMEWORK_REQUIREMENTS``) and its CPU build on the
+                scheduler and servers (``FRAMEWORK_CPU_REQUIREMENTS``); else none.
             training_user: OS user of the trainer; default ``ubuntu``.
             code: ``{"type": "git", "url": ..., "ref": ...}``; default: the bootstrap asset.
             allocation_strategy: the worker fleet's; default ``PRICE_CAPACITY_OPTIMIZED``.
@@ -230,10 +232,16 @@ class ParameterServerCluster(constructs.Construct):
         python = training_python if training_python is not None else DEFAULT_TRAINING_PYTHON
         if not isinstance(python, str) or not python.startswith("/"):
             raise ValueError(f"training_python must be an absolute path to a Python interpreter such as /usr/bin/python3, got {training_python!r}")
-        requirements = default_requirements(
-            list(training_requirements) if training_requirements is not None else None,
-            framework=framework.value, python_given=training_python is not None, key="training_requirements",
-        )
+        if training_requirements is None and training_python is None:
+            requirements = {"scheduler": FRAMEWORK_CPU_REQUIREMENTS[framework.value],
+                            "server": FRAMEWORK_CPU_REQUIREMENTS[framework.value],
+                            "worker": FRAMEWORK_REQUIREMENTS[framework.value]}
+        else:
+            given = checked_requirements(
+                list(training_requirements) if training_requirements is not None else None,
+                framework=framework.value, python_given=True, key="training_requirements",
+            )
+            requirements = dict.fromkeys(("scheduler", "server", "worker"), given)
 
         stack = cdk.Stack.of(self)
         tag_value = stack_tag_value or stack.stack_name
@@ -317,7 +325,7 @@ class ParameterServerCluster(constructs.Construct):
                 cluster=cluster_section,
             )
             user_data[role] = self.bootstrap_asset.user_data(
-                self.node_configs[role], region=stack.region, training_python=python, training_requirements=requirements,
+                self.node_configs[role], region=stack.region, training_python=python, training_requirements=requirements[role],
                 stop_timeout_s=AGENT_STOP_TIMEOUT_S,
             )
 

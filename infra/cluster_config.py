@@ -27,6 +27,7 @@ from .cluster import (
 )
 from .config import (
     DEFAULT_TRAINING_PYTHON,
+    FRAMEWORK_CPU_REQUIREMENTS,
     FRAMEWORK_REQUIREMENTS,
     ContextKey,
     StackSettings,
@@ -61,8 +62,10 @@ CLUSTER_CONTEXT_KEYS: tuple[ContextKey, ...] = (
     ContextKey("cluster_training_command", None, "list", "trainer command; default per framework: "
                + "; ".join(f"{f.value}: {' '.join(c)}" for f, c in DEFAULT_TRAINING_COMMANDS.items())),
     ContextKey("cluster_training_python", None, "-", f"trainer's interpreter on every node; default: {DEFAULT_TRAINING_PYTHON} with `cluster_training_requirements` installed at boot"),
-    ContextKey("cluster_training_requirements", None, "list", "pip requirements installed at boot; default: the framework's ("
-               + "; ".join(f"{k}: {', '.join(v)}" for k, v in FRAMEWORK_REQUIREMENTS.items()) + ") when `cluster_training_python` is not set, else none; `[]`: none"),
+    ContextKey("cluster_training_requirements", None, "list", "pip requirements installed at boot on every node; default when "
+               "`cluster_training_python` is not set: the framework's GPU build on workers ("
+               + "; ".join(f"{k}: {', '.join(v)}" for k, v in FRAMEWORK_REQUIREMENTS.items()) + "), its CPU build on scheduler and servers ("
+               + "; ".join(f"{k}: {', '.join(v)}" for k, v in FRAMEWORK_CPU_REQUIREMENTS.items()) + "); else none; `[]`: none"),
 )
 _CLUSTER_KEY_NAMES = tuple(k.name for k in CLUSTER_CONTEXT_KEYS)
 
@@ -88,7 +91,8 @@ class ClusterSettings:
     ports: ClusterPorts = ClusterPorts()
     training_command: tuple[str, ...] = DEFAULT_TRAINING_COMMANDS[Framework.MXNET]
     training_python: str = DEFAULT_TRAINING_PYTHON
-    training_requirements: tuple[str, ...] = FRAMEWORK_REQUIREMENTS["mxnet"]
+    #: None: the framework's builds per role (GPU on workers, CPU on scheduler and servers).
+    training_requirements: tuple[str, ...] | None = None
 
     @classmethod
     def from_context(cls, get: Callable[[str], Any]) -> ClusterSettings:
@@ -176,10 +180,11 @@ class ClusterSettings:
             if not isinstance(python, str) or not re.fullmatch(r"(/[A-Za-z0-9._+-]+)+", python):
                 raise _bad("cluster_training_python", python, "an absolute path to a Python interpreter such as /usr/bin/python3")
             out["training_python"] = python
-        out["training_requirements"] = training_requirements(
-            v["cluster_training_requirements"], framework=framework, python_given=python is not None,
-            key="cluster_training_requirements",
-        )
+        if v["cluster_training_requirements"] is not None or python is not None:
+            out["training_requirements"] = training_requirements(
+                v["cluster_training_requirements"], framework=framework, python_given=True,
+                key="cluster_training_requirements",
+            )
         return cls(**out)
 
     def describe(self) -> dict[str, Any]:

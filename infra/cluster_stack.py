@@ -82,8 +82,8 @@ class DistributedTrainingStack(cdk.Stack):
             worker_instance_types=settings.worker_instance_types,
             ports=settings.ports,
             training_command=settings.training_command,
-            training_python=settings.training_python,
-            # Already resolved per framework by ClusterSettings (possibly empty).
+            # None for both: the defaults (Base AMI Python, framework builds per role).
+            training_python=None if settings.training_requirements is None else settings.training_python,
             training_requirements=settings.training_requirements,
             training_user=base.training_user,
             code=code,

@@ -28,6 +28,13 @@ FRAMEWORK_REQUIREMENTS: dict[str, tuple[str, ...]] = {
     "tensorflow": ("tensorflow[and-cuda]>=2.17,<2.18",),
     "mxnet": ("mxnet-cu112==1.9.1", "numpy<1.24"),
 }
+#: CPU builds of the same versions, for nodes without a GPU (the cluster's on-demand scheduler and
+#: parameter servers): no CUDA libraries to download at boot (``tensorflow[and-cuda]`` pulls
+#: several GiB of them).
+FRAMEWORK_CPU_REQUIREMENTS: dict[str, tuple[str, ...]] = {
+    "tensorflow": ("tensorflow-cpu>=2.17,<2.18",),
+    "mxnet": ("mxnet==1.9.1", "numpy<1.24"),
+}
 #: Kept for callers of the first version: frameworks and their default interpreter.
 FRAMEWORK_PYTHON = {name: DEFAULT_TRAINING_PYTHON for name in FRAMEWORK_REQUIREMENTS}
 #: Default training command; ``{python}`` is replaced by ``training_python`` on the node.

@@ -319,8 +319,11 @@ def test_tensorflow_cluster_runs_the_pss_chief_with_its_own_python(cluster_tf_sy
 def test_user_data_installs_the_framework_and_bounds_the_agents_stop(cluster_synth: Synth) -> None:
     for role, lt in _launch_templates(cluster_synth).items():
         text = _user_data(lt)
-        assert "/usr/bin/python3 -m pip install --quiet 'mxnet-cu112==1.9.1' 'numpy<1.24'" in text, role
-        assert text.index("mxnet-cu112") < text.index("systemctl enable --now spot-training-agent.service")
+        # GPU build on the spot workers, CPU build on the on-demand m5 scheduler and servers.
+        build = "mxnet-cu112==1.9.1" if role == "worker" else "mxnet==1.9.1"
+        assert f"/usr/bin/python3 -m pip install --quiet '{build}' 'numpy<1.24'" in text, role
+        assert ("mxnet-cu112" in text) == (role == "worker"), role
+        assert text.index(f"'{build}'") < text.index("systemctl enable --now spot-training-agent.service")
         # A stopped worker first leaves (checkpoint + teardown, each up to cluster.stop_timeout_s = 120 s).
         assert "TimeoutStopSec=300" in text
         assert len(text.encode()) < 16 * 1024
@@ -423,11 +426,11 @@ def test_cluster_defaults() -> None:
     assert (s.scheduler_instance_type, s.server_instance_type) == ("m5.large", "m5.xlarge")
     assert s.ports == ClusterPorts(9000, 9001, 9002)
     assert s.training_command == ("{python}", "-m", "training.distributed.mxnet_dist")
-    assert s.training_requirements == ("mxnet-cu112==1.9.1", "numpy<1.24")
+    assert s.training_requirements is None  # the framework's builds per role
     tf = cluster_settings(cluster_framework="tensorflow")
     assert tf.training_command == ("{python}", "-m", "training.distributed.tf_pss")
-    assert tf.training_requirements == ("tensorflow[and-cuda]>=2.17,<2.18",)
     assert cluster_settings(cluster_training_python="/opt/x/bin/python").training_requirements == ()
+    assert cluster_settings(cluster_training_requirements='["mxnet==1.9.1"]').training_requirements == ("mxnet==1.9.1",)
     assert cluster_settings(cluster_training_requirements="[]").training_requirements == ()
 
 
