@@ -205,7 +205,8 @@ class ParameterServerCluster(constructs.Construct):
         Raises:
             ValueError: a count out of range or out of order (names the props and values), a
                 malformed instance type, a bad port, a ``framework`` that is not a :class:`Framework`,
-                an empty ``training_command``, or a relative ``training_python``.
+                an empty ``training_command``, a relative ``training_python``, a malformed pip
+                requirement, or a root volume size outside 8..16384 GiB.
         """
         super().__init__(scope, construct_id)
         if not isinstance(framework, Framework):
@@ -220,6 +221,8 @@ class ParameterServerCluster(constructs.Construct):
                 "worker counts must satisfy min_workers <= desired_workers <= max_workers, got "
                 f"min_workers={min_workers}, desired_workers={desired_workers}, max_workers={max_workers}"
             )
+        if isinstance(root_volume_size_gib, bool) or not isinstance(root_volume_size_gib, int) or not 8 <= root_volume_size_gib <= 16384:
+            raise ValueError(f"root_volume_size_gib must be an integer from 8 to 16384 (GiB), got {root_volume_size_gib!r}")
         validate_instance_type(scheduler_instance_type, prop="scheduler_instance_type")
         validate_instance_type(server_instance_type, prop="server_instance_type")
         self.ports = (ports if ports is not None else ClusterPorts())
@@ -369,8 +372,6 @@ class ParameterServerCluster(constructs.Construct):
         subnets: ec2.SubnetSelection,
         root_volume_size_gib: int,
     ) -> tuple[ec2.LaunchTemplate, autoscaling.AutoScalingGroup]:
-        if isinstance(root_volume_size_gib, bool) or not isinstance(root_volume_size_gib, int) or not 8 <= root_volume_size_gib <= 16384:
-            raise ValueError(f"root_volume_size_gib must be an integer from 8 to 16384 (GiB), got {root_volume_size_gib!r}")
         template = ec2.LaunchTemplate(
             self,
             f"{role}LaunchTemplate",
