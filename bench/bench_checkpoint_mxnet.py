@@ -239,7 +239,7 @@ def main() -> int:
         store = CheckpointStore(scratch / "writes", framework="mxnet")
         for i in range(3):
             started = time.perf_counter()
-            store.save(state.write, step=i + 1, epoch=0)
+            store.save(state.write, step=i + 1, epoch=0, metadata=checkpointers["sync"].manifest_metadata())
             write_times.append(time.perf_counter() - started)
         latest = store.latest()
         size_mb = dir_bytes(latest.path) / 1e6
