@@ -48,7 +48,10 @@ synth: setup
 	$(CDK) synth $(CDK_FLAGS) --quiet
 	@ls -l cdk.out/*.template.json
 
-demo: setup synth
+# The main job: deploy SpotTraining with the real CDK CLI to a local moto server, train through
+# 3 spot interruptions (one moves the volume to another AZ), destroy, report (out/demo/).
+demo: setup
+	$(BIN)/spot-train local drill --work-dir out/demo
 
 bench-synth: setup
 	$(BIN)/python bench/bench_synth.py
