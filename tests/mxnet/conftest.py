@@ -7,6 +7,7 @@ of batch 32 on the 8x8 digits, about 3 s each), with ``OMP_NUM_THREADS=1`` as th
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -24,9 +25,14 @@ def digits_dir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture
-def job(tmp_path, digits_dir) -> Job:
+def job(tmp_path, digits_dir) -> Iterator[Job]:
+    """A fresh job; any trainer it started that is still running at teardown is killed."""
     (tmp_path / "job").mkdir()
-    return Job(root=tmp_path / "job", data_dir=digits_dir)
+    job = Job(root=tmp_path / "job", data_dir=digits_dir)
+    try:
+        yield job
+    finally:
+        job.kill_leftovers()
 
 
 @pytest.fixture(scope="session")

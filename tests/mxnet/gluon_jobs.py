@@ -10,7 +10,7 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -29,6 +29,7 @@ class Job:
     root: Path
     data_dir: Path
     extra_args: tuple[str, ...] = ()
+    started: list = field(default_factory=list)
 
     @property
     def checkpoint_dir(self) -> Path:
@@ -64,9 +65,18 @@ class Job:
                 "--save-final-params", str(self.final_params), *self.extra_args]
 
     def start(self) -> subprocess.Popen:
-        stderr = open(self.root / f"stderr-{time.monotonic_ns()}.log", "wb")
-        return subprocess.Popen(self.command(), env=self.env(), cwd=REPO, stdout=subprocess.DEVNULL,
-                                stderr=stderr, start_new_session=True)
+        with open(self.root / f"stderr-{time.monotonic_ns()}.log", "wb") as stderr:
+            proc = subprocess.Popen(self.command(), env=self.env(), cwd=REPO, stdout=subprocess.DEVNULL,
+                                    stderr=stderr, start_new_session=True)
+        self.started.append(proc)
+        return proc
+
+    def kill_leftovers(self) -> None:
+        """SIGKILL every trainer this job started that is still running (test teardown), by its group id."""
+        for proc in self.started:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
 
     def run(self, timeout: float = 120) -> int:
         proc = self.start()

@@ -23,6 +23,8 @@ from training.store import (
     ShapeMismatchError,
 )
 
+pytestmark = pytest.mark.mxnet
+
 RNG = np.random.default_rng(0)
 X = mx.nd.array(RNG.random((8, 1, 8, 8), dtype=np.float32))
 Y = mx.nd.array(RNG.integers(0, 10, 8))

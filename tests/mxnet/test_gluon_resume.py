@@ -15,6 +15,8 @@ from gluon_jobs import SAVE_EVERY, TOTAL_STEPS, assert_bitwise_equal, load_param
 
 from training.store import CheckpointStore
 
+pytestmark = pytest.mark.mxnet
+
 ALL_STEPS = list(range(1, TOTAL_STEPS + 1))
 
 

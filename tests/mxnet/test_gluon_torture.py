@@ -21,6 +21,8 @@ from gluon_jobs import REPO
 
 from training.store import TMP_PREFIX, CheckpointStore
 
+pytestmark = pytest.mark.mxnet
+
 WORKER = Path(__file__).with_name("torture_worker.py")
 KILLS = 20
 
