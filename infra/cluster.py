@@ -165,6 +165,7 @@ class ParameterServerCluster(constructs.Construct):
         bootstrap_asset: BootstrapAsset | None = None,
         imds_endpoint: str | None = None,
         stack_tag_value: str | None = None,
+        file_system_removal_policy: cdk.RemovalPolicy = cdk.RemovalPolicy.RETAIN,
     ) -> None:
         """Define the cluster.
 
@@ -201,6 +202,9 @@ class ParameterServerCluster(constructs.Construct):
             bootstrap_asset: an existing :class:`BootstrapAsset`; default: a new one.
             imds_endpoint: the agents' instance metadata endpoint; default: none (169.254.169.254).
             stack_tag_value: the ``spot-training:stack`` tag value; default: the stack's name.
+            file_system_removal_policy: what ``cdk destroy`` does with the new file system (and its
+                checkpoints); default ``RETAIN`` (stateful resources keep their data unless asked).
+                Ignored when ``file_system`` is given (the owner of that one decides).
 
         Raises:
             ValueError: a count out of range or out of order (names the props and values), a
@@ -267,7 +271,9 @@ class ParameterServerCluster(constructs.Construct):
                 self.security_group, port, f"{framework.value} cluster traffic between members (scheduler, servers, workers)"
             )
 
-        self.file_system = file_system or SharedFileSystem(self, "SharedFileSystem", vpc=vpc, vpc_subnets=subnets)
+        self.file_system = file_system or SharedFileSystem(
+            self, "SharedFileSystem", vpc=vpc, vpc_subnets=subnets, removal_policy=file_system_removal_policy
+        )
         self.file_system.allow_from(self.connections)
         self.bootstrap_asset = bootstrap_asset or BootstrapAsset(self, "BootstrapAsset")
         self.node_role = TrainingNodeRole(

@@ -42,7 +42,7 @@ from .fleet import DEFAULT_INSTANCE_TYPES, validate_instance_type
 SHARED_KEYS: tuple[str, ...] = (
     "account", "region", "availability_zones", "vpc_id", "vpc_flow_logs", "allocation_strategy", "max_price",
     "root_volume_size_gib", "image_id", "ami_ssm_parameter", "training_user", "code_git_url", "code_git_ref",
-    "imds_endpoint",
+    "imds_endpoint", "retain_data",
 )
 
 #: The cluster stack's own keys, in the order docs/infra.md lists them.

@@ -23,7 +23,9 @@ class DistributedTrainingStack(cdk.Stack):
     parameter servers in fixed-size on-demand Auto Scaling groups; workers on a Spot Fleet; one
     security group open only between members on the framework ports. Everything carries
     ``spot-training:stack=<stack name>``. The cluster agents create no EBS volumes or snapshots, so
-    this stack has no data cleanup resource; the file system is RETAINed on ``cdk destroy``.
+    this stack has no data cleanup resource. ``cdk destroy`` deletes the file system (dataset,
+    checkpoints, cluster state) unless the shared ``retain_data`` setting is true (then RETAIN), as
+    the single-node stack does with its data volume.
 
     Outputs: ``FileSystemId``, ``AccessPointId``, ``WorkerFleetRequestId``, ``SchedulerGroupName``,
     ``ServerGroupName``, ``SecurityGroupId``, ``Logs``.
@@ -92,6 +94,7 @@ class DistributedTrainingStack(cdk.Stack):
             root_volume_size_gib=base.root_volume_size_gib,
             imds_endpoint=base.imds_endpoint,
             stack_tag_value=self.stack_name,
+            file_system_removal_policy=cdk.RemovalPolicy.RETAIN if base.retain_data else cdk.RemovalPolicy.DESTROY,
         )
         c = self.cluster
         cdk.CfnOutput(self, "FileSystemId", value=c.file_system.file_system_id, description="EFS: datasets/, checkpoints/, logs/, cluster/")

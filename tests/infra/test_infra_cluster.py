@@ -195,9 +195,10 @@ def test_no_ingress_from_anywhere_in_the_whole_template(cluster_synth: Synth) ->
 # ---- EFS -----------------------------------------------------------------------------------------
 
 
-def test_efs_is_encrypted_retained_with_an_access_point_and_mount_targets(cluster_synth: Synth) -> None:
+def test_efs_is_encrypted_deleted_by_default_with_an_access_point_and_mount_targets(cluster_synth: Synth) -> None:
     fs = cluster_synth.data["Resources"][PINNED_CLUSTER_FILE_SYSTEM_ID]
-    assert fs["DeletionPolicy"] == "Retain" and fs["UpdateReplacePolicy"] == "Retain"
+    # retain_data defaults to false: cdk destroy removes the file system, as the single-node stack's volume.
+    assert fs["DeletionPolicy"] == "Delete" and fs["UpdateReplacePolicy"] == "Delete"
     assert fs["Properties"]["Encrypted"] is True
     cluster_synth.template.resource_count_is("AWS::EFS::MountTarget", 2)
     # Nodes boot only after the mount targets exist.
@@ -206,6 +207,20 @@ def test_efs_is_encrypted_retained_with_an_access_point_and_mount_targets(cluste
         assert mount_targets <= set(group["DependsOn"])
     (fleet,) = cluster_synth.resources("AWS::EC2::SpotFleet").values()
     assert mount_targets <= set(fleet["DependsOn"])
+
+
+def test_retain_data_keeps_the_file_system_on_destroy(tmp_path: Any) -> None:
+    from infra_helpers import synth_cluster
+
+    synth = synth_cluster(tmp_path, ClusterSettings.from_mapping({"retain_data": "true"}))
+    fs = synth.data["Resources"][PINNED_CLUSTER_FILE_SYSTEM_ID]
+    assert fs["DeletionPolicy"] == "Retain" and fs["UpdateReplacePolicy"] == "Retain"
+    assert synth.nag_errors == []
+
+
+def test_the_construct_retains_its_file_system_unless_told(stack: cdk.Stack) -> None:
+    _cluster(stack)
+    assertions.Template.from_stack(stack).has_resource("AWS::EFS::FileSystem", {"DeletionPolicy": "Retain"})
 
 
 # ---- IAM -----------------------------------------------------------------------------------------
