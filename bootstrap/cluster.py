@@ -29,7 +29,8 @@ A generation goes ``running`` -> (``checkpoint`` ->) ``teardown`` -> the next on
 - ``teardown``: every agent SIGTERMs its process group and SIGKILLs it after ``kill_grace_s``; when
   every member's process is gone (or ``stop_timeout_s`` passed) the coordinator writes the next
   generation, whose trainers restore the newest checkpoint. Too few nodes: state ``waiting``.
-- ``COMPLETED`` in the checkpoint directory: state ``completed``; every agent stops and exits 0.
+- ``COMPLETED`` in the checkpoint directory: state ``completed``; every agent stops and exits 0; the
+  workers' agents cancel their spot fleet (:func:`finish_node`).
 
 Hand-rolled because no library does membership for ps-lite/TF clusters on a shared file system (etcd
 or ZooKeeper would be one more service to run on spot capacity); it needs only atomic renames on EFS.
@@ -56,7 +57,7 @@ from bootstrap.errors import ConfigError
 log = logging.getLogger("bootstrap.cluster")
 
 __all__ = ["ClusterSettings", "ClusterState", "Coordinator", "NodeAgent", "MemberTagMonitor", "Plan",
-           "make_plan", "settings_from_config", "leave_fleet", "RUNNING", "CHECKPOINT", "TEARDOWN", "WAITING", "COMPLETED"]
+           "make_plan", "settings_from_config", "leave_fleet", "finish_node", "RUNNING", "CHECKPOINT", "TEARDOWN", "WAITING", "COMPLETED"]
 
 RUNNING, CHECKPOINT, TEARDOWN, WAITING, COMPLETED = "running", "checkpoint", "teardown", "waiting", "completed"
 PLAN_STATES = (RUNNING, CHECKPOINT, TEARDOWN, WAITING, COMPLETED)
@@ -752,9 +753,37 @@ def run_node(config: Any, imds: Any, *, instance_id: str, local_mode: bool) -> s
             signal.signal(sig, handler)
     log.info("cluster node done", extra={"outcome": outcome, "role": config.node_role})
     # Local mode has an EC2 API only when a moto server is named (AWS_ENDPOINT_URL).
-    if outcome == "left" and agent.leave_reason == MEMBER_TAG_REMOVED and (
-            not local_mode or os.environ.get("AWS_ENDPOINT_URL")):
+    if not local_mode or os.environ.get("AWS_ENDPOINT_URL"):
         from bootstrap.cleanup import ec2_client
 
-        leave_fleet(ec2=ec2_client(config.region), instance_id=instance_id, stack_name=config.stack_name)
+        finish_node(outcome, role=config.node_role, leave_reason=agent.leave_reason,
+                    cancel_fleet_on_success=config.cleanup.cancel_fleet_on_success,
+                    ec2_factory=lambda: ec2_client(config.region), instance_id=instance_id, stack_name=config.stack_name)
     return outcome
+
+
+def finish_node(outcome: str, *, role: str, leave_reason: str | None, cancel_fleet_on_success: bool,
+                ec2_factory: Callable[[], Any], instance_id: str, stack_name: str) -> str | None:
+    """What a cluster node does with EC2 after :meth:`NodeAgent.run` returned ``outcome``.
+
+    - ``"completed"`` on a worker with ``cleanup.cancel_fleet_on_success`` (what the DistributedTraining
+      stack writes for workers): cancel the workers' spot fleet with its instances through
+      :func:`bootstrap.cleanup.cancel_own_fleet` (design.md step 4; only a fleet tagged with our stack;
+      idempotent, so every worker may try and the first one wins). Scheduler and servers run in
+      on-demand Auto Scaling groups, not a fleet: their agents have stopped their processes and exit 0,
+      the instances stay (idle, billed on demand) until ``cdk destroy``.
+    - ``"left"`` after the member tag was removed: :func:`leave_fleet`.
+    - anything else: nothing.
+
+    Args:
+        ec2_factory: returns a boto3 EC2 client (called only when EC2 is needed).
+    Returns the fleet request id acted on, or None. Raises botocore's ClientError, or
+    bootstrap.errors.TemporaryError when EC2 refuses the cancellation.
+    """
+    if outcome == "completed" and role == "worker" and cancel_fleet_on_success:
+        from bootstrap.cleanup import cancel_own_fleet
+
+        return cancel_own_fleet(ec2=ec2_factory(), instance_id=instance_id, stack_name=stack_name)
+    if outcome == "left" and leave_reason == MEMBER_TAG_REMOVED:
+        return leave_fleet(ec2=ec2_factory(), instance_id=instance_id, stack_name=stack_name)
+    return None

@@ -32,7 +32,7 @@ from .config import DEFAULT_TRAINING_PYTHON, FRAMEWORK_CPU_REQUIREMENTS, FRAMEWO
 from .config import training_requirements as checked_requirements
 from .filesystem import SharedFileSystem
 from .fleet import DEFAULT_INSTANCE_TYPES, AllocationStrategy, SpotTrainingFleet, validate_instance_type
-from .roles import TrainingNodeRole
+from .roles import TrainingNodeRole, node_policy_statements
 from .tags import CLUSTER_MEMBER_TAG_KEY, CLUSTER_MEMBER_TAG_VALUE, PURPOSE_DATA_VOLUME, PURPOSE_TAG_KEY, STACK_TAG_KEY
 from .userdata import node_config
 
@@ -295,6 +295,9 @@ class ParameterServerCluster(constructs.Construct):
             data_volume_access=False,
         )
         self.worker_role.allow_leaving_fleet()
+        # ... and may cancel the stack's worker fleet when training completed (design.md step 4).
+        self.worker_role.role.add_to_principal_policy(
+            next(s for s in node_policy_statements(tag_value) if s.sid == "CancelOwnSpotFleet"))
         for role in (self.node_role, self.worker_role):
             self.file_system.grant_read_write(role.role)
 
@@ -326,8 +329,9 @@ class ParameterServerCluster(constructs.Construct):
                 user=training_user,
                 code=code,
                 efs=efs_config,
-                # Completion ends every agent (plan state ``completed``); the cluster agents cancel nothing.
-                cancel_fleet_on_success=False,
+                # Completion ends every agent (plan state ``completed``); workers then cancel their spot
+                # fleet (bootstrap.cluster.finish_node). Scheduler and servers are in Auto Scaling groups.
+                cancel_fleet_on_success=role == "worker",
                 imds_endpoint=imds_endpoint,
                 node_role=role,
                 data_root=EFS_MOUNT_POINT,

@@ -279,6 +279,16 @@ def test_only_workers_may_leave_their_fleet_and_only_within_the_stack(cluster_sy
     assert not actions & {"ec2:ModifySpotFleetRequest", "ec2:TerminateInstances", "ec2:CancelSpotFleetRequests"}
 
 
+def test_only_workers_may_cancel_the_fleet_on_completion_and_only_the_stacks(cluster_synth: Synth) -> None:
+    """bootstrap.cluster.finish_node: a worker cancels its fleet when training completed."""
+    (cancel,) = [s for s in _statements(cluster_synth, "ClusterWorkerRole") if "ec2:CancelSpotFleetRequests" in _as_list(s["Action"])]
+    assert cancel["Condition"]["StringEquals"] == {f"aws:ResourceTag/{STACK_TAG_KEY}": "DistributedTraining"}
+    assert "spot-fleet-request/*" in json.dumps(cancel["Resource"])
+    configs = {role: extract_config(_user_data(lt)) for role, lt in _launch_templates(cluster_synth).items()}
+    assert {role: c["cleanup"]["cancel_fleet_on_success"] for role, c in configs.items()} == {
+        "scheduler": False, "server": False, "worker": True}
+
+
 # ---- node configs ----------------------------------------------------------------------------------
 
 
