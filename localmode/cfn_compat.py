@@ -45,6 +45,12 @@ bridge is for moto 5.2.5 and says what real CloudFormation does instead:
    carrying the fleet's id, as EC2 terminates all of a fleet's instances, and skips the empty call.
    (An EC2 API bridge rather than a CloudFormation one, but it exists only for local mode's
    acting-for-the-fleet, so it lives beside bridge 3, which uses it.)
+6. **``Fn::GetAtt`` of ``AWS::EFS::FileSystem``** (``Arn``, ``FileSystemId``): moto 5.2.5's model has
+   no ``get_cfn_attribute``, so the DistributedTraining stack (its IAM grants name the file system's
+   ARN) reached ``CREATE_COMPLETE`` and then every DescribeStackResources answered HTTP 500. And
+   ``AWS::EFS::AccessPoint`` had no physical id: ``Ref`` gave the Python object's repr, which the
+   node config then carried as its ``efs.access_point_id``; here ``Ref`` is the ``fsap-`` id and
+   ``Fn::GetAtt`` gives ``Arn`` and ``AccessPointId``, as CloudFormation does.
 
 Nothing here is needed on AWS, and the agents never import it.
 """
@@ -106,6 +112,7 @@ def apply(*, endpoint_url: str, work_dir: str | os.PathLike[str]) -> None:
         _patch_delete_order()
         _patch_spot_fleet_delete()
         _patch_ec2_deletes()
+        _patch_efs_attributes()
 
 
 # --- 1: custom resources ----------------------------------------------------------------------
@@ -499,3 +506,48 @@ def _patch_ec2_deletes() -> None:
         elif not getattr(existing, "_spot_training_compat", False):
             # moto gained its own delete: keep it (and this bridge can go).
             LOG.info("moto's %s has its own delete; not patched", cls.__name__)
+
+
+# --- 6: EFS attributes ------------------------------------------------------------------------
+def _efs_file_system_attribute(self: Any, attribute_name: str) -> str:
+    if attribute_name == "Arn":
+        return self.file_system_arn
+    if attribute_name == "FileSystemId":
+        return self.file_system_id
+    from moto.cloudformation.exceptions import UnformattedGetAttTemplateException
+
+    raise UnformattedGetAttTemplateException()
+
+
+def _efs_access_point_attribute(self: Any, attribute_name: str) -> str:
+    if attribute_name == "Arn":
+        return self.access_point_arn
+    if attribute_name == "AccessPointId":
+        return self.access_point_id
+    from moto.cloudformation.exceptions import UnformattedGetAttTemplateException
+
+    raise UnformattedGetAttTemplateException()
+
+
+def _patch_efs_attributes() -> None:
+    """moto's ``AWS::EFS::FileSystem`` has no ``Fn::GetAtt`` (``AttributeError: get_cfn_attribute``),
+    which the DistributedTraining stack's IAM grants use (``FileSystem.grant_read_write`` ->
+    ``Fn::GetAtt [FileSystem, Arn]``): the stack reached CREATE_COMPLETE but every
+    DescribeStackResources answered HTTP 500. CloudFormation gives ``Arn`` and ``FileSystemId``."""
+    from moto.efs.models import FileSystem
+
+    existing = getattr(FileSystem, "get_cfn_attribute", None)
+    if existing is None:
+        _efs_file_system_attribute._spot_training_compat = True  # type: ignore[attr-defined]
+        FileSystem.get_cfn_attribute = _efs_file_system_attribute  # type: ignore[attr-defined]
+        FileSystem.has_cfn_attr = classmethod(lambda cls, attr: attr in ("Arn", "FileSystemId"))  # type: ignore[attr-defined]
+    elif not getattr(existing, "_spot_training_compat", False):
+        LOG.info("moto's EFS FileSystem has its own get_cfn_attribute; not patched")
+    from moto.efs.models import AccessPoint
+
+    # AccessPoint had neither a physical id (Ref gave the object's repr, so the node config carried
+    # "<moto.efs.models.AccessPoint object at 0x...>") nor Fn::GetAtt.
+    if "physical_resource_id" not in vars(AccessPoint):
+        AccessPoint.physical_resource_id = property(lambda self: self.access_point_id)  # type: ignore[attr-defined]
+        AccessPoint.get_cfn_attribute = _efs_access_point_attribute  # type: ignore[attr-defined]
+        AccessPoint.has_cfn_attr = classmethod(lambda cls, attr: attr in ("Arn", "AccessPointId"))  # type: ignore[attr-defined]

@@ -217,3 +217,28 @@ def test_cancel_with_terminate_stops_replacements_launched_for_the_fleet(moto_se
     cloudformation.delete_stack(StackName="CfnCompatCancel")
     [stack] = [s for s in cloudformation.list_stacks()["StackSummaries"] if s["StackName"] == "CfnCompatCancel"]
     assert stack["StackStatus"] == "DELETE_COMPLETE"
+
+
+def test_efs_refs_and_attributes_resolve_and_the_file_system_is_deleted_with_the_stack(moto_server):
+    """Bridge 6: Ref of an access point is its fsap- id and Fn::GetAtt of a file system gives its ARN
+    (moto 5.2.5 gave the object's repr and HTTP 500); DeletionPolicy Delete removes them with the stack."""
+    cloudformation, efs = _client(moto_server, "cloudformation"), _client(moto_server, "efs")
+    template = {"Resources": {
+        "FileSystem": {"Type": "AWS::EFS::FileSystem", "DeletionPolicy": "Delete", "Properties": {"Encrypted": True}},
+        "AccessPoint": {"Type": "AWS::EFS::AccessPoint", "Properties": {"FileSystemId": {"Ref": "FileSystem"}}},
+        # Carries both values where describe_stack_resources and we can read them back.
+        "Marker": {"Type": "AWS::SSM::Parameter", "Properties": {
+            "Type": "String", "Name": "/cfn-compat/efs",
+            "Value": {"Fn::Join": [" ", [{"Ref": "AccessPoint"}, {"Fn::GetAtt": ["FileSystem", "Arn"]}]]}}},
+    }}
+    cloudformation.create_stack(StackName="CfnCompatEfs", TemplateBody=json.dumps(template))
+    resources = {r["LogicalResourceId"]: r.get("PhysicalResourceId")
+                 for r in cloudformation.describe_stack_resources(StackName="CfnCompatEfs")["StackResources"]}
+    fs_id, ap_id = resources["FileSystem"], resources["AccessPoint"]
+    assert fs_id.startswith("fs-") and ap_id.startswith("fsap-")
+    value = _client(moto_server, "ssm").get_parameter(Name="/cfn-compat/efs")["Parameter"]["Value"]
+    assert value == f"{ap_id} arn:aws:elasticfilesystem:{REGION}:123456789012:file-system/{fs_id}"
+
+    cloudformation.delete_stack(StackName="CfnCompatEfs")
+
+    assert [fs for fs in efs.describe_file_systems()["FileSystems"] if fs["FileSystemId"] == fs_id] == []
