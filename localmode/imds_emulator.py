@@ -108,7 +108,8 @@ class ImdsEmulator:
     @classmethod
     def from_moto(cls, ec2: Any, instance_id: str, **kwargs: Any) -> "ImdsEmulator":
         """Build an emulator whose identity is moto's instance ``instance_id`` (placement, private
-        IP, type, tags, image), read with the given boto3 EC2 client. Raises botocore's ClientError
+        IP, type, tags, image), read with the given boto3 EC2 client; ``kwargs`` override (e.g.
+        ``local_ipv4``: the node's address in its network namespace). Raises botocore's ClientError
         if moto has no such instance."""
         reservations = ec2.describe_instances(InstanceIds=[instance_id])["Reservations"]
         inst = reservations[0]["Instances"][0]
@@ -116,7 +117,7 @@ class ImdsEmulator:
         kwargs.setdefault("tags", tags)
         return cls(instance_id=instance_id, availability_zone=inst["Placement"]["AvailabilityZone"],
                    region=kwargs.pop("region", ec2.meta.region_name),
-                   local_ipv4=inst.get("PrivateIpAddress", "10.0.0.10"),
+                   local_ipv4=kwargs.pop("local_ipv4", None) or inst.get("PrivateIpAddress", "10.0.0.10"),
                    instance_type=inst.get("InstanceType", "p3.2xlarge"),
                    image_id=inst.get("ImageId", "ami-12c6146b"), **kwargs)
 

@@ -103,6 +103,64 @@ def local_node_config(deployed: dict[str, Any], *, node_dir: Path, code_dir: Pat
     return config
 
 
+def bootstrap_asset_zip(aws: Clients, launch_template_id: str) -> bytes:
+    """The bootstrap asset zip that launch template ``launch_template_id``'s user data downloads
+    (``aws s3 cp s3://...zip``), read from the moto server's S3.
+
+    Raises:
+        NodeError: the user data names no ``s3://...zip``.
+    """
+    text = _user_data(aws, launch_template_id)
+    urls = [m for m in _S3_URL.finditer(text) if m.group(2).endswith(".zip")]
+    if not urls:
+        raise NodeError(f"no s3://...zip download in launch template {launch_template_id}'s user data")
+    return aws.s3.get_object(Bucket=urls[0].group(1), Key=urls[0].group(2))["Body"].read()
+
+
+def unpack_asset(asset_zip: bytes, code_dir: Path) -> Path:
+    """Unpack the bootstrap asset into ``code_dir`` (emptied first), as user data does; returns it."""
+    if code_dir.exists():
+        shutil.rmtree(code_dir)
+    code_dir.mkdir(parents=True)
+    with zipfile.ZipFile(io.BytesIO(asset_zip)) as archive:
+        archive.extractall(code_dir)
+    return code_dir
+
+
+def start_agent(config: dict[str, Any], *, node_dir: Path, code_dir: Path, python: str, endpoint_url: str,
+                volumes_dir: Path, extra_env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    """Write ``config`` to ``<node_dir>/config.json`` and start ``python -m bootstrap run`` in ``code_dir``
+    as the systemd unit would, in a session of its own (stop it by PID), output to ``<node_dir>/agent.log``.
+
+    The environment is docs/contracts.md's "Environment local mode gives the agent": fake credentials,
+    ``AWS_ENDPOINT_URL`` = ``endpoint_url``, ``SPOT_TRAINING_BLOCKDEV_DIR`` = ``volumes_dir``, a ``HOME``
+    inside ``node_dir``; nothing of this process's ``AWS_*``/``SPOT_TRAINING_*``/``PYTHONPATH``;
+    ``extra_env`` last (e.g. ``SPOT_TRAINING_NETNS``).
+    """
+    config_path = node_dir / "config.json"
+    node_dir.mkdir(parents=True, exist_ok=True)
+    config_path.write_text(json.dumps(config, indent=2))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "SPOT_TRAINING_"))}
+    env.update({
+        "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_SESSION_TOKEN": "testing",
+        "AWS_REGION": config["region"], "AWS_DEFAULT_REGION": config["region"],
+        "AWS_ENDPOINT_URL": endpoint_url,
+        "SPOT_TRAINING_BLOCKDEV_DIR": str(volumes_dir),
+        "PYTHONUNBUFFERED": "1", "PYTHONDONTWRITEBYTECODE": "1", "TF_CPP_MIN_LOG_LEVEL": "2",
+        # An instance has a home of its own: Keras' ~/.keras and other dot files stay in the node's directory.
+        "HOME": str(node_dir / "home"),
+    })
+    (node_dir / "home").mkdir(exist_ok=True)
+    env.pop("PYTHONPATH", None)
+    env.update(extra_env or {})
+    with open(node_dir / "agent.log", "ab") as log:
+        return subprocess.Popen(
+            [python, "-m", "bootstrap", "run", "--config", str(config_path)],
+            cwd=code_dir, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+
+
 @dataclasses.dataclass
 class LocalNode:
     """One fleet instance running as local processes.
@@ -242,12 +300,7 @@ class NodeRunner:
     def _asset(self) -> bytes:
         """The bootstrap asset zip the user data downloads (``aws s3 cp s3://...``), from moto's S3."""
         if self._asset_zip is None:
-            text = _user_data(self.aws, self.stack.launch_template_id)
-            urls = [m for m in _S3_URL.finditer(text) if m.group(2).endswith(".zip")]
-            if not urls:
-                raise NodeError(f"no s3://...zip download in launch template {self.stack.launch_template_id}'s user data")
-            bucket, key = urls[0].group(1), urls[0].group(2)
-            self._asset_zip = self.aws.s3.get_object(Bucket=bucket, Key=key)["Body"].read()
+            self._asset_zip = bootstrap_asset_zip(self.aws, self.stack.launch_template_id)
         return self._asset_zip
 
     # ---- nodes ---------------------------------------------------------------------------------
@@ -275,35 +328,12 @@ class NodeRunner:
             NodeError: the instance is unknown or the launch template lacks the config.
         """
         node_dir = self.work_dir / "nodes" / instance_id
-        code_dir = node_dir / "code"
-        if code_dir.exists():
-            shutil.rmtree(code_dir)
-        code_dir.mkdir(parents=True)
-        with zipfile.ZipFile(io.BytesIO(self._asset())) as archive:
-            archive.extractall(code_dir)
+        code_dir = unpack_asset(self._asset(), node_dir / "code")
         imds = ImdsEmulator.from_moto(self.aws.ec2, instance_id).start()
         config = local_node_config(self.deployed_config(), node_dir=node_dir, code_dir=code_dir,
                                    imds_endpoint=imds.endpoint, python=self.python)
-        config_path = node_dir / "config.json"
-        config_path.write_text(json.dumps(config, indent=2))
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "SPOT_TRAINING_"))}
-        env.update({
-            "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_SESSION_TOKEN": "testing",
-            "AWS_REGION": config["region"], "AWS_DEFAULT_REGION": config["region"],
-            "AWS_ENDPOINT_URL": self.endpoint_url,
-            "SPOT_TRAINING_BLOCKDEV_DIR": str(self.volumes_dir),
-            "PYTHONUNBUFFERED": "1", "PYTHONDONTWRITEBYTECODE": "1", "TF_CPP_MIN_LOG_LEVEL": "2",
-            # An instance has a home of its own: Keras' ~/.keras and other dot files stay in the node's directory.
-            "HOME": str(node_dir / "home"),
-        })
-        (node_dir / "home").mkdir(exist_ok=True)
-        env.pop("PYTHONPATH", None)
-        with open(node_dir / "agent.log", "ab") as log:
-            process = subprocess.Popen(
-                [self.python, "-m", "bootstrap", "run", "--config", str(config_path)],
-                cwd=code_dir, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                start_new_session=True,
-            )
+        process = start_agent(config, node_dir=node_dir, code_dir=code_dir, python=self.python,
+                              endpoint_url=self.endpoint_url, volumes_dir=self.volumes_dir)
         node = LocalNode(instance_id=instance_id, availability_zone=imds.availability_zone, node_dir=node_dir,
                          config=config, imds=imds, process=process, launched_at=time.time())
         self.nodes[instance_id] = node
