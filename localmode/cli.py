@@ -27,6 +27,7 @@ from typing import Any, TextIO
 
 DEFAULT_DRILL_DIR = Path("out/demo")
 DEFAULT_UP_DIR = Path("out/local")
+DEFAULT_CLUSTER_DRILL_DIR = Path("out/cluster-drill")
 STATE_FILE = "state.json"
 
 
@@ -94,6 +95,18 @@ class ProgressDisplay:
         kind = event["event"]
         if kind == "phase":
             return f"== {event['phase']}: {event.get('message', '')}"
+        if kind == "deployed" and "groups" in event:  # the cluster drill
+            return (f"deployed: worker fleet {event['fleet_request_id']}, groups {', '.join(event['groups'].values())}, "
+                    f"EFS {event['file_system_id']}")
+        if kind == "node-started" and "role" in event:
+            return (f"{event['role']} node {event['instance_id']} ({event['availability_zone']}, {event['address']}) "
+                    f"booted: agent pid {event['pid']}")
+        if kind == "capacity-raised":
+            return f">> fleet target capacity raised to {event['target_capacity']} at step {event['step']}"
+        if kind == "joined":
+            return f"   generation {event['generation']} trains with {event['workers']} workers, {event['join_s']:.1f} s after the raise"
+        if kind == "notice-posted" and "index" not in event:
+            return f"!! spot interruption: notice to worker {event['instance_id']} at step {event['step']}"
         if kind == "deployed":
             return (f"deployed: fleet {event['fleet_request_id']}, data volume {event['data_volume_id']}, "
                     f"AZs {', '.join(event['availability_zones'])}")
@@ -161,9 +174,44 @@ def format_report(report: dict[str, Any]) -> str:
 
 
 # ---- commands ------------------------------------------------------------------------------------
+def cmd_cluster_drill(args: argparse.Namespace) -> int:
+    """``spot-train local drill --cluster``: the DistributedTraining drill (localmode.cluster_drill)."""
+    from localmode.cluster_drill import ClusterDrillOptions, format_cluster_report, run_cluster_drill
+
+    options = ClusterDrillOptions(
+        work_dir=args.work_dir if args.work_dir is not None else DEFAULT_CLUSTER_DRILL_DIR,
+        stack=args.stack if args.stack is not None else "DistributedTraining",
+        steps=args.steps, workers=args.workers, seed=args.seed,
+        timeout_s=args.timeout if args.timeout is not None else ClusterDrillOptions.timeout_s)
+    try:
+        options.validate()
+    except ValueError as error:
+        print(f"spot-train: error: {error}", file=sys.stderr)
+        return 2
+    display = ProgressDisplay()
+
+    def stop(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, stop)
+    try:
+        report = run_cluster_drill(options, on_event=display)
+    except KeyboardInterrupt:
+        print("\nspot-train: interrupted; the stack was destroyed and every process stopped", file=sys.stderr)
+        return 130
+    sys.stdout.write(format_cluster_report(report))
+    print(f"report: {Path(report['work_dir']) / 'report.json'}")
+    return 0 if report["passed"] else 1
+
+
 def cmd_drill(args: argparse.Namespace) -> int:
+    if args.cluster:
+        return cmd_cluster_drill(args)
     from localmode.drill import DrillOptions, run_drill
 
+    args.work_dir = args.work_dir if args.work_dir is not None else DEFAULT_DRILL_DIR
+    args.stack = args.stack if args.stack is not None else "SpotTraining"
+    args.timeout = args.timeout if args.timeout is not None else 900.0
     options = DrillOptions(work_dir=args.work_dir, interruptions=args.interruptions, az_moves=args.az_moves,
                            random_az=args.random_az, epochs=args.epochs, seed=args.seed,
                            baseline=not args.no_baseline, timeout_s=args.timeout, stack=args.stack)
@@ -325,15 +373,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     local_sub = local.add_subparsers(dest="local_command", required=True, metavar="ACTION")
 
     drill = local_sub.add_parser("drill", help="deploy, train through interruptions and an AZ move, destroy, report")
-    drill.add_argument("--work-dir", type=Path, default=DEFAULT_DRILL_DIR, help="output and state (default out/demo; emptied first)")
-    drill.add_argument("--stack", default="SpotTraining", help="stack name (default SpotTraining)")
+    drill.add_argument("--cluster", action="store_true",
+                       help="the DistributedTraining drill: MXNet parameter-server cluster, 2 workers, a third joins, one is interrupted")
+    drill.add_argument("--work-dir", type=Path, default=None,
+                       help="output and state (default out/demo, with --cluster out/cluster-drill; emptied first)")
+    drill.add_argument("--stack", default=None, help="stack name (default SpotTraining, with --cluster DistributedTraining)")
     drill.add_argument("--interruptions", type=int, default=3, help="spot interruptions to inject (default 3)")
     drill.add_argument("--az-moves", type=int, default=1, help="interruptions whose replacement lands in another AZ (default 1)")
     drill.add_argument("--random-az", action="store_true", help="pick each replacement's AZ at random (seeded)")
     drill.add_argument("--epochs", type=int, default=30, help="training epochs over the digits (default 30 = 1,320 steps)")
     drill.add_argument("--seed", type=int, default=0, help="trainer and AZ seed (default 0)")
     drill.add_argument("--no-baseline", action="store_true", help="skip the uninterrupted baseline comparison")
-    drill.add_argument("--timeout", type=float, default=900.0, help="seconds the training phase may take (default 900)")
+    drill.add_argument("--timeout", type=float, default=None, help="seconds the training phase may take (default 900, with --cluster 480)")
+    drill.add_argument("--steps", type=int, default=800, help="--cluster: total optimizer steps (default 800)")
+    drill.add_argument("--workers", type=int, default=2, help="--cluster: workers at the start; one more joins (default 2)")
     drill.set_defaults(handler=cmd_drill)
 
     for name, handler, text in (("up", cmd_up, "start the moto server, cdk bootstrap and cdk deploy; leave it up"),

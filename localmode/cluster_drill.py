@@ -1,0 +1,644 @@
+"""The cluster drill: the DistributedTraining stack's story on one machine, measured, with a report.
+
+moto server up -> ``cdk bootstrap`` -> ``cdk deploy DistributedTraining`` (the real CLI; MXNet
+``dist_sync``, one scheduler, ``num_servers`` parameter servers, 2 spot workers) -> the digits written
+onto "EFS" (a directory under the work dir that every node shares) -> each instance of the scheduler
+and server Auto Scaling groups and of the worker Spot Fleet becomes a local node (the same agent,
+``python -m bootstrap run``, with the config its launch template carries, its own IMDS emulator and
+its own network namespace) -> the 2 workers train -> the user raises the fleet's target capacity to 3
+(``ModifySpotFleetRequest``, as a user would) and the runner acts for the fleet: a third worker joins
+-> one worker gets a spot interruption notice, leaves through a checkpoint, its instance is terminated
+and the fleet's replacement joins -> training completes at exactly the total step -> a worker's agent
+cancels the fleet -> ``cdk destroy`` -> boto3 checks that nothing of the stack is left.
+
+:func:`run_cluster_drill` returns the report (and writes ``report.json`` into ``work_dir``). Fields
+(times in seconds): ``completed``, ``steps_total`` (the trainer's last step, from ``COMPLETED``),
+``steps_executed`` (step rows rank 0 logged over every generation: each step of a ``dist_sync``
+cluster runs once on every worker, and rank 0 logs it), ``distinct_steps``, ``lost_steps`` (executed
+minus total: steps done twice), ``generations``, ``joins``/``leaves`` (workers added to / dropped from
+one running generation to the next, from the coordinator's ``events.jsonl``), ``max_workers_seen``,
+``join_s`` (capacity raised -> the 3-worker generation's first step), ``leave_s`` (notice ->
+training goes on without the worker), ``test_accuracy`` (held-out digits, from the trainer's
+``result.json``), ``fleet_cancelled_on_completion``, ``orphans_after_destroy`` (a list), ``wall_s``,
+``phases_s``, ``error`` and ``passed``.
+
+moto's Spot Fleet does not maintain capacity, so :class:`ClusterNodeRunner` launches what the fleet
+would (a third instance when the target goes up; a replacement after an interruption) through
+:meth:`localmode.nodes.NodeRunner.launch_for_fleet`. Everything started is stopped by PID; the
+namespaces are removed; nothing is written outside ``work_dir``.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import re
+import shutil
+import signal
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from localmode.deploy import ACCOUNT, AVAILABILITY_ZONES, LOCAL_IMAGE_ID, REGION, CdkCli, Clients, DeployedStack, \
+    clients, find_orphans
+from localmode.imds_emulator import ImdsEmulator
+from localmode.moto_server import MotoServer
+from localmode.netns import Network
+from localmode.nodes import LocalNode, NodeError, NodeRunner, _rewrite, _signal_group, _user_data, \
+    bootstrap_asset_zip, start_agent, unpack_asset
+
+#: The cluster stack's EFS mount point (infra.cluster.EFS_MOUNT_POINT); local nodes share ``<work>/efs``.
+EFS_MOUNT_POINT = "/mnt/efs"
+TRAINER_MODULE = "training.distributed.mxnet_dist"
+STACK_TAG_KEY = "spot-training:stack"
+
+
+@dataclasses.dataclass
+class ClusterDrillOptions:
+    """What the cluster drill does.
+
+    Attributes:
+        work_dir: everything goes here (default ``out/cluster-drill``); emptied first.
+        stack: stack name (default ``DistributedTraining``).
+        steps: total optimizer steps of the MXNet trainer (default 800).
+        workers: workers at the start (the fleet's target capacity; default 2); one more joins.
+        num_servers: parameter-server nodes (default 1: fewer processes on a small machine).
+        join_after_steps: raise the fleet's target once training reached this step (default 60).
+        interrupt_after_steps: steps the grown generation runs before the notice (default 40).
+        save_every_steps: checkpoint cadence (default 20).
+        min_step_seconds: the trainer's floor per step (default 0.05 s), so that membership changes
+            happen well before the last step on any machine.
+        seed: trainer seed (default 0).
+        timeout_s: the longest the training phase may take (default 480 s).
+    """
+
+    work_dir: Path = Path("out/cluster-drill")
+    stack: str = "DistributedTraining"
+    steps: int = 800
+    workers: int = 2
+    num_servers: int = 1
+    join_after_steps: int = 60
+    interrupt_after_steps: int = 40
+    save_every_steps: int = 20
+    min_step_seconds: float = 0.05
+    seed: int = 0
+    timeout_s: float = 480.0
+
+    def validate(self) -> None:
+        """Raise ``ValueError`` naming the bad option, its value and what is allowed."""
+        for name in ("steps", "workers", "num_servers", "join_after_steps", "interrupt_after_steps", "save_every_steps"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        if self.workers > 7:
+            raise ValueError(f"workers must be at most 7 (one more joins; the stack allows 8), got {self.workers}")
+        if self.join_after_steps >= self.steps:
+            raise ValueError(f"join_after_steps must be below steps={self.steps}, got {self.join_after_steps}")
+        if self.min_step_seconds < 0 or self.timeout_s <= 0:
+            raise ValueError(f"min_step_seconds must be >= 0 and timeout_s > 0, got {self.min_step_seconds!r}, {self.timeout_s!r}")
+        if not re.fullmatch(r"[A-Za-z][A-Za-z0-9-]{0,127}", self.stack):
+            raise ValueError(f"stack must be a CloudFormation stack name (letters, digits, -), got {self.stack!r}")
+
+    def trainer_command(self) -> list[str]:
+        """The trainer argv the stack is deployed with (``{python}`` is the node's interpreter)."""
+        return ["{python}", "-m", TRAINER_MODULE, "--steps", str(self.steps), "--batch-size", "64",
+                "--save-every-steps", str(self.save_every_steps), "--min-step-seconds", str(self.min_step_seconds),
+                "--seed", str(self.seed)]
+
+    def context(self) -> dict[str, str]:
+        """CDK context (``-c key=value``) that deploys the cluster stack to the moto server."""
+        return {
+            "account": ACCOUNT, "region": REGION, "availability_zones": ",".join(AVAILABILITY_ZONES),
+            "image_id": LOCAL_IMAGE_ID, "cluster_stack_name": self.stack, "cluster_framework": "mxnet",
+            "cluster_num_servers": str(self.num_servers), "cluster_workers": str(self.workers),
+            "cluster_max_workers": str(max(8, self.workers + 1)),
+            # This interpreter runs every node's framework process; nothing is pip-installed.
+            "cluster_training_python": sys.executable, "cluster_training_requirements": "[]",
+            "cluster_training_command": json.dumps(self.trainer_command()),
+        }
+
+
+class DrillError(RuntimeError):
+    """The drill could not run to its end (the message says where; the report is still written)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class DeployedCluster:
+    """What the drill needs from the deployed cluster stack, read with boto3.
+
+    Attributes:
+        stack: the worker fleet as a :class:`DeployedStack` (fleet, the workers' launch template, subnets).
+        groups: ``{role: auto scaling group name}`` for ``scheduler`` and ``server``.
+        launch_templates: ``{role: launch template id}``.
+        file_system_id: the EFS.
+    """
+
+    stack: DeployedStack
+    groups: dict[str, str]
+    launch_templates: dict[str, str]
+    file_system_id: str
+
+
+def _autoscaling(endpoint_url: str) -> Any:
+    import boto3
+    from botocore.config import Config
+
+    return boto3.client("autoscaling", region_name=REGION, endpoint_url=endpoint_url, aws_access_key_id="testing",
+                        aws_secret_access_key="testing", aws_session_token="testing",
+                        config=Config(retries={"mode": "standard"}))
+
+
+def _efs(endpoint_url: str) -> Any:
+    import boto3
+    from botocore.config import Config
+
+    return boto3.client("efs", region_name=REGION, endpoint_url=endpoint_url, aws_access_key_id="testing",
+                        aws_secret_access_key="testing", aws_session_token="testing",
+                        config=Config(retries={"mode": "standard"}))
+
+
+def cluster_resources(aws: Clients, autoscaling: Any, stack: str) -> DeployedCluster:
+    """Read the deployed cluster ``stack`` with boto3.
+
+    Raises:
+        DrillError: the stack is not ``CREATE_COMPLETE`` or lacks a fleet, a role's launch template,
+            a scheduler/server group or the file system.
+    """
+    from infra.userdata import extract_config
+
+    status = aws.cloudformation.describe_stacks(StackName=stack)["Stacks"][0]["StackStatus"]
+    if status not in ("CREATE_COMPLETE", "UPDATE_COMPLETE"):
+        raise DrillError(f"stack {stack} is {status}, expected CREATE_COMPLETE")
+    resources = {r["LogicalResourceId"]: (r["ResourceType"], r.get("PhysicalResourceId"))
+                 for r in aws.cloudformation.describe_stack_resources(StackName=stack)["StackResources"]}
+
+    def of(kind: str) -> list[str]:
+        return [physical for k, physical in resources.values() if k == kind]
+
+    templates: dict[str, str] = {}
+    for template_id in of("AWS::EC2::LaunchTemplate"):
+        role = extract_config(_user_data(aws, template_id))["node_role"]
+        templates[role] = template_id
+    groups: dict[str, str] = {}
+    names = of("AWS::AutoScaling::AutoScalingGroup")
+    described = autoscaling.describe_auto_scaling_groups(AutoScalingGroupNames=names)["AutoScalingGroups"] if names else []
+    by_template = {template_id: role for role, template_id in templates.items()}
+    for group in described:
+        template_id = (group.get("LaunchTemplate") or {}).get("LaunchTemplateId")
+        if template_id in by_template:
+            groups[by_template[template_id]] = group["AutoScalingGroupName"]
+    fleets, file_systems, vpcs = of("AWS::EC2::SpotFleet"), of("AWS::EFS::FileSystem"), of("AWS::EC2::VPC")
+    missing = [what for what, ok in (("the worker Spot Fleet", len(fleets) == 1), ("the file system", len(file_systems) == 1),
+                                     ("the VPC", len(vpcs) == 1), ("the scheduler group", "scheduler" in groups),
+                                     ("the server group", "server" in groups), ("the worker launch template", "worker" in templates))
+               if not ok]
+    if missing:
+        raise DrillError(f"stack {stack} lacks {', '.join(missing)}; resources: {sorted(resources)}")
+    subnets = {s["AvailabilityZone"]: s["SubnetId"]
+               for s in aws.ec2.describe_subnets(Filters=[{"Name": "vpc-id", "Values": vpcs}])["Subnets"]}
+    fleet = DeployedStack(name=stack, fleet_request_id=fleets[0], launch_template_id=templates["worker"],
+                          data_volume_id="", subnets=dict(sorted(subnets.items())), resources=resources)
+    return DeployedCluster(stack=fleet, groups=groups, launch_templates=templates, file_system_id=file_systems[0])
+
+
+def local_cluster_config(deployed: dict[str, Any], *, efs_dir: Path, code_dir: Path, imds_endpoint: str,
+                         python: str = sys.executable, port_offset: int = 0) -> dict[str, Any]:
+    """A cluster node's deployed config with local paths: ``/mnt/efs`` (every path under it) becomes the
+    shared ``efs_dir``; ``training.python``, ``training.code`` and ``imds_endpoint`` as in
+    :func:`localmode.nodes.local_node_config`; the cluster ports move by ``port_offset`` (loopback
+    fallback only: in network namespaces every node has its own address). ``deployed`` is not changed.
+
+    Raises:
+        NodeError: the config has no ``cluster`` or ``training`` section.
+    """
+    if not isinstance(deployed.get("cluster"), dict) or not isinstance(deployed.get("training"), dict):
+        raise NodeError("the launch template's config lacks a cluster or training section; expected a DistributedTraining node config")
+    config = _rewrite(json.loads(json.dumps(deployed)), EFS_MOUNT_POINT, str(efs_dir))
+    config["training"]["python"] = python
+    config["training"]["code"] = {"type": "asset", "path": str(code_dir)}
+    config["imds_endpoint"] = imds_endpoint
+    for key in ("scheduler_port", "server_port", "worker_port"):
+        if key in config["cluster"]:
+            config["cluster"][key] += port_offset
+    return config
+
+
+class ClusterNodeRunner(NodeRunner):
+    """:class:`NodeRunner` for the cluster stack: a node's role comes from its instance's launch
+    template; every node shares ``efs_dir`` and gets an address of its own from ``network``."""
+
+    def __init__(self, *, cluster: DeployedCluster, network: Network, efs_dir: Path, **kwargs: Any) -> None:
+        super().__init__(stack=cluster.stack, **kwargs)
+        self.cluster = cluster
+        self.network = network
+        self.efs_dir = efs_dir
+        self.roles: dict[str, str] = {}
+        self._configs: dict[str, dict[str, Any]] = {}
+
+    def role_config(self, role: str) -> dict[str, Any]:
+        """The node config of ``role``'s launch template (cached)."""
+        if role not in self._configs:
+            from infra.userdata import extract_config
+
+            self._configs[role] = extract_config(_user_data(self.aws, self.cluster.launch_templates[role]))
+        return json.loads(json.dumps(self._configs[role]))
+
+    def group_instances(self, autoscaling: Any) -> dict[str, str]:
+        """``{instance id: role}`` of the scheduler and server groups' in-service instances."""
+        found: dict[str, str] = {}
+        groups = autoscaling.describe_auto_scaling_groups(AutoScalingGroupNames=list(self.cluster.groups.values()))
+        role_of = {name: role for role, name in self.cluster.groups.items()}
+        for group in groups["AutoScalingGroups"]:
+            for instance in group.get("Instances", []):
+                if instance.get("LifecycleState", "InService") in ("InService", "Pending"):
+                    found[instance["InstanceId"]] = role_of[group["AutoScalingGroupName"]]
+        return found
+
+    def start_node(self, instance_id: str, role: str = "worker") -> LocalNode:  # type: ignore[override]
+        """Start ``instance_id`` as a cluster node of ``role`` (emulator, namespace, agent)."""
+        node_dir = self.work_dir / "nodes" / instance_id
+        code_dir = unpack_asset(self._asset(), node_dir / "code")
+        netns, address, offset = self.network.add(instance_id)
+        imds = ImdsEmulator.from_moto(self.aws.ec2, instance_id, local_ipv4=address).start()
+        config = local_cluster_config(self.role_config(role), efs_dir=self.efs_dir, code_dir=code_dir,
+                                      imds_endpoint=imds.endpoint, python=self.python, port_offset=offset)
+        process = start_agent(config, node_dir=node_dir, code_dir=code_dir, python=self.python,
+                              endpoint_url=self.endpoint_url, volumes_dir=self.volumes_dir,
+                              extra_env={"SPOT_TRAINING_NETNS": netns} if netns else None)
+        node = LocalNode(instance_id=instance_id, availability_zone=imds.availability_zone, node_dir=node_dir,
+                         config=config, imds=imds, process=process, launched_at=time.time())
+        self.nodes[instance_id] = node
+        self.roles[instance_id] = role
+        self.on_event({"event": "node-started", "instance_id": instance_id, "role": role, "address": address,
+                       "availability_zone": node.availability_zone, "pid": process.pid})
+        return node
+
+    def _asset(self) -> bytes:
+        if self._asset_zip is None:
+            self._asset_zip = bootstrap_asset_zip(self.aws, self.cluster.launch_templates["worker"])
+        return self._asset_zip
+
+    def stop_node(self, node: LocalNode) -> int | None:
+        """Stop ``node`` (:meth:`LocalNode.stop`) and SIGKILL its framework process if it outlived its
+        agent (the PID from the node's heartbeat, only while that process names this instance)."""
+        status = node.stop()
+        beat = self.efs_dir / "cluster" / "heartbeats" / f"{node.instance_id}.json"
+        try:
+            pid = int(json.loads(beat.read_text()).get("pid") or 0)
+        except (OSError, ValueError):
+            pid = 0
+        if pid and _environ_has(pid, f"SPOT_TRAINING_NODE_ID={node.instance_id}"):
+            _signal_group(pid, signal.SIGKILL)
+        return status
+
+    def close(self) -> None:
+        """Stop every node by PID, terminate what was launched for the fleet, remove the namespaces."""
+        for node in self.nodes.values():
+            self.stop_node(node)
+        try:
+            super().close()
+        finally:
+            self.network.close()
+
+
+def _environ_has(pid: int, text: str) -> bool:
+    try:
+        return text.encode() in Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return False
+
+
+def _read_rows(log_dir: Path) -> list[dict[str, str]]:
+    rows = []
+    for path in sorted(log_dir.glob("steps-*.csv")):
+        with open(path, newline="") as handle:
+            for row in csv.DictReader(handle):
+                row["node"] = path.stem[len("steps-"):]
+                rows.append(row)
+    return sorted(rows, key=lambda r: float(r["wall_time"]))
+
+
+def _plan(efs_dir: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads((efs_dir / "cluster" / "plan.json").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def membership_changes(events: list[dict[str, Any]]) -> tuple[int, int, int]:
+    """``(joins, leaves, generations)`` from the coordinator's ``events.jsonl`` lines: workers added to
+    and dropped from one ``running`` generation to the next, and the number of running generations."""
+    joins = leaves = 0
+    previous: set[str] | None = None
+    generations = set()
+    for event in events:
+        if event.get("state") != "running":
+            continue
+        workers = {w["node_id"] if isinstance(w, dict) else str(w) for w in event.get("workers", [])}
+        generations.add(event.get("generation"))
+        if previous is not None:
+            joins += len(workers - previous)
+            leaves += len(previous - workers)
+        previous = workers
+    return joins, leaves, len(generations)
+
+
+def cluster_orphans(aws: Clients, autoscaling: Any, efs: Any, stack: str, *, fleet_request_ids: list[str],
+                    group_names: list[str], file_system_id: str | None) -> list[str]:
+    """:func:`localmode.deploy.find_orphans` plus the cluster's own kinds: Auto Scaling groups, and the
+    file system (unless kept on purpose with ``retain_data``: then callers leave it out)."""
+    orphans = find_orphans(aws, stack, fleet_request_ids=fleet_request_ids)
+    if group_names:
+        for group in autoscaling.describe_auto_scaling_groups(AutoScalingGroupNames=group_names)["AutoScalingGroups"]:
+            orphans.append(f"auto-scaling-group {group['AutoScalingGroupName']}")
+    for fs in efs.describe_file_systems()["FileSystems"]:
+        tags = {t["Key"]: t["Value"] for t in fs.get("Tags", [])}
+        if fs["FileSystemId"] == file_system_id or tags.get(STACK_TAG_KEY) == stack:
+            orphans.append(f"file-system {fs['FileSystemId']} ({fs.get('LifeCycleState')})")
+    return orphans
+
+
+def run_cluster_drill(options: ClusterDrillOptions, *,
+                      on_event: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """Run the cluster drill (see the module docstring); returns the report, also in ``report.json``.
+
+    Raises:
+        ValueError: bad options (nothing started). A failure later is recorded in the report's
+            ``error`` (``passed`` false); everything started is stopped and the stack destroyed.
+    """
+    options.validate()
+    emit = on_event or (lambda event: None)
+    started = time.time()
+    work_dir = Path(options.work_dir).resolve()
+    if work_dir.exists():
+        shutil.rmtree(work_dir)
+    (work_dir / "results").mkdir(parents=True)
+    efs_dir = work_dir / "efs"
+    events: list[dict[str, Any]] = []
+
+    def record(event: dict[str, Any]) -> None:
+        event = {"t": round(time.time() - started, 3), **event}
+        if event["event"] != "progress":
+            events.append(event)
+        emit(event)
+
+    report: dict[str, Any] = {
+        "stack": options.stack, "work_dir": str(work_dir), "framework": "mxnet", "completed": False,
+        "steps_total": 0, "steps_executed": 0, "distinct_steps": 0, "lost_steps": None, "generations": 0,
+        "joins": 0, "leaves": 0, "max_workers_seen": 0, "join_s": None, "leave_s": None, "test_accuracy": None,
+        "fleet_cancelled_on_completion": False, "orphans_after_destroy": None, "wall_s": 0.0, "phases_s": {},
+        "options": {k: str(v) if isinstance(v, Path) else v for k, v in dataclasses.asdict(options).items()},
+        "error": None,
+    }
+    phases = report["phases_s"]
+    server = MotoServer(work_dir / "moto")
+    runner: ClusterNodeRunner | None = None
+    cdk: CdkCli | None = None
+    cluster: DeployedCluster | None = None
+    network: Network | None = None
+    try:
+        record({"event": "phase", "phase": "moto", "message": "starting the moto server on 127.0.0.1"})
+        server.start()
+        aws = clients(server.endpoint_url)
+        autoscaling, efs = _autoscaling(server.endpoint_url), _efs(server.endpoint_url)
+        cdk = CdkCli(server.endpoint_url, work_dir=work_dir)
+        for phase, action in (("bootstrap", cdk.bootstrap),
+                              ("deploy", lambda: cdk.deploy(options.stack, context=options.context()))):
+            record({"event": "phase", "phase": phase, "message": f"cdk {phase} (real CLI against moto)"})
+            t = time.time()
+            action()
+            phases[phase] = round(time.time() - t, 3)
+        cluster = cluster_resources(aws, autoscaling, options.stack)
+        report["fleet_request_id"] = cluster.stack.fleet_request_id
+        record({"event": "deployed", "fleet_request_id": cluster.stack.fleet_request_id, "groups": cluster.groups,
+                "file_system_id": cluster.file_system_id})
+
+        from training.examples.prepare_data import prepare_digits
+
+        prepare_digits(efs_dir / "datasets")
+        record({"event": "phase", "phase": "data", "message": f"digits written onto the EFS ({cluster.file_system_id} -> {efs_dir})"})
+        network = Network()
+        runner = ClusterNodeRunner(cluster=cluster, network=network, efs_dir=efs_dir, aws=aws,
+                                   endpoint_url=server.endpoint_url, volumes_dir=server.volumes_dir,
+                                   work_dir=work_dir, on_event=record)
+        t = time.time()
+        record({"event": "phase", "phase": "training",
+                "message": "Auto Scaling group and fleet instances -> local nodes" + (
+                    "" if network.netns else f" (loopback: {network.reason})")})
+        for instance_id, role in sorted(runner.group_instances(autoscaling).items(), key=lambda kv: kv[1] != "scheduler"):
+            runner.start_node(instance_id, role)
+        _act_for_fleet(runner, options.workers)
+        if sum(role == "worker" for role in runner.roles.values()) != options.workers:
+            raise DrillError(f"expected {options.workers} worker instances, started {runner.roles}")
+        deadline = t + options.timeout_s
+        watcher = _Watcher(efs_dir, options, record, deadline, runner)
+
+        watcher.until(lambda: watcher.max_step >= options.join_after_steps, f"step {options.join_after_steps}")
+        raised_at = time.time()
+        target = options.workers + 1
+        aws.ec2.modify_spot_fleet_request(SpotFleetRequestId=cluster.stack.fleet_request_id, TargetCapacity=target)
+        record({"event": "capacity-raised", "target_capacity": target, "step": watcher.max_step})
+        _act_for_fleet(runner, target)
+        grown = watcher.until(lambda: watcher.running_generation(workers=target), f"a running generation of {target} workers")
+        watcher.until(lambda: watcher.first_step(grown) is not None, f"the first step of generation {grown}")
+        report["join_s"] = round(watcher.first_step(grown)[1] - raised_at, 3)
+        record({"event": "joined", "generation": grown, "workers": target, "join_s": report["join_s"]})
+        watcher.until(lambda: watcher.steps_in(grown) >= options.interrupt_after_steps,
+                      f"{options.interrupt_after_steps} steps in generation {grown}")
+
+        victim = runner.nodes[_workers(runner)[0]]
+        noticed_at = time.time()
+        victim.post_interruption_notice()
+        record({"event": "notice-posted", "instance_id": victim.instance_id, "step": watcher.max_step})
+        without = watcher.until(lambda: watcher.running_generation(workers=target - 1, without=victim.instance_id),
+                                f"a generation without {victim.instance_id}")
+        watcher.until(lambda: watcher.first_step(without) is not None, f"the first step of generation {without}")
+        report["leave_s"] = round(watcher.first_step(without)[1] - noticed_at, 3)
+        watcher.until(lambda: not victim.alive, f"{victim.instance_id}'s agent to exit after leaving")
+        if victim.process.returncode != 0:
+            raise DrillError(f"the interrupted worker's agent exited {victim.process.returncode}; see {victim.log_path}")
+        runner.stop_node(victim)
+        runner.terminate_instance(victim.instance_id)
+        record({"event": "instance-terminated", "instance_id": victim.instance_id, "reason": "spot interruption",
+                "leave_s": report["leave_s"]})
+        _act_for_fleet(runner, target)  # the maintain fleet replaces the interrupted instance
+
+        watcher.until(lambda: all(not n.alive for n in runner.nodes.values()), "every agent to finish",
+                      completion_expected=True)
+        phases["training"] = round(time.time() - t, 3)
+        failed = {i: n.process.returncode for i, n in runner.nodes.items() if n.process.returncode != 0}
+        if failed:
+            raise DrillError(f"agents exited non-zero: {failed}; see {work_dir / 'nodes'}")
+        report["fleet_cancelled_on_completion"] = not runner.fleet_active()
+        runner.reconcile()
+        _collect(efs_dir, work_dir / "results", report)
+        record({"event": "completed", "step": report["steps_total"], "test_accuracy": report["test_accuracy"],
+                "fleet_cancelled": report["fleet_cancelled_on_completion"]})
+    except Exception as error:  # noqa: BLE001 - recorded in the report; teardown below runs either way
+        report["error"] = f"{type(error).__name__}: {error}"
+        record({"event": "error", "message": report["error"]})
+    finally:
+        if runner is not None:
+            runner.close()
+        elif network is not None:
+            network.close()
+        if report["steps_total"] == 0 and efs_dir.exists():
+            try:
+                _collect(efs_dir, work_dir / "results", report)
+            except (OSError, ValueError) as error:
+                report["error"] = report["error"] or f"collect: {error}"
+        if cdk is not None and server.process is not None:
+            record({"event": "phase", "phase": "destroy", "message": "cdk destroy (real CLI), then the orphan check"})
+            t = time.time()
+            try:
+                cdk.destroy(options.stack, context=options.context())
+            except Exception as error:  # noqa: BLE001 - the orphan check below says what is left
+                report["error"] = report["error"] or f"destroy: {error}"
+            phases["destroy"] = round(time.time() - t, 3)
+            aws = clients(server.endpoint_url)
+            report["orphans_after_destroy"] = cluster_orphans(
+                aws, _autoscaling(server.endpoint_url), _efs(server.endpoint_url), options.stack,
+                fleet_request_ids=[cluster.stack.fleet_request_id] if cluster else [],
+                group_names=list(cluster.groups.values()) if cluster else [],
+                file_system_id=cluster.file_system_id if cluster else None)
+            record({"event": "destroyed", "orphans": report["orphans_after_destroy"]})
+        server.stop()
+        report["wall_s"] = round(time.time() - started, 3)
+        report["passed"] = cluster_passed(report, options)
+        (work_dir / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+        (work_dir / "report.json").write_text(json.dumps(report, indent=2))
+    return report
+
+
+def _workers(runner: ClusterNodeRunner) -> list[str]:
+    """Ids of the live worker nodes, oldest first."""
+    return [i for i, node in runner.nodes.items() if runner.roles.get(i) == "worker" and node.alive]
+
+
+def _act_for_fleet(runner: ClusterNodeRunner, target: int) -> None:
+    """Bring the fleet's running instances up to ``target`` as a ``maintain`` fleet would (moto's does
+    not), spreading them over the AZs, and start a node for every fleet instance without one."""
+    zones = sorted(runner.stack.subnets)
+    running = runner.fleet_instances()
+    types = [i["InstanceType"] for i in running] or ["g5.xlarge"]
+    for index in range(len(running), target):
+        runner.launch_for_fleet(zones[index % len(zones)], instance_type=types[0])
+    for instance in runner.fleet_instances():
+        if instance["InstanceId"] not in runner.nodes:
+            runner.start_node(instance["InstanceId"], "worker")
+
+
+class _Watcher:
+    """Reads the cluster's state on the shared EFS directory while the drill waits."""
+
+    def __init__(self, efs_dir: Path, options: ClusterDrillOptions, record: Callable[[dict[str, Any]], None],
+                 deadline: float, runner: ClusterNodeRunner) -> None:
+        self.efs_dir, self.options, self.record, self.deadline, self.runner = efs_dir, options, record, deadline, runner
+        self.max_step = 0
+        self._rows: list[dict[str, str]] = []
+
+    def refresh(self) -> None:
+        self._rows = _read_rows(self.efs_dir / "logs")
+        step = max((int(r["step"]) for r in self._rows), default=0)
+        if step != self.max_step:
+            self.max_step = step
+            last = self._rows[-1]
+            self.record({"event": "progress", "step": step, "total": self.options.steps, "loss": float(last["loss"]),
+                         "workers": int(last["num_workers"]), "generation": int(last["generation"])})
+
+    def until(self, predicate: Callable[[], Any], what: str, *, completion_expected: bool = False) -> Any:
+        """Poll every 0.25 s until ``predicate()`` is truthy; returns its value. Raises DrillError when
+        training completed first (unless ``completion_expected``), an agent exited non-zero, or the
+        deadline passed."""
+        while True:
+            self.refresh()
+            value = predicate()
+            if value:
+                return value
+            plan = _plan(self.efs_dir) or {}
+            if plan.get("state") == "completed" and not completion_expected:
+                raise DrillError(f"training completed before {what}; use more --steps")
+            dead = [i for i, n in self.runner.nodes.items() if not n.alive and n.process.returncode != 0]
+            if dead:
+                raise DrillError(f"agent(s) {dead} exited non-zero while waiting for {what}; see their agent.log")
+            if time.time() > self.deadline:
+                raise DrillError(f"timed out (timeout_s={self.options.timeout_s}) waiting for {what}")
+            time.sleep(0.25)
+
+    def running_generation(self, *, workers: int, without: str | None = None) -> int:
+        plan = _plan(self.efs_dir)
+        if not plan or plan.get("state") != "running" or len(plan.get("workers", [])) != workers:
+            return 0
+        if without and any(w.get("node_id") == without for w in plan["workers"]):
+            return 0
+        return int(plan["generation"])
+
+    def _in(self, generation: int) -> list[dict[str, str]]:
+        return [r for r in self._rows if int(r["generation"]) == generation]
+
+    def first_step(self, generation: int) -> tuple[int, float] | None:
+        rows = self._in(generation)
+        return (int(rows[0]["step"]), float(rows[0]["wall_time"])) if rows else None
+
+    def steps_in(self, generation: int) -> int:
+        steps = [int(r["step"]) for r in self._in(generation)]
+        return max(steps) - min(steps) + 1 if steps else 0
+
+
+def _collect(efs_dir: Path, results: Path, report: dict[str, Any]) -> None:
+    """Copy the step logs, ``result.json``, ``COMPLETED`` and the membership events off the EFS and
+    fill the report's step, membership and accuracy fields."""
+    results.mkdir(parents=True, exist_ok=True)
+    for path in list((efs_dir / "logs").glob("steps-*.csv")) + [efs_dir / "logs" / "result.json",
+                                                              efs_dir / "checkpoints" / "COMPLETED",
+                                                              efs_dir / "cluster" / "events.jsonl"]:
+        if path.exists():
+            shutil.copy2(path, results / path.name)
+    completed = results / "COMPLETED"
+    report["completed"] = completed.exists()
+    if report["completed"]:
+        report["steps_total"] = int(json.loads(completed.read_text())["step"])
+    rows = _read_rows(results)
+    rank0 = [int(r["step"]) for r in rows if r["rank"] == "0"]
+    report["steps_executed"] = len(rank0)
+    report["distinct_steps"] = len(set(rank0))
+    report["lost_steps"] = len(rank0) - report["steps_total"] if report["completed"] else None
+    report["max_workers_seen"] = max((int(r["num_workers"]) for r in rows), default=0)
+    lines = (results / "events.jsonl").read_text().splitlines() if (results / "events.jsonl").exists() else []
+    report["joins"], report["leaves"], report["generations"] = membership_changes([json.loads(x) for x in lines if x.strip()])
+    result = results / "result.json"
+    if result.exists():
+        report["test_accuracy"] = json.loads(result.read_text()).get("test_accuracy")
+
+
+def cluster_passed(report: dict[str, Any], options: ClusterDrillOptions) -> bool:
+    """Completed at exactly ``options.steps`` with every step run once, a worker joined and one left,
+    the fleet cancelled by the agents, nothing orphaned, no error."""
+    return bool(
+        report["completed"] and report["error"] is None and report["steps_total"] == options.steps
+        and report["steps_executed"] == options.steps and report["distinct_steps"] == options.steps
+        and report["lost_steps"] == 0 and report["joins"] >= 1 and report["leaves"] >= 1
+        and report["max_workers_seen"] >= options.workers + 1 and report["fleet_cancelled_on_completion"]
+        and report["orphans_after_destroy"] == []
+    )
+
+
+def format_cluster_report(report: dict[str, Any]) -> str:
+    """The report as a two-column table for the terminal."""
+    keys = ("passed", "completed", "steps_total", "steps_executed", "distinct_steps", "lost_steps", "generations",
+            "joins", "leaves", "max_workers_seen", "join_s", "leave_s", "test_accuracy",
+            "fleet_cancelled_on_completion", "orphans_after_destroy", "wall_s")
+    lines = ["", "Cluster drill report", "-" * 60]
+    lines += [f"{key:<30}  {report.get(key)}" for key in keys]
+    lines += [f"{'phase ' + name + ' (s)':<30}  {value}" for name, value in report.get("phases_s", {}).items()]
+    if report.get("error"):
+        lines.append(f"{'error':<30}  {report['error']}")
+    return "\n".join(lines) + "\n"
+
+
+__all__ = ["ClusterDrillOptions", "ClusterNodeRunner", "DeployedCluster", "DrillError", "cluster_orphans",
+           "cluster_passed", "cluster_resources", "format_cluster_report", "local_cluster_config",
+           "membership_changes", "run_cluster_drill"]

@@ -1,0 +1,75 @@
+"""The cluster drill end to end: the real CDK CLI deploys DistributedTraining to the moto server; the
+scheduler and server Auto Scaling groups' instances and the worker fleet's instances become real agents
+(``python -m bootstrap run``) running MXNet ``dist_sync`` in network namespaces; 2 workers train, the
+fleet's target is raised and a third joins, one worker gets a spot notice and leaves (the fleet's
+replacement joins), training completes at exactly the total step, a worker cancels the fleet, the
+stack is destroyed and nothing is left. Also asserts that nothing the drill started survives.
+
+Slow (about 2-3 minutes on 2 cores). MXNet runs in the node subprocesses only; this process imports
+neither framework.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from localmode.cluster_drill import ClusterDrillOptions, run_cluster_drill
+
+STEPS = 800
+
+
+def _processes_mentioning(text: str) -> list[str]:
+    """Live processes whose command line or environment mentions ``text`` (the drill's work dir is in
+    every agent's --config, and in every framework process's SPOT_TRAINING_* paths on the EFS dir)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            seen = b" ".join((entry / name).read_bytes() for name in ("cmdline", "environ"))
+        except OSError:
+            continue
+        if text.encode() in seen and state != "Z":
+            found.append(f"{entry.name}: {(entry / 'cmdline').read_bytes()[:200]!r}")
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_cluster_drill_two_workers_a_third_joins_one_is_interrupted(tmp_path):
+    work = tmp_path / "cluster-drill"
+    events = []
+    report = run_cluster_drill(ClusterDrillOptions(work_dir=work, steps=STEPS), on_event=events.append)
+
+    assert report["error"] is None, report["error"]
+    assert report["completed"] is True
+    # Exactly the total: every step ran once across 4 generations (2 -> 3 -> 2 -> 3 workers).
+    assert report["steps_total"] == STEPS
+    assert report["steps_executed"] == STEPS and report["distinct_steps"] == STEPS
+    assert report["lost_steps"] == 0
+    assert report["joins"] >= 2 and report["leaves"] == 1  # the third worker and the replacement; the interrupted one
+    assert report["generations"] >= 4 and report["max_workers_seen"] == 3
+    assert 0 < report["join_s"] < 120 and 0 < report["leave_s"] < 120
+    assert report["test_accuracy"] >= 0.9
+    assert report["fleet_cancelled_on_completion"] is True  # a worker's agent cancelled it (design.md step 4)
+    assert report["orphans_after_destroy"] == []
+    assert report["passed"] is True
+    assert json.loads((work / "report.json").read_text())["steps_total"] == STEPS
+
+    # The story happened in this order, on the real fleet and groups.
+    kinds = [e["event"] for e in events if e["event"] != "progress"]
+    for before, after in (("deployed", "capacity-raised"), ("capacity-raised", "joined"), ("joined", "notice-posted"),
+                          ("notice-posted", "instance-terminated"), ("instance-terminated", "completed"),
+                          ("completed", "destroyed")):
+        assert kinds.index(before) < kinds.index(after), kinds
+    roles = sorted(e["role"] for e in events if e["event"] == "node-started")
+    assert roles == ["scheduler", "server", "worker", "worker", "worker", "worker"]
+    plan = [json.loads(line) for line in (work / "results" / "events.jsonl").read_text().splitlines()]
+    assert [p["generation"] for p in plan if p["state"] == "running"] == [1, 2, 3, 4]
+    assert [len(p["workers"]) for p in plan if p["state"] == "running"] == [2, 3, 2, 3]
+    assert plan[-1]["state"] == "completed"
+    assert _processes_mentioning(str(work)) == []
