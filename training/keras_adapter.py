@@ -27,7 +27,7 @@ What it does right is kept: the model must be built and the optimizer's slots bu
 (``optimizer.build(model.trainable_variables)``) before restoring (design.md: Keras 3).
 
 A checkpoint (inside the store's ``ckpt-<step>`` directory, training/store.py) holds
-``keras.variables.npz``: ``model.variables`` (weights, BatchNorm statistics and the ``SeedGenerator``
+``keras.variables/<key>.npy`` (one standard numpy file per variable): ``model.variables`` (weights, BatchNorm statistics and the ``SeedGenerator``
 states that Dropout and random augmentation layers draw from) and ``optimizer.variables`` (iteration
 counter, learning rate, slots), in their Keras order, as numpy arrays of their dtype; and
 ``keras.variables.json``: each variable's Keras path, shape and dtype (shape checks name the variable).
@@ -61,7 +61,7 @@ from training.store import (
 
 __all__ = ["FitResult", "KerasCheckpointer", "ResumableFit", "make_deterministic", "StepCallback"]
 
-VARIABLES_FILE = "keras.variables.npz"
+VARIABLES_DIR = "keras.variables"   # one standard .npy file per variable: <key>.npy
 INDEX_FILE = "keras.variables.json"
 ADAPTER_FORMAT = 1
 log = logging.getLogger("training.keras_adapter")
@@ -151,9 +151,17 @@ class KerasCheckpointer:
 
     @staticmethod
     def write_snapshot(arrays: dict[str, np.ndarray], index: list[dict], directory: Path) -> None:
-        """Write a :meth:`snapshot` into ``directory`` (no TensorFlow call: safe on any thread)."""
-        with open(directory / VARIABLES_FILE, "wb") as f:
-            np.savez(f, **arrays)
+        """Write a :meth:`snapshot` into ``directory`` (no TensorFlow call: safe on any thread).
+
+        One ``np.save`` file per variable rather than one ``np.savez``: ``np.savez`` streams every
+        array through ``zipfile`` in chunks copied while holding the GIL, which stalls the training
+        thread's Python (the ``fit`` loop, the batch generator) during a background write;
+        ``np.save`` to a real file is ``ndarray.tofile``, one write that releases the GIL.
+        """
+        (directory / VARIABLES_DIR).mkdir()
+        for key, value in arrays.items():
+            with open(directory / VARIABLES_DIR / f"{key}.npy", "wb") as f:
+                np.save(f, value, allow_pickle=False)
         (directory / INDEX_FILE).write_text(json.dumps({"format": ADAPTER_FORMAT, "variables": index}, indent=0))
 
     def read(self, ckpt: Checkpoint) -> None:
@@ -177,9 +185,8 @@ class KerasCheckpointer:
                     f"checkpoint {str(ckpt.path)!r}: variable {entry['path']!r} has shape {tuple(entry['shape'])} "
                     f"but the model's {v.path!r} expects {tuple(v.shape)}; restore into the same architecture "
                     "that wrote it, or use another checkpoint directory")
-        with np.load(ckpt.path / VARIABLES_FILE) as data:
-            for entry, (_group, v) in zip(index, current):
-                v.assign(data[entry["key"]])
+        for entry, (_group, v) in zip(index, current):
+            v.assign(np.load(ckpt.path / VARIABLES_DIR / f"{entry['key']}.npy", allow_pickle=False))
 
     # -- saving
     def save(self, *, step: int, epoch: int, metadata: dict | None = None, block: bool = False) -> Checkpoint | None:
