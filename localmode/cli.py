@@ -23,7 +23,7 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Callable, TextIO
 
 DEFAULT_DRILL_DIR = Path("out/demo")
 DEFAULT_UP_DIR = Path("out/local")
@@ -174,15 +174,13 @@ def format_report(report: dict[str, Any]) -> str:
 
 
 # ---- commands ------------------------------------------------------------------------------------
-def cmd_cluster_drill(args: argparse.Namespace) -> int:
-    """``spot-train local drill --cluster``: the DistributedTraining drill (localmode.cluster_drill)."""
-    from localmode.cluster_drill import ClusterDrillOptions, format_cluster_report, run_cluster_drill
+def _run_reported(options: Any, run: Callable[..., dict[str, Any]]) -> dict[str, Any] | int:
+    """Validate ``options`` and run one drill (``run(options, on_event=...)``) under the live display.
 
-    options = ClusterDrillOptions(
-        work_dir=args.work_dir if args.work_dir is not None else DEFAULT_CLUSTER_DRILL_DIR,
-        stack=args.stack if args.stack is not None else "DistributedTraining",
-        steps=args.steps, workers=args.workers, seed=args.seed,
-        timeout_s=args.timeout if args.timeout is not None else ClusterDrillOptions.timeout_s)
+    Both drills share this: a bad option prints ``spot-train: error: ...`` and gives exit status 2;
+    SIGTERM is turned into KeyboardInterrupt so that it tears down (destroy, stop by PID) as Ctrl-C
+    does, and an interrupted drill gives 130. Returns the drill's report dict otherwise.
+    """
     try:
         options.validate()
     except ValueError as error:
@@ -193,12 +191,26 @@ def cmd_cluster_drill(args: argparse.Namespace) -> int:
     def stop(signum: int, frame: Any) -> None:
         raise KeyboardInterrupt(f"signal {signum}")
 
-    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGTERM, stop)  # tear down (destroy, stop by PID) as on Ctrl-C
     try:
-        report = run_cluster_drill(options, on_event=display)
+        return run(options, on_event=display)
     except KeyboardInterrupt:
         print("\nspot-train: interrupted; the stack was destroyed and every process stopped", file=sys.stderr)
         return 130
+
+
+def cmd_cluster_drill(args: argparse.Namespace) -> int:
+    """``spot-train local drill --cluster``: the DistributedTraining drill (localmode.cluster_drill)."""
+    from localmode.cluster_drill import ClusterDrillOptions, format_cluster_report, run_cluster_drill
+
+    options = ClusterDrillOptions(
+        work_dir=args.work_dir if args.work_dir is not None else DEFAULT_CLUSTER_DRILL_DIR,
+        stack=args.stack if args.stack is not None else "DistributedTraining",
+        steps=args.steps, workers=args.workers, seed=args.seed,
+        timeout_s=args.timeout if args.timeout is not None else ClusterDrillOptions.timeout_s)
+    report = _run_reported(options, run_cluster_drill)
+    if isinstance(report, int):
+        return report
     sys.stdout.write(format_cluster_report(report))
     print(f"report: {Path(report['work_dir']) / 'report.json'}")
     return 0 if report["passed"] else 1
@@ -215,22 +227,9 @@ def cmd_drill(args: argparse.Namespace) -> int:
     options = DrillOptions(work_dir=args.work_dir, interruptions=args.interruptions, az_moves=args.az_moves,
                            random_az=args.random_az, epochs=args.epochs, seed=args.seed,
                            baseline=not args.no_baseline, timeout_s=args.timeout, stack=args.stack)
-    try:
-        options.validate()
-    except ValueError as error:
-        print(f"spot-train: error: {error}", file=sys.stderr)
-        return 2
-    display = ProgressDisplay()
-
-    def stop(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    signal.signal(signal.SIGTERM, stop)  # tear down (destroy, stop by PID) as on Ctrl-C
-    try:
-        report = run_drill(options, on_event=display)
-    except KeyboardInterrupt:
-        print("\nspot-train: interrupted; the stack was destroyed and every process stopped", file=sys.stderr)
-        return 130
+    report = _run_reported(options, run_drill)
+    if isinstance(report, int):
+        return report
     sys.stdout.write(format_report(report))
     work = Path(report["work_dir"])
     print(f"report: {work / 'report.json'}\nplot:   {work / 'training.png'}")
