@@ -10,12 +10,12 @@ from aws_cdk import aws_ec2 as ec2
 
 from .cluster import EFS_MOUNT_POINT, STATE_DIR, ParameterServerCluster
 from .cluster_config import ClusterSettings
-from .stack import machine_image, new_vpc
-from .tags import CLUSTER_MEMBER_TAG_KEY, STACK_TAG_KEY
+from .stack import SettingsStack, machine_image, new_vpc
+from .tags import CLUSTER_MEMBER_TAG_KEY
 from .userdata import SERVICE_NAME
 
 
-class DistributedTrainingStack(cdk.Stack):
+class DistributedTrainingStack(SettingsStack):
     """A parameter-server training cluster with elastic spot workers (:class:`ParameterServerCluster`).
 
     Resources: a VPC (new: public subnets, no NAT gateway, flow logs; or an existing one by id) and
@@ -55,17 +55,13 @@ class DistributedTrainingStack(cdk.Stack):
         """
         settings = settings or ClusterSettings()
         base = settings.base
-        if "env" not in kwargs and (base.account or base.region):
-            kwargs["env"] = cdk.Environment(account=base.account, region=base.region)
-        kwargs.setdefault("stack_name", settings.stack_name)
-        kwargs.setdefault(
-            "description",
-            f"Spot training: {settings.framework.value} parameter-server cluster, on-demand scheduler and servers, elastic spot workers, EFS",
+        super().__init__(
+            scope, construct_id, stack_name=settings.stack_name, account=base.account, region=base.region,
+            availability_zones=base.availability_zones,
+            default_description=f"Spot training: {settings.framework.value} parameter-server cluster, on-demand scheduler and servers, elastic spot workers, EFS",
+            **kwargs,
         )
-        self._pinned_azs = list(base.availability_zones) if base.availability_zones else None
-        super().__init__(scope, construct_id or settings.stack_name, **kwargs)
         self.settings = settings
-        cdk.Tags.of(self).add(STACK_TAG_KEY, self.stack_name)
         self.vpc = new_vpc(self, base.vpc_id, flow_logs=base.vpc_flow_logs)
         code = {"type": "git", "url": base.code_git_url, "ref": base.code_git_ref} if base.code_git_url else None
         self.cluster = ParameterServerCluster(
@@ -118,9 +114,3 @@ class DistributedTrainingStack(cdk.Stack):
             ),
             description="Where the logs go",
         )
-
-    @property
-    def availability_zones(self) -> list[str]:
-        """The AZs from the ``availability_zones`` setting when pinned (no lookup), else CDK's."""
-        pinned = getattr(self, "_pinned_azs", None)
-        return list(pinned) if pinned else super().availability_zones

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import aws_cdk as cdk
@@ -21,7 +22,7 @@ from .tags import STACK_TAG_KEY
 from .userdata import SERVICE_NAME, node_config
 from .volume import TrainingVolume
 
-__all__ = ["BOTO3_REQUIREMENT", "EFS_MOUNT_POINT", "FixedImage", "SpotTrainingStack", "machine_image", "new_vpc"]
+__all__ = ["BOTO3_REQUIREMENT", "EFS_MOUNT_POINT", "FixedImage", "SettingsStack", "SpotTrainingStack", "machine_image", "new_vpc"]
 #: Where the node mounts the shared file system, when there is one.
 EFS_MOUNT_POINT = "/mnt/efs"
 
@@ -45,7 +46,54 @@ class FixedImage:
         )
 
 
-class SpotTrainingStack(cdk.Stack):
+class SettingsStack(cdk.Stack):
+    """A ``cdk.Stack`` whose environment, name and Availability Zones come from the shared settings.
+
+    The base of :class:`SpotTrainingStack` and ``DistributedTrainingStack`` (one rule for both,
+    so that the shared keys ``account``, ``region`` and ``availability_zones`` mean the same in
+    each). Every resource in it carries ``spot-training:stack=<stack name>``.
+    """
+
+    def __init__(
+        self,
+        scope: constructs.Construct,
+        construct_id: str | None,
+        *,
+        stack_name: str,
+        account: str | None,
+        region: str | None,
+        availability_zones: Sequence[str] | None,
+        default_description: str,
+        **kwargs: Any,
+    ) -> None:
+        """Define the stack.
+
+        Args:
+            scope: the app.
+            construct_id: default: ``stack_name``.
+            stack_name: the CloudFormation stack name unless ``kwargs`` holds one.
+            account, region: the environment unless ``kwargs`` holds ``env``; both None: an
+                environment-agnostic stack.
+            availability_zones: pinned AZs (no lookup); None or empty: CDK's.
+            default_description: the stack description unless ``kwargs`` holds ``description``.
+            kwargs: passed to ``cdk.Stack``.
+        """
+        if "env" not in kwargs and (account or region):
+            kwargs["env"] = cdk.Environment(account=account, region=region)
+        kwargs.setdefault("stack_name", stack_name)
+        kwargs.setdefault("description", default_description)
+        self._pinned_azs = list(availability_zones) if availability_zones else None
+        super().__init__(scope, construct_id or stack_name, **kwargs)
+        cdk.Tags.of(self).add(STACK_TAG_KEY, self.stack_name)
+
+    @property
+    def availability_zones(self) -> list[str]:
+        """The AZs from the ``availability_zones`` setting when pinned (no lookup), else CDK's."""
+        pinned = getattr(self, "_pinned_azs", None)
+        return list(pinned) if pinned else super().availability_zones
+
+
+class SpotTrainingStack(SettingsStack):
     """One spot training node that resumes where the last one stopped.
 
     Resources: a VPC (new, public subnets and no NAT gateway, flow logs; or an existing one by id),
@@ -83,17 +131,14 @@ class SpotTrainingStack(cdk.Stack):
             ValueError: from the constructs, naming the bad prop.
         """
         settings = settings or StackSettings()
-        if "env" not in kwargs and (settings.account or settings.region):
-            kwargs["env"] = cdk.Environment(account=settings.account, region=settings.region)
-        kwargs.setdefault("stack_name", settings.stack_name)
-        kwargs.setdefault(
-            "description", "Spot training: one GPU node on EC2 Spot that resumes from checkpoints on a persistent EBS volume"
+        super().__init__(
+            scope, construct_id, stack_name=settings.stack_name, account=settings.account, region=settings.region,
+            availability_zones=settings.availability_zones,
+            default_description="Spot training: one GPU node on EC2 Spot that resumes from checkpoints on a persistent EBS volume",
+            **kwargs,
         )
-        self._pinned_azs = list(settings.availability_zones) if settings.availability_zones else None
-        super().__init__(scope, construct_id or settings.stack_name, **kwargs)
         self.settings = settings
         tag_value = self.stack_name
-        cdk.Tags.of(self).add(STACK_TAG_KEY, tag_value)
 
         self.vpc = self._vpc(settings)
         subnets = self.vpc.select_subnets(subnet_type=ec2.SubnetType.PUBLIC)
@@ -200,12 +245,6 @@ class SpotTrainingStack(cdk.Stack):
         if self.file_system is not None:
             cdk.CfnOutput(self, "FileSystemId", value=self.file_system.file_system_id)
             cdk.CfnOutput(self, "AccessPointId", value=self.file_system.access_point_id)
-
-    @property
-    def availability_zones(self) -> list[str]:
-        """The AZs from the ``availability_zones`` setting when pinned (no lookup), else CDK's."""
-        pinned = getattr(self, "_pinned_azs", None)
-        return list(pinned) if pinned else super().availability_zones
 
     def _vpc(self, settings: StackSettings) -> ec2.IVpc:
         return new_vpc(self, settings.vpc_id, flow_logs=settings.vpc_flow_logs)
