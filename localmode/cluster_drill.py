@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from localmode.deploy import ACCOUNT, AVAILABILITY_ZONES, LOCAL_IMAGE_ID, REGION, CdkCli, Clients, DeployedStack, \
-    clients, find_orphans
+    client, clients, find_orphans
 from localmode.imds_emulator import ImdsEmulator
 from localmode.moto_server import MotoServer
 from localmode.netns import Network
@@ -140,24 +140,6 @@ class DeployedCluster:
     groups: dict[str, str]
     launch_templates: dict[str, str]
     file_system_id: str
-
-
-def _autoscaling(endpoint_url: str) -> Any:
-    import boto3
-    from botocore.config import Config
-
-    return boto3.client("autoscaling", region_name=REGION, endpoint_url=endpoint_url, aws_access_key_id="testing",
-                        aws_secret_access_key="testing", aws_session_token="testing",
-                        config=Config(retries={"mode": "standard"}))
-
-
-def _efs(endpoint_url: str) -> Any:
-    import boto3
-    from botocore.config import Config
-
-    return boto3.client("efs", region_name=REGION, endpoint_url=endpoint_url, aws_access_key_id="testing",
-                        aws_secret_access_key="testing", aws_session_token="testing",
-                        config=Config(retries={"mode": "standard"}))
 
 
 def cluster_resources(aws: Clients, autoscaling: Any, stack: str) -> DeployedCluster:
@@ -403,7 +385,7 @@ def run_cluster_drill(options: ClusterDrillOptions, *,
         record({"event": "phase", "phase": "moto", "message": "starting the moto server on 127.0.0.1"})
         server.start()
         aws = clients(server.endpoint_url)
-        autoscaling, efs = _autoscaling(server.endpoint_url), _efs(server.endpoint_url)
+        autoscaling, efs = client(server.endpoint_url, "autoscaling"), client(server.endpoint_url, "efs")
         cdk = CdkCli(server.endpoint_url, work_dir=work_dir)
         for phase, action in (("bootstrap", cdk.bootstrap),
                               ("deploy", lambda: cdk.deploy(options.stack, context=options.context()))):
@@ -498,9 +480,9 @@ def run_cluster_drill(options: ClusterDrillOptions, *,
             except Exception as error:  # noqa: BLE001 - the orphan check below says what is left
                 report["error"] = report["error"] or f"destroy: {error}"
             phases["destroy"] = round(time.time() - t, 3)
-            aws = clients(server.endpoint_url)
+            # aws, autoscaling and efs exist: they are made before cdk.
             report["orphans_after_destroy"] = cluster_orphans(
-                aws, _autoscaling(server.endpoint_url), _efs(server.endpoint_url), options.stack,
+                aws, autoscaling, efs, options.stack,
                 fleet_request_ids=[cluster.stack.fleet_request_id] if cluster else [],
                 group_names=list(cluster.groups.values()) if cluster else [],
                 file_system_id=cluster.file_system_id if cluster else None)

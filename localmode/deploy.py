@@ -233,14 +233,19 @@ class Clients:
     s3: Any
 
 
+def client(endpoint_url: str, service: str, region: str = REGION) -> Any:
+    """A boto3 client of ``service`` (``"ec2"``, ``"autoscaling"``, ``"efs"`` ...) for the moto
+    server at ``endpoint_url``: fake credentials, standard retry mode, region default us-east-1."""
+    return boto3.client(
+        service, region_name=region, endpoint_url=endpoint_url, aws_access_key_id="testing",
+        aws_secret_access_key="testing", aws_session_token="testing", config=_RETRY,
+    )
+
+
 def clients(endpoint_url: str, region: str = REGION) -> Clients:
-    """boto3 clients for the moto server at ``endpoint_url`` with fake credentials."""
-    def make(service: str) -> Any:
-        return boto3.client(
-            service, region_name=region, endpoint_url=endpoint_url, aws_access_key_id="testing",
-            aws_secret_access_key="testing", aws_session_token="testing", config=_RETRY,
-        )
-    return Clients(ec2=make("ec2"), cloudformation=make("cloudformation"), s3=make("s3"))
+    """boto3 clients (EC2, CloudFormation, S3) for the moto server at ``endpoint_url`` (see :func:`client`)."""
+    return Clients(ec2=client(endpoint_url, "ec2", region), cloudformation=client(endpoint_url, "cloudformation", region),
+                   s3=client(endpoint_url, "s3", region))
 
 
 @dataclasses.dataclass(frozen=True)
