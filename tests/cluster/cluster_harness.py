@@ -220,3 +220,16 @@ class Cluster:
 
     def steps_in_generation(self, generation: int) -> list[dict]:
         return [r for r in self.steps() if int(r["generation"]) == generation]
+
+    def step_range(self, generation: int) -> tuple[int, int]:
+        """(first, last) step logged in ``generation``; ValueError when it logged none."""
+        steps = [int(r["step"]) for r in self.steps_in_generation(generation)]
+        return min(steps), max(steps)
+
+    def wait_for_steps(self, generation: int, steps: int, timeout: float) -> None:
+        """Wait up to ``timeout`` seconds until ``generation`` logged a span of ``steps`` steps
+        (last - first >= steps); AssertionError with the diagnostics otherwise."""
+        def enough():
+            rows = self.steps_in_generation(generation)
+            return rows and max(int(r["step"]) for r in rows) - min(int(r["step"]) for r in rows) >= steps
+        self.wait_for(enough, timeout, f"{steps} steps in generation {generation}")

@@ -46,18 +46,6 @@ def cluster(tmp_path_factory, network):
     c.close()
 
 
-def _progress(cluster: Cluster, generation: int, steps: int, timeout: float = RESTART_BUDGET_S) -> None:
-    def enough():
-        rows = cluster.steps_in_generation(generation)
-        return rows and max(int(r["step"]) for r in rows) - min(int(r["step"]) for r in rows) >= steps
-    cluster.wait_for(enough, timeout, f"{steps} steps in generation {generation}")
-
-
-def _first_and_last(cluster: Cluster, generation: int) -> tuple[int, int]:
-    steps = [int(r["step"]) for r in cluster.steps_in_generation(generation)]
-    return min(steps), max(steps)
-
-
 def test_two_ps_and_two_workers_train(cluster):
     cluster.add_node("scheduler")
     cluster.add_node("server")
@@ -65,7 +53,7 @@ def test_two_ps_and_two_workers_train(cluster):
     cluster.add_node("worker")
     cluster.add_node("worker")
     assert cluster.wait_for(lambda: cluster.running_generation(workers=2), RESTART_BUDGET_S, "generation 1") == 1
-    _progress(cluster, 1, 40)
+    cluster.wait_for_steps(1, 40, RESTART_BUDGET_S)
 
 
 def test_third_worker_joins_and_training_continues_from_the_checkpoint(cluster):
@@ -73,9 +61,9 @@ def test_third_worker_joins_and_training_continues_from_the_checkpoint(cluster):
     gen = cluster.wait_for(lambda: cluster.running_generation(generation_above=1, workers=3), RESTART_BUDGET_S,
                            "a generation with 3 workers")
     assert any(e["state"] == "checkpoint" and "joined" in e["reason"] for e in cluster.events())
-    _progress(cluster, gen, 20)
-    first, _ = _first_and_last(cluster, gen)
-    _, last_before = _first_and_last(cluster, gen - 1)
+    cluster.wait_for_steps(gen, 20, RESTART_BUDGET_S)
+    first, _ = cluster.step_range(gen)
+    _, last_before = cluster.step_range(gen - 1)
     assert first == last_before + 1  # the chief joined, saved at that step and exited 0
     assert {r["num_workers"] for r in cluster.steps_in_generation(gen)} == {"3"}
 
@@ -87,9 +75,9 @@ def test_worker_leaves_on_a_spot_notice_and_training_continues_without_it(cluste
     gen = cluster.wait_for(lambda: cluster.running_generation(generation_above=plan.generation, workers=2),
                            RESTART_BUDGET_S, "a generation without the leaving worker")
     assert leaver.instance_id not in {w["node_id"] for w in cluster.plan().workers}
-    _progress(cluster, gen, 10)
-    first, _ = _first_and_last(cluster, gen)
-    _, last_before = _first_and_last(cluster, plan.generation)
+    cluster.wait_for_steps(gen, 10, RESTART_BUDGET_S)
+    first, _ = cluster.step_range(gen)
+    _, last_before = cluster.step_range(plan.generation)
     assert first == last_before + 1
     cluster.wait_for(lambda: not leaver.alive(), 30, "the leaving worker's agent to exit")
     assert leaver.agent.returncode == 0
@@ -98,7 +86,7 @@ def test_worker_leaves_on_a_spot_notice_and_training_continues_without_it(cluste
 def test_sigkilled_worker_process_and_training_carries_on_in_the_same_generation(cluster):
     plan = cluster.plan()
     victim = next(n for n in cluster.nodes if n.instance_id == plan.workers[0]["node_id"])
-    _progress(cluster, plan.generation, 10)
+    cluster.wait_for_steps(plan.generation, 10, RESTART_BUDGET_S)
     killed_pid = cluster.kill_process(victim)
     at_kill = cluster.max_step()
     _progress_after = lambda: cluster.max_step() >= at_kill + 40  # noqa: E731
@@ -112,7 +100,7 @@ def test_sigkilled_worker_process_and_training_carries_on_in_the_same_generation
 def test_sigkilled_ps_node_is_replaced_and_training_resumes_from_the_checkpoint(cluster):
     plan = cluster.plan()
     victim = next(n for n in cluster.nodes if n.instance_id == plan.servers[0]["node_id"])
-    _progress(cluster, plan.generation, 10)
+    cluster.wait_for_steps(plan.generation, 10, RESTART_BUDGET_S)
     cluster.kill_node(victim)
     cluster.wait_for(lambda: cluster.plan().state in ("teardown", "waiting"), HEARTBEAT_TIMEOUT_S + 30,
                      "the coordinator to notice the lost parameter server")
@@ -120,9 +108,9 @@ def test_sigkilled_ps_node_is_replaced_and_training_resumes_from_the_checkpoint(
     gen = cluster.wait_for(lambda: cluster.running_generation(generation_above=plan.generation), RESTART_BUDGET_S,
                            "a generation with the replacement ps")
     assert replacement.instance_id in {s["node_id"] for s in cluster.plan().servers}
-    _progress(cluster, gen, 5)
-    first, _ = _first_and_last(cluster, gen)
-    _, last_before = _first_and_last(cluster, plan.generation)
+    cluster.wait_for_steps(gen, 5, RESTART_BUDGET_S)
+    first, _ = cluster.step_range(gen)
+    _, last_before = cluster.step_range(plan.generation)
     assert first - 1 <= last_before and last_before - (first - 1) <= SAVE_EVERY
 
 

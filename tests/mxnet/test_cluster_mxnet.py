@@ -50,19 +50,6 @@ def cluster(tmp_path_factory, digits_dir, network):
     c.close()
 
 
-def _progress(cluster: Cluster, generation: int, steps: int) -> None:
-    """Wait until generation ``generation`` ran ``steps`` steps."""
-    def enough():
-        rows = cluster.steps_in_generation(generation)
-        return rows and max(int(r["step"]) for r in rows) - min(int(r["step"]) for r in rows) >= steps
-    cluster.wait_for(enough, RESTART_BUDGET_S, f"{steps} steps in generation {generation}")
-
-
-def _first_and_last(cluster: Cluster, generation: int) -> tuple[int, int]:
-    steps = [int(r["step"]) for r in cluster.steps_in_generation(generation)]
-    return min(steps), max(steps)
-
-
 def test_two_servers_and_two_workers_train(cluster):
     cluster.add_node("scheduler")
     cluster.add_node("server")
@@ -73,7 +60,7 @@ def test_two_servers_and_two_workers_train(cluster):
     assert gen == 1
     plan = cluster.plan()
     assert len(plan.servers) == 2 and [w["rank"] for w in plan.workers] == [0, 1]
-    _progress(cluster, 1, 40)
+    cluster.wait_for_steps(1, 40, RESTART_BUDGET_S)
     rows = cluster.steps_in_generation(1)
     assert {r["node"] for r in rows} == {w["node_id"] for w in plan.workers}
     assert {r["num_workers"] for r in rows} == {"2"}
@@ -84,9 +71,9 @@ def test_third_worker_joins_and_training_continues_from_the_checkpoint(cluster):
     gen = cluster.wait_for(lambda: cluster.running_generation(generation_above=1, workers=3), RESTART_BUDGET_S,
                            "a generation with 3 workers")
     assert any(e["state"] == "checkpoint" and "joined" in e["reason"] for e in cluster.events())
-    _progress(cluster, gen, 20)
-    first, _ = _first_and_last(cluster, gen)
-    _, last_before = _first_and_last(cluster, gen - 1)
+    cluster.wait_for_steps(gen, 20, RESTART_BUDGET_S)
+    first, _ = cluster.step_range(gen)
+    _, last_before = cluster.step_range(gen - 1)
     # The workers stopped together at one step, rank 0 saved it, the new generation starts right after it.
     assert first == last_before + 1
     assert last_before in cluster.checkpoint_steps() or last_before < min(cluster.checkpoint_steps())
@@ -103,9 +90,9 @@ def test_worker_leaves_on_a_spot_notice_and_training_continues_without_it(cluste
     gen = cluster.wait_for(lambda: cluster.running_generation(generation_above=before, workers=2), RESTART_BUDGET_S,
                            "a generation without the leaving worker")
     assert leaver.instance_id not in {w["node_id"] for w in cluster.plan().workers}
-    _progress(cluster, gen, 10)
-    first, _ = _first_and_last(cluster, gen)
-    _, last_before = _first_and_last(cluster, before)
+    cluster.wait_for_steps(gen, 10, RESTART_BUDGET_S)
+    first, _ = cluster.step_range(gen)
+    _, last_before = cluster.step_range(before)
     assert first == last_before + 1  # checkpoint at the agreed stop step, nothing lost
     cluster.wait_for(lambda: not leaver.alive(), 30, "the leaving worker's agent to exit")
     assert leaver.agent.returncode == 0
@@ -116,14 +103,14 @@ def test_worker_leaves_on_a_spot_notice_and_training_continues_without_it(cluste
 def test_worker_leaves_when_its_member_tag_is_removed(cluster):
     plan = cluster.plan()
     leaver = next(n for n in cluster.nodes if n.instance_id == plan.workers[-1]["node_id"])
-    _progress(cluster, plan.generation, 10)
+    cluster.wait_for_steps(plan.generation, 10, RESTART_BUDGET_S)
     del leaver.imds.tags[MEMBER_TAG]  # what `aws ec2 delete-tags` does, seen through instance metadata tags
     gen = cluster.wait_for(lambda: cluster.running_generation(generation_above=plan.generation, workers=1),
                            RESTART_BUDGET_S, "a generation without the untagged worker")
     assert leaver.instance_id not in {w["node_id"] for w in cluster.plan().workers}
-    _progress(cluster, gen, 10)
-    first, _ = _first_and_last(cluster, gen)
-    _, last_before = _first_and_last(cluster, plan.generation)
+    cluster.wait_for_steps(gen, 10, RESTART_BUDGET_S)
+    first, _ = cluster.step_range(gen)
+    _, last_before = cluster.step_range(plan.generation)
     assert first == last_before + 1
     cluster.wait_for(lambda: not leaver.alive(), 30, "the untagged worker's agent to exit")
     assert leaver.agent.returncode == 0
@@ -132,15 +119,15 @@ def test_worker_leaves_when_its_member_tag_is_removed(cluster):
 def test_sigkilled_worker_process_restarts_the_generation_within_the_timeout(cluster):
     plan = cluster.plan()
     victim = next(n for n in cluster.nodes if n.instance_id == plan.workers[0]["node_id"])
-    _progress(cluster, plan.generation, 15)
+    cluster.wait_for_steps(plan.generation, 15, RESTART_BUDGET_S)
     cluster.kill_process(victim)
     killed = time.time()
     gen = cluster.wait_for(lambda: cluster.running_generation(generation_above=plan.generation), RESTART_BUDGET_S,
                            "the generation to restart after a worker died")
     assert "exited" in cluster.plan().reason or "gone" in cluster.plan().reason
-    _progress(cluster, gen, 10)
-    first, _ = _first_and_last(cluster, gen)
-    _, last_before = _first_and_last(cluster, plan.generation)
+    cluster.wait_for_steps(gen, 10, RESTART_BUDGET_S)
+    first, _ = cluster.step_range(gen)
+    _, last_before = cluster.step_range(plan.generation)
     # Resumed from the newest checkpoint: steps after it are redone, none skipped.
     assert first - 1 in cluster.checkpoint_steps() or first - 1 <= last_before
     assert first - 1 <= last_before and last_before - (first - 1) <= SAVE_EVERY
@@ -151,7 +138,7 @@ def test_sigkilled_worker_process_restarts_the_generation_within_the_timeout(clu
 def test_sigkilled_server_node_is_replaced_and_training_resumes_from_the_checkpoint(cluster):
     plan = cluster.plan()
     victim = next(n for n in cluster.nodes if n.instance_id == plan.servers[0]["node_id"])
-    _progress(cluster, plan.generation, 15)
+    cluster.wait_for_steps(plan.generation, 15, RESTART_BUDGET_S)
     cluster.kill_node(victim)
     cluster.wait_for(lambda: cluster.plan().state in ("teardown", "waiting"), HEARTBEAT_TIMEOUT_S + 15,
                      "the coordinator to notice the dead server")
@@ -159,9 +146,9 @@ def test_sigkilled_server_node_is_replaced_and_training_resumes_from_the_checkpo
     gen = cluster.wait_for(lambda: cluster.running_generation(generation_above=plan.generation), RESTART_BUDGET_S,
                            "a generation with the replacement server")
     assert replacement.instance_id in {s["node_id"] for s in cluster.plan().servers}
-    _progress(cluster, gen, 5)
-    first, _ = _first_and_last(cluster, gen)
-    _, last_before = _first_and_last(cluster, plan.generation)
+    cluster.wait_for_steps(gen, 5, RESTART_BUDGET_S)
+    first, _ = cluster.step_range(gen)
+    _, last_before = cluster.step_range(plan.generation)
     assert first - 1 <= last_before and last_before - (first - 1) <= SAVE_EVERY
 
 
