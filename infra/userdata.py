@@ -53,10 +53,6 @@ WantedBy=multi-user.target
 """
 
 
-#: The single-node agent's unit.
-SYSTEMD_UNIT = systemd_unit()
-
-
 def node_config(
     *,
     region: str,
