@@ -44,6 +44,7 @@ from typing import Any
 
 from localmode.deploy import ACCOUNT, AVAILABILITY_ZONES, LOCAL_IMAGE_ID, REGION, CdkCli, Clients, DeployedStack, \
     client, clients, find_orphans
+from localmode.drill import EventLog, bootstrap_and_deploy, fresh_work_dir, options_dict
 from localmode.imds_emulator import ImdsEmulator
 from localmode.moto_server import MotoServer
 from localmode.netns import Network
@@ -352,27 +353,16 @@ def run_cluster_drill(options: ClusterDrillOptions, *,
             ``error`` (``passed`` false); everything started is stopped and the stack destroyed.
     """
     options.validate()
-    emit = on_event or (lambda event: None)
     started = time.time()
-    work_dir = Path(options.work_dir).resolve()
-    if work_dir.exists():
-        shutil.rmtree(work_dir)
-    (work_dir / "results").mkdir(parents=True)
+    work_dir = fresh_work_dir(options.work_dir)
     efs_dir = work_dir / "efs"
-    events: list[dict[str, Any]] = []
-
-    def record(event: dict[str, Any]) -> None:
-        event = {"t": round(time.time() - started, 3), **event}
-        if event["event"] != "progress":
-            events.append(event)
-        emit(event)
-
+    record = EventLog(started, on_event)
     report: dict[str, Any] = {
         "stack": options.stack, "work_dir": str(work_dir), "framework": "mxnet", "completed": False,
         "steps_total": 0, "steps_executed": 0, "distinct_steps": 0, "lost_steps": None, "generations": 0,
         "joins": 0, "leaves": 0, "max_workers_seen": 0, "join_s": None, "leave_s": None, "test_accuracy": None,
         "fleet_cancelled_on_completion": False, "orphans_after_destroy": None, "wall_s": 0.0, "phases_s": {},
-        "options": {k: str(v) if isinstance(v, Path) else v for k, v in dataclasses.asdict(options).items()},
+        "options": options_dict(options),
         "error": None,
     }
     phases = report["phases_s"]
@@ -387,12 +377,7 @@ def run_cluster_drill(options: ClusterDrillOptions, *,
         aws = clients(server.endpoint_url)
         autoscaling, efs = client(server.endpoint_url, "autoscaling"), client(server.endpoint_url, "efs")
         cdk = CdkCli(server.endpoint_url, work_dir=work_dir)
-        for phase, action in (("bootstrap", cdk.bootstrap),
-                              ("deploy", lambda: cdk.deploy(options.stack, context=options.context()))):
-            record({"event": "phase", "phase": phase, "message": f"cdk {phase} (real CLI against moto)"})
-            t = time.time()
-            action()
-            phases[phase] = round(time.time() - t, 3)
+        bootstrap_and_deploy(cdk, options.stack, options.context(), record=record, phases=phases)
         cluster = cluster_resources(aws, autoscaling, options.stack)
         report["fleet_request_id"] = cluster.stack.fleet_request_id
         record({"event": "deployed", "fleet_request_id": cluster.stack.fleet_request_id, "groups": cluster.groups,
@@ -490,7 +475,7 @@ def run_cluster_drill(options: ClusterDrillOptions, *,
         server.stop()
         report["wall_s"] = round(time.time() - started, 3)
         report["passed"] = cluster_passed(report, options)
-        (work_dir / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+        record.write(work_dir / "events.jsonl")
         (work_dir / "report.json").write_text(json.dumps(report, indent=2))
     return report
 

@@ -117,6 +117,60 @@ class DrillError(RuntimeError):
     """The drill could not run to its end (the message says where; the report is still written)."""
 
 
+# ---- pieces both drills use (this module and localmode.cluster_drill) ----------------------------
+class EventLog:
+    """A drill's event stream, called as ``record(event)``.
+
+    Stamps each event dict with ``t`` (seconds since ``started``, a ``time.time()`` value), keeps
+    every event but ``progress`` in :attr:`events` (for ``events.jsonl``) and passes each one on to
+    ``on_event`` (default: nowhere).
+    """
+
+    def __init__(self, started: float, on_event: Callable[[dict[str, Any]], None] | None = None) -> None:
+        self.started = started
+        self.events: list[dict[str, Any]] = []
+        self._emit = on_event or (lambda event: None)
+
+    def __call__(self, event: dict[str, Any]) -> None:
+        event = {"t": round(time.time() - self.started, 3), **event}
+        if event["event"] != "progress":
+            self.events.append(event)
+        self._emit(event)
+
+    def write(self, path: Path) -> None:
+        """Write the kept events to ``path``, one JSON object a line."""
+        path.write_text("".join(json.dumps(e) + "\n" for e in self.events))
+
+
+def fresh_work_dir(work_dir: Path) -> Path:
+    """``work_dir`` resolved, emptied (removed if it exists) and made again with a ``results/`` in it."""
+    work_dir = Path(work_dir).resolve()
+    if work_dir.exists():
+        shutil.rmtree(work_dir)
+    (work_dir / "results").mkdir(parents=True)
+    return work_dir
+
+
+def options_dict(options: Any) -> dict[str, Any]:
+    """A drill's options dataclass as the report's ``options`` (paths as strings)."""
+    return {k: str(v) if isinstance(v, Path) else v for k, v in dataclasses.asdict(options).items()}
+
+
+def bootstrap_and_deploy(cdk: CdkCli, stack: str, context: dict[str, str], *,
+                         record: Callable[[dict[str, Any]], None], phases: dict[str, float]) -> None:
+    """``cdk bootstrap`` then ``cdk deploy stack`` with the real CLI against moto; each is announced
+    as a ``phase`` event and its duration (seconds) stored in ``phases["bootstrap"/"deploy"]``.
+
+    Raises:
+        localmode.deploy.CdkCliError: a command failed.
+    """
+    for phase, action in (("bootstrap", cdk.bootstrap), ("deploy", lambda: cdk.deploy(stack, context=context))):
+        record({"event": "phase", "phase": phase, "message": f"cdk {phase} (real CLI against moto)"})
+        t = time.time()
+        action()
+        phases[phase] = round(time.time() - t, 3)
+
+
 def az_plan(options: DrillOptions, zones: list[str], first_zone: str) -> list[str]:
     """The target AZ of each interruption's replacement.
 
@@ -203,27 +257,14 @@ def run_drill(options: DrillOptions, *, on_event: Callable[[dict[str, Any]], Non
         DrillError: never; a failure is recorded in the report's ``error`` and ``passed`` is false.
     """
     options.validate()
-    emit = on_event or (lambda event: None)
     started = time.time()
-    work_dir = Path(options.work_dir).resolve()
-    if work_dir.exists():
-        shutil.rmtree(work_dir)
-    work_dir.mkdir(parents=True)
-    (work_dir / "results").mkdir()
-    events: list[dict[str, Any]] = []
-
-    def record(event: dict[str, Any]) -> None:
-        event = {"t": round(time.time() - started, 3), **event}
-        if event["event"] != "progress":
-            events.append(event)
-        emit(event)
-
+    work_dir = fresh_work_dir(options.work_dir)
+    record = EventLog(started, on_event)
     report: dict[str, Any] = {
         "stack": options.stack, "work_dir": str(work_dir), "completed": False, "steps_total": 0,
         "steps_executed": 0, "lost_steps": None, "interruptions": 0, "az_moves": 0, "interruption_events": [],
         "test_accuracy": None, "baseline_test_accuracy": None, "matches_uninterrupted_baseline": False,
-        "orphans_after_destroy": None, "wall_s": 0.0, "phases_s": {}, "options": {
-            k: str(v) if isinstance(v, Path) else v for k, v in dataclasses.asdict(options).items()},
+        "orphans_after_destroy": None, "wall_s": 0.0, "phases_s": {}, "options": options_dict(options),
         "error": None,
     }
     phases = report["phases_s"]
@@ -238,12 +279,7 @@ def run_drill(options: DrillOptions, *, on_event: Callable[[dict[str, Any]], Non
         server.start()
         aws = clients(server.endpoint_url)
         cdk = CdkCli(server.endpoint_url, work_dir=work_dir)
-        for phase, action in (("bootstrap", cdk.bootstrap),
-                              ("deploy", lambda: cdk.deploy(options.stack, context=context))):
-            record({"event": "phase", "phase": phase, "message": f"cdk {phase} (real CLI against moto)"})
-            t = time.time()
-            action()
-            phases[phase] = round(time.time() - t, 3)
+        bootstrap_and_deploy(cdk, options.stack, context, record=record, phases=phases)
         stack = stack_resources(aws, options.stack)
         report["fleet_request_id"] = stack.fleet_request_id
         record({"event": "deployed", "fleet_request_id": stack.fleet_request_id,
@@ -321,7 +357,7 @@ def run_drill(options: DrillOptions, *, on_event: Callable[[dict[str, Any]], Non
             _finish_baseline(report, baseline, work_dir, record)
         report["wall_s"] = round(time.time() - started, 3)
         report["passed"] = passed(report, options)
-        (work_dir / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+        record.write(work_dir / "events.jsonl")
         (work_dir / "report.json").write_text(json.dumps(report, indent=2) + "\n")
         try:
             from localmode.plot import plot_training
