@@ -405,7 +405,9 @@ def _patch_spot_fleet_delete() -> None:
                 return original(self, spot_fleet_request_ids, terminate_instances)
             cancelled = []
             for fleet_id in spot_fleet_request_ids:
-                fleet = self.spot_fleet_requests[fleet_id]
+                fleet = self.spot_fleet_requests.get(fleet_id)
+                if fleet is None:  # already cancelled (and removed) by another caller: nothing left to do
+                    continue
                 fleet.target_capacity = 0
                 members = {request.instance.id for request in fleet.spot_requests if request.instance is not None}
                 members |= {

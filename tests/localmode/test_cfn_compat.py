@@ -219,6 +219,26 @@ def test_cancel_with_terminate_stops_replacements_launched_for_the_fleet(moto_se
     assert stack["StackStatus"] == "DELETE_COMPLETE"
 
 
+def test_a_second_cancel_of_the_same_fleet_succeeds_and_changes_nothing(moto_server):
+    """Two cluster workers that finish together both cancel their fleet (bootstrap.cleanup.cancel_own_fleet
+    reads the state, then cancels): the later call must not answer HTTP 500 (it did: KeyError in the bridge)."""
+    cloudformation, ec2 = _client(moto_server, "cloudformation"), _client(moto_server, "ec2")
+    cloudformation.create_stack(StackName="CfnCompatCancelTwice", TemplateBody=json.dumps(_fleet_template()))
+    fleet_id = {r["LogicalResourceId"]: r["PhysicalResourceId"] for r in
+                cloudformation.describe_stack_resources(StackName="CfnCompatCancelTwice")["StackResources"]}["Fleet"]
+    [active] = ec2.describe_spot_fleet_instances(SpotFleetRequestId=fleet_id)["ActiveInstances"]
+
+    first = ec2.cancel_spot_fleet_requests(SpotFleetRequestIds=[fleet_id], TerminateInstances=True)
+    second = ec2.cancel_spot_fleet_requests(SpotFleetRequestIds=[fleet_id], TerminateInstances=True)
+
+    assert [c["SpotFleetRequestId"] for c in first["SuccessfulFleetRequests"]] == [fleet_id]
+    assert second["ResponseMetadata"]["HTTPStatusCode"] == 200
+    assert second.get("SuccessfulFleetRequests", []) == []
+    [reservation] = ec2.describe_instances(InstanceIds=[active["InstanceId"]])["Reservations"]
+    assert reservation["Instances"][0]["State"]["Name"] == "terminated"
+    cloudformation.delete_stack(StackName="CfnCompatCancelTwice")
+
+
 def test_efs_refs_and_attributes_resolve_and_the_file_system_is_deleted_with_the_stack(moto_server):
     """Bridge 6: Ref of an access point is its fsap- id and Fn::GetAtt of a file system gives its ARN
     (moto 5.2.5 gave the object's repr and HTTP 500); DeletionPolicy Delete removes them with the stack."""
