@@ -195,7 +195,7 @@ def _supervise(config: AgentConfig, imds: Any, is_mounted: Callable[[], bool]):
     from bootstrap.supervisor import Supervisor
 
     supervisor = Supervisor(config, is_mounted=is_mounted, run_as_current_user_if_missing=_local_mode())
-    watcher = InterruptionWatcher(imds_monitors(imds), supervisor)
+    watcher = InterruptionWatcher(imds_monitors(imds), supervisor, poll_interval_s=config.notice_poll_interval_s)
     previous = {sig: signal.signal(sig, lambda *_: supervisor.request_stop()) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         outcome = supervisor.run(watcher)

@@ -34,6 +34,11 @@ NODE_ROLES = ("single", "scheduler", "server", "worker")
 FRAMEWORKS = ("tensorflow", "mxnet")
 FS_TYPES = ("xfs", "ext4")
 CODE_TYPES = ("asset", "git")
+#: Instance-metadata poll interval for notices, seconds: AWS recommends checking every 5 s
+#: (EC2 User Guide, "Spot Instance interruption notices"); the allowed range of the config key.
+DEFAULT_NOTICE_POLL_INTERVAL_S = 5.0
+MIN_NOTICE_POLL_INTERVAL_S = 0.5
+MAX_NOTICE_POLL_INTERVAL_S = 60.0
 
 # CloudFormation stack names: a letter, then letters, digits and hyphens, at most 128 characters.
 _STACK_NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9-]{0,127}$")
@@ -125,6 +130,10 @@ class AgentConfig:
     training: TrainingConfig
     cleanup: CleanupConfig
     imds_endpoint: str | None
+    #: Seconds between instance-metadata polls for a spot interruption notice or a rebalance
+    #: recommendation. AWS recommends 5 s; local mode polls every second because its trainers run
+    #: tiny models whose remaining steps can take less time than one 5 s round.
+    notice_poll_interval_s: float = DEFAULT_NOTICE_POLL_INTERVAL_S
     extensions: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
 
 
@@ -175,7 +184,7 @@ def parse_config(data: Any) -> AgentConfig:
     if root is None:
         raise ConfigError(problems=v.problems)
     v.keys(root, "", required=("schema_version", "region", "stack_name", "node_role", "volume", "training"),
-           optional=("efs", "cleanup", "imds_endpoint") + EXTENSION_KEYS)
+           optional=("efs", "cleanup", "imds_endpoint", "notice_poll_interval_s") + EXTENSION_KEYS)
 
     schema_version = v.integer(root, "schema_version", "", minimum=1)
     if schema_version is not None and schema_version != SCHEMA_VERSION:
@@ -206,12 +215,21 @@ def parse_config(data: Any) -> AgentConfig:
             else:
                 imds_endpoint = imds_endpoint.rstrip("/")
 
+    poll = root.get("notice_poll_interval_s", DEFAULT_NOTICE_POLL_INTERVAL_S)
+    if isinstance(poll, bool) or not isinstance(poll, (int, float)) or not (
+            MIN_NOTICE_POLL_INTERVAL_S <= poll <= MAX_NOTICE_POLL_INTERVAL_S):
+        v.problem("notice_poll_interval_s", poll,
+                  f"a number of seconds from {MIN_NOTICE_POLL_INTERVAL_S} to {MAX_NOTICE_POLL_INTERVAL_S} "
+                  f"(default {DEFAULT_NOTICE_POLL_INTERVAL_S}, as AWS recommends)")
+        poll = DEFAULT_NOTICE_POLL_INTERVAL_S
+
     if v.problems:
         raise ConfigError(problems=v.problems)
     extensions = {k: root[k] for k in EXTENSION_KEYS if k in root}
     return AgentConfig(schema_version=schema_version, region=region, stack_name=stack_name,
                        node_role=node_role, volume=volume, efs=efs, training=training, cleanup=cleanup,
-                       imds_endpoint=imds_endpoint, extensions=MappingProxyType(extensions))
+                       imds_endpoint=imds_endpoint, notice_poll_interval_s=float(poll),
+                       extensions=MappingProxyType(extensions))
 
 
 def _volume(v: "_Validator", root: Mapping[str, Any], stack_name: str | None) -> VolumeConfig | None:

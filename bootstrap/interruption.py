@@ -24,6 +24,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Protocol
 
+from bootstrap.config import DEFAULT_NOTICE_POLL_INTERVAL_S
 from bootstrap.imds import ImdsClient, ImdsError
 from bootstrap.logs import flush_logs
 
@@ -31,8 +32,9 @@ log = logging.getLogger(__name__)
 
 SPOT_INTERRUPTION = "spot-interruption"
 REBALANCE_RECOMMENDATION = "rebalance-recommendation"
-#: How often to poll IMDS, seconds (AWS: "we recommend that you check for these warnings every 5 seconds").
-DEFAULT_POLL_INTERVAL_S = 5.0
+#: How often to poll IMDS, seconds (AWS: "we recommend that you check for these warnings every 5 seconds");
+#: the node config's ``notice_poll_interval_s`` overrides it.
+DEFAULT_POLL_INTERVAL_S = DEFAULT_NOTICE_POLL_INTERVAL_S
 #: Seconds kept back from the notice deadline to flush logs and sync the volume.
 DEFAULT_MARGIN_S = 15.0
 #: The least time given to the trainer to save and exit, seconds, even when the notice is late.

@@ -197,7 +197,9 @@ def az_plan(options: DrillOptions, zones: list[str], first_zone: str) -> list[st
 
 def _trigger_steps(options: DrillOptions) -> list[int]:
     n = options.interruptions
-    return [round(options.planned_steps * (i + 1) / (n + 1)) for i in range(n)]
+    # (i + 1) / (n + 2): the last notice still leaves 2/(n + 2) of the steps, so a notice that the
+    # agent sees one polling round late still finds training running.
+    return [round(options.planned_steps * (i + 1) / (n + 2)) for i in range(n)]
 
 
 def _start_baseline(options: DrillOptions, work_dir: Path) -> subprocess.Popen[bytes]:

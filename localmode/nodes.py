@@ -7,6 +7,7 @@ A local node is what a spot instance of the stack would run, on this machine:
   the mount point (``/dltraining`` -> ``<work_dir>/nodes/<instance-id>/dltraining``, and every path
   or command argument under it), ``training.python`` (this interpreter) and ``training.code`` (the
   node's unpacked copy of the deployed bootstrap asset), and ``imds_endpoint`` (the node's emulator);
+  ``notice_poll_interval_s`` is set to 1 s (:data:`LOCAL_NOTICE_POLL_INTERVAL_S`);
 - its **code** is the bootstrap asset the user data downloads: the zip ``cdk deploy`` uploaded to the
   moto server's S3, unpacked under the node's directory;
 - its **instance metadata** is an :class:`~localmode.imds_emulator.ImdsEmulator` of its own, with the
@@ -76,6 +77,10 @@ def _rewrite(value: Any, old_root: str, new_root: str) -> Any:
     return value
 
 
+#: Seconds between a local node's instance-metadata polls for notices (the node config key).
+LOCAL_NOTICE_POLL_INTERVAL_S = 1.0
+
+
 def local_node_config(deployed: dict[str, Any], *, node_dir: Path, code_dir: Path, imds_endpoint: str,
                       python: str = sys.executable) -> dict[str, Any]:
     """The deployed node config with local paths (see the module docstring); ``deployed`` is not changed.
@@ -100,6 +105,10 @@ def local_node_config(deployed: dict[str, Any], *, node_dir: Path, code_dir: Pat
     config["training"]["python"] = python
     config["training"]["code"] = {"type": "asset", "path": str(code_dir)}
     config["imds_endpoint"] = imds_endpoint
+    # The digits trainer runs ~50 steps/s here: one 5 s polling round (AWS's recommendation, the
+    # default) can outlast the steps left after a late notice, and the drill would see training
+    # complete instead of an interruption. Local nodes poll their emulator every second.
+    config["notice_poll_interval_s"] = LOCAL_NOTICE_POLL_INTERVAL_S
     return config
 
 

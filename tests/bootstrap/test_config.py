@@ -85,6 +85,11 @@ def test_defaults_for_optional_keys():
     assert config.cleanup.cancel_fleet_on_success is True
     assert config.training.dataset_dir == Path("/dltraining/datasets")
     assert config.training.log_dir == Path("/dltraining/logs")
+    assert config.notice_poll_interval_s == 5.0  # AWS's recommended polling interval
+
+
+def test_notice_poll_interval_is_read():
+    assert parse_config(_set("notice_poll_interval_s", 1)).notice_poll_interval_s == 1.0
 
 
 @pytest.mark.parametrize("path,value,expected", [
@@ -115,6 +120,9 @@ def test_defaults_for_optional_keys():
     ("efs", "fs-12345678", 'efs: got "fs-12345678"; expected null or an object'),
     ("cleanup", {"cancel_fleet_on_success": "yes"}, 'cleanup.cancel_fleet_on_success: got "yes"; expected true or false'),
     ("imds_endpoint", "169.254.169.254", 'imds_endpoint: got "169.254.169.254"; expected null or an http(s) URL'),
+    ("notice_poll_interval_s", 0, "notice_poll_interval_s: got 0; expected a number of seconds from 0.5 to 60.0"),
+    ("notice_poll_interval_s", True, "notice_poll_interval_s: got true; expected a number of seconds"),
+    ("notice_poll_interval_s", "5", 'notice_poll_interval_s: got "5"; expected a number of seconds'),
     ("training", _DELETE, "training: missing; expected a value (required key)"),
     ("volume.device_name", _DELETE, "volume.device_name: missing"),
     ("colour", "blue", 'colour: got "blue"; expected no such key'),
