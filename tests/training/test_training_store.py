@@ -289,3 +289,37 @@ def test_two_phase_save_commits_what_another_writer_put_in_the_temp_dir(tmp_path
     ckpt = saver.close()
     assert ckpt.step == 5 and set(ckpt.manifest["files"]) == {"tf_ckpt.index"}
     assert not tmp.exists() and store.latest().step == 5
+
+
+def test_write_file_entries_match_the_bytes_on_disk_and_cover_every_file(tmp_path):
+    import hashlib
+
+    from training.store import write_file
+
+    payload = bytes(range(256)) * 5000  # over hashlib's 2 KiB GIL-release threshold
+    store = CheckpointStore(tmp_path / "ck", framework="tensorflow")
+
+    def write(tmp: Path) -> dict:
+        entries = {"big.bin": write_file(tmp / "big.bin", [b"head", memoryview(payload)])}
+        (tmp / "plain.bin").write_bytes(b"not listed")  # the store must hash this one itself
+        # A listed entry whose size disagrees with the file is not trusted: the store re-hashes it.
+        (tmp / "lied.bin").write_bytes(b"12345")
+        entries["lied.bin"] = {"size": 4, "sha256": "0" * 64}
+        return entries
+
+    ckpt = store.save(write, step=3, epoch=0)
+    files = ckpt.manifest["files"]
+    assert sorted(files) == ["big.bin", "lied.bin", "plain.bin"]
+    for rel, entry in files.items():
+        data = (ckpt.path / rel).read_bytes()
+        assert entry == {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}, rel
+    assert files["big.bin"]["size"] == 4 + len(payload)
+    assert store.latest().step == 3
+    with pytest.raises(FileExistsError):
+        write_file(ckpt.path / "big.bin", [b"x"])  # a checkpoint file is written once, never overwritten
+    # A byte flipped on disk after the write is caught on restore (the digest is of what was written).
+    big = ckpt.path / "big.bin"
+    data = bytearray(big.read_bytes())
+    data[100_000] ^= 1
+    big.write_bytes(bytes(data))
+    assert store.latest() is None
