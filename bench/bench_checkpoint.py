@@ -1,29 +1,34 @@
 """Checkpoint cost and lost work for TensorFlow/Keras (and MXNet Gluon), every figure measured in this one run.
 
-    .venv/bin/python bench/bench_checkpoint.py [--rounds 3] [--kills 2] [--threads 1] [--no-mxnet]
+    .venv/bin/python bench/bench_checkpoint.py [--pairs 40] [--kills 2] [--threads 1] [--no-mxnet]
     (make bench-checkpoint)
 
 Model: an MLP (64 -> 2048 -> 2048 -> 512 -> 10, about 5.4 M parameters, the same as the MXNet
 part) trained with Adam, batch 64, on synthetic data of 6,400 examples (an epoch is 100 steps),
 one TensorFlow intra-op thread (as the examples run; design.md: fastest on small nodes).
 
-1. Overhead. Blocks of one epoch (100 steps) through :class:`training.keras_adapter.ResumableFit`
-   with no checkpoints (``none``), synchronous saves every 50 steps (``sync``) and background
-   saves every 50 steps (``background``, the default), and the article's way: a plain
-   ``model.fit(x, y, shuffle=True)`` with ``keras.callbacks.ModelCheckpoint`` writing a full
-   ``.h5`` model every epoch (``article``) beside the same plain fit without it (``plain``).
-   Saves fall at steps 25 and 75 of each block (the cadence offset by half an interval, as in
-   the MXNet part): a background block ends by waiting for its last write, and a write submitted
-   at the block's very last step would put one whole write on the clock of every 100 steps (a
-   4-5 % artefact on an idle 2-CPU machine that a long run pays once, at its final save).
-   Blocks are interleaved and rotated for ``--rounds`` rounds, so load from other processes
-   falls on every mode alike. Each block's clock runs from its first step to its last, including
-   its saves (a background block also waits for its last write). Overhead % = (mode - its
-   baseline) / baseline, baseline ``none`` for ours and ``plain`` for the article's; the headline
-   is the median over rounds of each round's ratio, the ratio of the totals is printed beside it.
-   Beside it, the share of the no-save training time during which saves held the training thread
-   (sync: the whole write; background: the host copy), which load from other processes cannot
-   blur, and the load average (wall-time ratios mean little when it exceeds the CPU count).
+1. Overhead, by paired windows. A run trains in windows of WINDOW (10) steps that alternate
+   without and with one save: through :class:`training.keras_adapter.ResumableFit` with
+   synchronous saves (``sync``) and with background saves (``background``, the default), the save
+   at a window's first step (a background write then overlaps the window's other steps, as it
+   overlaps the 49 steps after it in a run saving every 50 steps; the window's end waits for it);
+   and the article's way, a plain ``model.fit(x, y, shuffle=True)`` with
+   ``keras.callbacks.ModelCheckpoint`` writing a full ``.h5`` model (``save_freq`` = two windows,
+   so at the last step of each saving window). Each saving window is compared with the window
+   just before it: the difference is the wall time one save added, measured a second apart in
+   the same process, so the load of other processes and the slow drift of a shared machine
+   (epochs of the same run differ by up to 10 % here) cancel out. Overhead % = the mean extra
+   time of one save over the time of the steps between two saves: 50 steps for ours (a save every
+   50 steps), an epoch of 100 steps for the article's; printed with its 95 % confidence interval
+   (1.96 standard errors over ``--pairs`` pairs) and the median. The first WARMUP_PAIRS pairs of
+   each run are not compared: they hold what a run pays once (``tf.function`` tracing, the
+   writer thread's start, the first two saves' allocation of the host buffers that later saves
+   reuse), and those first saves are reported on their own. Why windows rather than runs with
+   and without saves side by side: on this 2-CPU machine two 100-step blocks of the same mode
+   differ by 5-12 %, so a 1-2 % effect needs thousands of blocks; a save's extra time is a few
+   steps' worth and a paired window difference sees it directly. Beside it, the training thread
+   held by saves (sync: the whole write; background: the host copy), which load elsewhere cannot
+   blur, and the load average.
 2. Save time (sync: the whole write; background: time the training thread is blocked for the host
    copy; write: one full store write of that copy, what the writer thread does), restore time
    (a fresh model: verify sha256, load, assign), checkpoint size; the same for the article's .h5.
@@ -60,11 +65,15 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import numpy as np  # noqa: E402
 
+from paired import paired_overhead, saving_window  # noqa: E402  (bench/paired.py)
+
 BATCH = 64
 SAVE_EVERY = 50
 EXAMPLES = 6400  # 100 steps per epoch
 SEED = 0
 GOAL_BACKGROUND_PCT = 2.0
+WINDOW = 10  # steps per measuring window (module docstring, 1.)
+WARMUP_PAIRS = 2  # pairs of windows at the start of each run, not compared (a run's first saves)
 
 
 def make_data():
@@ -167,7 +176,8 @@ def run_mxnet_part() -> dict | None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds of the five modes (default 3)")
+    parser.add_argument("--pairs", type=int, default=40,
+                        help=f"pairs of {WINDOW}-step windows (without, with a save) compared per mode (default 40)")
     parser.add_argument("--kills", type=int, default=2, help="SIGKILL trials (default 2)")
     parser.add_argument("--threads", type=int, default=1, help="TensorFlow intra-op threads (default 1)")
     parser.add_argument("--no-mxnet", action="store_true", help="skip the MXNet part")
@@ -177,7 +187,7 @@ def main() -> int:
     sys.stdout.reconfigure(line_buffering=True)  # progress shows up at once when piped to a file
     if args.worker:
         return worker(args)
-    for name in ("rounds", "threads"):
+    for name in ("pairs", "threads"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be >= 1, got {getattr(args, name)}")
 
@@ -198,92 +208,82 @@ def main() -> int:
         n_params = int(sum(np.prod(v.shape) for v in model.trainable_variables))
         spe = EXAMPLES // BATCH
 
-        class Clock(keras.callbacks.Callback):
-            """Wall time from the first step's start to the last step's end (and its saves)."""
+        # Paired windows (module docstring, 1.): windows of WINDOW steps alternate without and with
+        # one save; window k is a saving window when k is odd, and each saving window is compared
+        # with the window just before it, about a second earlier in the same process.
+        windows_total = 2 * (WARMUP_PAIRS + args.pairs)
+        epochs = -(-windows_total * WINDOW // spe)  # ceil: the clock stops training after the last window
+
+        class WindowClock(keras.callbacks.Callback):
+            """Wall time of every window, from its first step's start to its last step's end and
+            its save (a background save's write is waited for at the window's end); the training-
+            thread seconds of the save in each window (ResumableFit runs). Stops training after the
+            last window."""
 
             def __init__(self, fitter=None):
                 super().__init__()
-                self.fitter, self.seconds = fitter, 0.0
+                self.fitter, self.steps = fitter, 0
+                self.seconds: list[float] = []
+                self.blocking: list[float] = []
 
             def on_train_batch_begin(self, batch, logs=None):
-                if batch == 0:
+                if self.steps % WINDOW == 0:
                     self.t0 = time.perf_counter()
+                    self.n0 = len(self.fitter.checkpointer.save_seconds) if self.fitter else 0
 
             def on_train_batch_end(self, batch, logs=None):
-                if self.fitter is not None and batch == spe - 1:
-                    self.fitter.checkpointer.wait()  # a background block pays for its last write
-                    self.seconds = time.perf_counter() - self.t0
-                    self.save_seconds = list(self.fitter.checkpointer.save_seconds)
+                self.steps += 1
+                if self.steps % WINDOW:
+                    return
+                if self.fitter is not None:
+                    self.fitter.checkpointer.wait()  # no-op for synchronous saves
+                    self.blocking.append(sum(self.fitter.checkpointer.save_seconds[self.n0:]))
+                self.seconds.append(time.perf_counter() - self.t0)
+                if len(self.seconds) == windows_total:
+                    self.model.stop_training = True
 
-            def on_epoch_end(self, epoch, logs=None):  # after ModelCheckpoint (placed before us)
-                if self.fitter is None:
-                    self.seconds = time.perf_counter() - self.t0
-
-        counter = iter(range(10**6))
-        block_saves: dict[str, list] = {"sync": [], "background": []}
-
-        class OffsetSchedule(SaveSchedule):
-            """Every SAVE_EVERY steps, offset by half an interval: steps 25 and 75 of a block."""
+        class WindowSchedule(SaveSchedule):
+            """One save at the first step of every saving window (the write overlaps the window's
+            other steps, as it overlaps the 49 steps after it in a run saving every 50 steps)."""
 
             def due(self, step, now=None):
-                return step % SAVE_EVERY == SAVE_EVERY // 2
+                return (step - 1) % WINDOW == 0 and saving_window((step - 1) // WINDOW)
 
-        def ours(mode: str) -> float:
-            every = None if mode == "none" else SAVE_EVERY
-            fitter = ResumableFit(model, scratch / f"{mode}-{next(counter)}", save_every_steps=every,
-                                  background=(mode != "sync"), notice=quiet_notice())
-            if every is not None:
-                fitter.schedule = OffsetSchedule(every_steps=every)
-            clock = Clock(fitter)
-            fitter.fit(x, y, batch_size=BATCH, epochs=1, callbacks=[clock], verbose=0)
-            if mode in block_saves:  # the saves inside the clock (not fit's final one, after it)
-                block_saves[mode].extend(clock.save_seconds)
+        def ours(mode: str) -> WindowClock:
+            fitter = ResumableFit(model, scratch / mode, save_every_steps=SAVE_EVERY,
+                                  background=(mode == "background"), notice=quiet_notice())
+            fitter.schedule = WindowSchedule(every_steps=SAVE_EVERY)
+            clock = WindowClock(fitter)
+            fitter.fit(x, y, batch_size=BATCH, epochs=epochs, callbacks=[clock], verbose=0)
             shutil.rmtree(fitter.store.directory, ignore_errors=True)
-            return clock.seconds
+            return clock
 
-        def article(mode: str) -> float:
-            clock = Clock()
-            callbacks = [clock]
-            directory = scratch / f"article-{next(counter)}"
-            if mode == "article":
-                directory.mkdir()
-                callbacks.insert(0, keras.callbacks.ModelCheckpoint(str(directory / "model-{epoch:03d}.h5")))
-            model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=True, callbacks=callbacks, verbose=0)
+        def article(mode: str) -> WindowClock:
+            # The article's callback as it is, saving at the last step of every saving window
+            # (save_freq counts batches) instead of at each epoch's end; scaled to per epoch below.
+            clock = WindowClock()
+            directory = scratch / "article"
+            directory.mkdir()
+            saver = keras.callbacks.ModelCheckpoint(str(directory / "model-{epoch:03d}.h5"), save_freq=2 * WINDOW)
+            model.fit(x, y, batch_size=BATCH, epochs=epochs, shuffle=True, callbacks=[saver, clock], verbose=0)
             shutil.rmtree(directory, ignore_errors=True)
-            return clock.seconds
+            return clock
 
-        runners = {"none": ours, "sync": ours, "background": ours, "plain": article, "article": article}
-        for warm in ("none", "plain"):  # trace both input paths before any clock runs
-            runners[warm](warm)
-        wall = {m: [] for m in runners}
-        order = list(runners)
-        for round_no in range(args.rounds):
-            for mode in order[round_no % len(order):] + order[: round_no % len(order)]:
-                wall[mode].append(runners[mode](mode))
-        total = {m: sum(v) for m, v in wall.items()}
-        pairs = {"sync": "none", "background": "none", "article_h5_every_epoch": ("article", "plain")}
-
-        def pct(mode_wall, base_wall):
-            return (mode_wall - base_wall) / base_wall * 100
-
-        # Headline: the median over rounds of each round's own ratio (a round's blocks run minutes
-        # apart at most, so a burst of load elsewhere rarely spans a whole comparison); the ratio of
-        # the totals is reported beside it.
-        overhead, overhead_total = {}, {}
-        for key, base in pairs.items():
-            mode, base = (key, base) if isinstance(base, str) else base
-            overhead[key] = statistics.median(pct(m, b) for m, b in zip(wall[mode], wall[base]))
-            overhead_total[key] = pct(total[mode], total[base])
-        step_ms = total["none"] / (args.rounds * spe) * 1000
+        clocks = {"background": ours("background"), "sync": ours("sync"), "article": article("article")}
+        first = 2 * WARMUP_PAIRS  # windows not compared: what a run pays once
+        stats = {mode: paired_overhead(clock.seconds[:windows_total], first=first, window=WINDOW,
+                                       save_every=spe if mode == "article" else SAVE_EVERY,  # the article: per epoch
+                                       blocking=clock.blocking or None)
+                 for mode, clock in clocks.items()}
+        overhead = {m: s["overhead_pct"] for m, s in stats.items()}
+        step_ms = stats["background"]["step_s"] * 1000
+        sync_saves, blocking = stats["sync"]["blocking_s"], stats["background"]["blocking_s"]
+        first_saves = {m: clocks[m].blocking[:first][1::2] for m in ("sync", "background")}  # cold: once a run
+        # The part of the overhead that load elsewhere cannot blur: the training thread held by
+        # saves (the rest is the writer thread competing for CPU, memory and disk).
+        blocked_pct = {m: stats[m]["blocked_pct"] for m in ("sync", "background")}
 
         # Save, write, restore, size.
-        sync_saves = block_saves["sync"]
-        blocking = block_saves["background"]
-        # The part of the overhead that load elsewhere cannot blur: seconds the training thread was
-        # held by saves, over the training time without saves (the rest of a wall-time overhead is
-        # the writer thread competing for CPU, which its lower priority keeps to idle cycles).
-        blocked_pct = {"sync": sum(sync_saves) / total["none"] * 100,
-                       "background": sum(blocking) / total["none"] * 100}
         store = CheckpointStore(scratch / "writes", framework="tensorflow")
         ck = KerasCheckpointer(model, store, background=False)
         arrays, index = ck.snapshot()
@@ -335,18 +335,25 @@ def main() -> int:
             "save_every_steps": SAVE_EVERY,
             "steps_per_epoch": spe,
             "intra_op_threads": args.threads,
-            "steps_per_mode": args.rounds * spe,
+            "pairs_per_mode": args.pairs,
+            "window_steps": WINDOW,
             "step_ms": round(step_ms, 2),
-            "wall_s": {m: round(v, 3) for m, v in total.items()},
-            "overhead_pct": {m: round(v, 2) for m, v in overhead.items()},
-            "overhead_pct_of_totals": {m: round(v, 2) for m, v in overhead_total.items()},
+            "overhead_pct": {"sync": round(overhead["sync"], 2), "background": round(overhead["background"], 2),
+                             "article_h5_every_epoch": round(overhead["article"], 2)},
+            "overhead_pct_ci95": {m if m != "article" else "article_h5_every_epoch": round(s_["overhead_pct_ci95"], 2)
+                                  for m, s_ in stats.items()},
+            "overhead_pct_median": {m if m != "article" else "article_h5_every_epoch":
+                                    round(s_["overhead_pct_median"], 2) for m, s_ in stats.items()},
+            "extra_s_per_save_mean": {m: round(statistics.mean(s_["extra_s"]), 4) for m, s_ in stats.items()},
             "training_thread_blocked_pct": {m: round(v, 2) for m, v in blocked_pct.items()},
             "load_average_1min": {"start": load_start, "end": round(os.getloadavg()[0], 2)},
             "cpus": os.cpu_count(),
-            "block_wall_s": {m: [round(x, 3) for x in v] for m, v in wall.items()},
+            "window_s": {m: [round(v, 4) for v in c.seconds] for m, c in clocks.items()},
             "save_s": {
                 "sync_mean": round(statistics.mean(sync_saves), 4),
                 "background_blocking_mean": round(statistics.mean(blocking), 4),
+                "first_saves_blocking": {m: [round(t, 4) for t in v] for m, v in first_saves.items()},
+                "plain_step_ms": round(stats["article"]["step_s"] * 1000, 2),
                 "background_write_mean": round(statistics.mean(write_times), 4),
                 "article_h5_mean": round(statistics.mean(h5_times), 4),
             },
@@ -366,22 +373,26 @@ def main() -> int:
         }
 
         print(f"TensorFlow/Keras checkpoint benchmark: {n_params / 1e6:.2f} M parameters, Adam, batch {BATCH}, "
-              f"save every {SAVE_EVERY} steps, {args.rounds * spe} steps per mode, interleaved, "
+              f"{args.pairs} pairs of {WINDOW}-step windows per mode (without, with one save), "
               f"{args.threads} intra-op thread(s)")
-        print(f"{'mode':<34}{'wall s':>9}{'ms/step':>9}{'overhead %':>12}{'of totals %':>13}{'blocking s/save':>17}")
-        rows = [("none (ResumableFit, no saves)", "none", None, 0.0),
-                ("sync (every 50 steps)", "sync", "sync", result["save_s"]["sync_mean"]),
-                ("background (every 50 steps)", "background", "background",
-                 result["save_s"]["background_blocking_mean"]),
-                ("plain model.fit", "plain", None, 0.0),
-                ("article: ModelCheckpoint .h5/epoch", "article", "article_h5_every_epoch",
-                 result["save_s"]["article_h5_mean"])]
-        for label, mode, key, block in rows:
-            print(f"{label:<34}{total[mode]:>9.2f}{total[mode] / (args.rounds * spe) * 1000:>9.2f}"
-                  f"{overhead[key] if key else 0.0:>12.2f}{overhead_total[key] if key else 0.0:>13.2f}{block:>17.4f}")
+        print(f"{'mode':<36}{'ms/step':>9}{'extra s/save':>14}{'overhead %':>12}{'95% CI +-':>11}{'median %':>10}"
+              f"{'blocking s/save':>17}")
+        rows = [("sync, a save every 50 steps", "sync", result["save_s"]["sync_mean"]),
+                ("background, a save every 50 steps", "background", result["save_s"]["background_blocking_mean"]),
+                ("article: ModelCheckpoint .h5/epoch", "article", result["save_s"]["article_h5_mean"])]
+        for label, mode, block in rows:
+            st = stats[mode]
+            print(f"{label:<36}{st['step_s'] * 1000:>9.2f}{statistics.mean(st['extra_s']):>14.4f}"
+                  f"{st['overhead_pct']:>12.2f}{st['overhead_pct_ci95']:>11.2f}{st['overhead_pct_median']:>10.2f}"
+                  f"{block:>17.4f}")
+        print(f"  (overhead % = mean extra wall time of a window with one save over the window before it, "
+              f"as a share of {SAVE_EVERY} steps (ours) or a {spe}-step epoch (article, baseline plain model.fit))")
         print(f"training thread held by saves: sync {blocked_pct['sync']:.2f} %, background "
               f"{blocked_pct['background']:.2f} % of the no-save training time; load average "
               f"{load_start} -> {result['load_average_1min']['end']} on {os.cpu_count()} CPUs")
+        print(f"first two saves of a run (not compared: host buffers allocated, reader traced; once per "
+              f"process): background {result['save_s']['first_saves_blocking']['background']} s, "
+              f"sync {result['save_s']['first_saves_blocking']['sync']} s")
         print(f"background write (writer thread): {result['save_s']['background_write_mean']:.3f} s; "
               f"restore: {result['restore_s']:.3f} s (bitwise equal: {restored_equal}); checkpoint: "
               f"{size_mb:.1f} MB; article .h5: {h5_mb:.1f} MB, save {result['save_s']['article_h5_mean']:.3f} s, "
@@ -396,21 +407,26 @@ def main() -> int:
             if mxnet is not None:
                 output["mxnet"] = mxnet
         backgrounds = {"tensorflow": result["overhead_pct"]["background"]}
-        if isinstance(output.get("mxnet"), dict) and "overhead_pct" in output["mxnet"]:
-            backgrounds["mxnet"] = output["mxnet"]["overhead_pct"]["background"]
+        upper = {"tensorflow": round(backgrounds["tensorflow"] + result["overhead_pct_ci95"]["background"], 2)}
+        mx_result = output.get("mxnet") if isinstance(output.get("mxnet"), dict) else {}
+        if "overhead_pct" in mx_result:
+            backgrounds["mxnet"] = mx_result["overhead_pct"]["background"]
+            upper["mxnet"] = round(backgrounds["mxnet"] + mx_result["overhead_pct_ci95"]["background"], 2)
         sigterm_lost = {"tensorflow": result["lost_steps"]["sigterm"]}
-        if isinstance(output.get("mxnet"), dict) and "lost_steps" in output["mxnet"]:
-            sigterm_lost["mxnet"] = output["mxnet"]["lost_steps"]["sigterm"]
+        if "lost_steps" in mx_result:
+            sigterm_lost["mxnet"] = mx_result["lost_steps"]["sigterm"]
         output["goals"] = {
             "background_overhead_pct": backgrounds,
-            "background_under_2pct": all(v < GOAL_BACKGROUND_PCT for v in backgrounds.values()),
+            "background_overhead_pct_upper95": upper,
+            # Shown only when the upper end of the 95 % confidence interval is under the goal.
+            "background_under_2pct": all(v < GOAL_BACKGROUND_PCT for v in upper.values()),
             "lost_steps_with_notice": sigterm_lost,
             "zero_lost_with_notice": all(all(v == 0 for v in lst) for lst in sigterm_lost.values()),
         }
         output["bench_seconds"] = round(time.perf_counter() - started_all, 1)
-        print(f"goals: background overhead {backgrounds} (< {GOAL_BACKGROUND_PCT} %: "
-              f"{output['goals']['background_under_2pct']}); lost steps with notice {sigterm_lost}; "
-              f"{output['bench_seconds']} s")
+        print(f"goals: background overhead {backgrounds} %, upper end of the 95 % CI {upper} "
+              f"(< {GOAL_BACKGROUND_PCT} %: {output['goals']['background_under_2pct']}); "
+              f"lost steps with notice {sigterm_lost}; {output['bench_seconds']} s")
         print(json.dumps(output))
     finally:
         shutil.rmtree(scratch, ignore_errors=True)

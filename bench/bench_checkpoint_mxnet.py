@@ -1,19 +1,19 @@
 """Checkpoint cost and lost work for MXNet Gluon, every figure measured in this one run.
 
-    .venv/bin/python bench/bench_checkpoint_mxnet.py [--rounds 3] [--block-steps 100] [--kills 2]
+    .venv/bin/python bench/bench_checkpoint_mxnet.py [--pairs 40] [--kills 2]
 
 Model: an MLP on the 8x8 digits (64 -> 2048 -> 2048 -> 512 -> 10, about 5.4 M parameters) trained
 with Adam, batch 64, one OpenMP thread (as the examples run), checkpoint every 50 steps with
 :class:`training.mxnet_adapter.GluonCheckpointer`.
 
-1. Overhead: the same model trains in blocks of ``--block-steps`` steps with no checkpoints,
-   synchronous saves and background saves; blocks are interleaved (none, sync, background, then
-   rotated) for ``--rounds`` rounds, so load from other processes on the machine falls on all three
-   alike. Saves fall at steps 25 and 75 of each block; background blocks end by waiting for their
-   last write (any time it still needs counts). Overhead % = median over rounds of (mode's block
-   wall time - none's block wall time) / none's block wall time; ``overhead_total_pct`` sums all
-   rounds instead; ``training_thread_blocked_pct`` is the time spent inside the save calls;
-   ``cpu_overhead_pct`` is the extra CPU time of all threads (what a node without a spare core pays).
+1. Overhead, by paired windows, as in bench/bench_checkpoint.py (1.) and with bench/paired.py: one
+   run per mode (synchronous, background) trains in windows of 10 steps that alternate without
+   and with one save (at the window's first step; a background window ends by waiting for its
+   write); each saving window is compared with the window before it. Overhead % = the mean extra
+   wall time of one save over the time of 50 steps (a save every 50 steps), with its 95 %
+   confidence interval and the median; ``training_thread_blocked_pct`` is the time inside the
+   save calls over the same 50 steps; ``cpu_overhead_pct`` is the extra CPU time of all threads
+   per save, paired the same way (what a node without a spare core pays).
 2. Save time (sync: full write; background: time the training thread is blocked for the host copy;
    write: time of one full store write of that copy), restore time (fresh process state: new model,
    ``GluonCheckpointer.restore``), checkpoint size on disk.
@@ -48,9 +48,13 @@ sys.path.insert(0, str(REPO))
 
 import numpy as np  # noqa: E402
 
+from paired import paired_overhead, saving_window  # noqa: E402  (bench/paired.py)
+
 from training.datasets import batch_indices, load_digits, steps_per_epoch  # noqa: E402
 
 SAVE_EVERY = 50
+WINDOW = 10  # steps per measuring window
+WARMUP_PAIRS = 2  # pairs of windows at the start of each run, not compared (a run's first saves)
 BATCH = 64
 SEED = 0
 HIDDEN = (2048, 2048, 512)
@@ -154,8 +158,8 @@ def lost_steps_trial(data_dir: Path, scratch: Path, sig: int, at: int) -> dict:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds of the three modes (default 3)")
-    parser.add_argument("--block-steps", type=int, default=100, help="steps per block (default 100: 2 saves)")
+    parser.add_argument("--pairs", type=int, default=40,
+                        help=f"pairs of {WINDOW}-step windows (without, with a save) compared per mode (default 40)")
     parser.add_argument("--kills", type=int, default=2, help="SIGKILL trials (default 2)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--data-dir", type=Path, help=argparse.SUPPRESS)
@@ -163,14 +167,15 @@ def main() -> int:
     args = parser.parse_args()
     if args.worker:
         return worker(args)
-    if args.block_steps % SAVE_EVERY:
-        parser.error(f"--block-steps must be a multiple of {SAVE_EVERY}, got {args.block_steps}")
+    if args.pairs < 2:
+        parser.error(f"--pairs must be >= 2, got {args.pairs}")
 
     import mxnet as mx
     from mxnet import autograd, gluon
 
     from training.examples.prepare_data import prepare_digits
     from training.mxnet_adapter import PARAMS_FILE, GluonCheckpointer, capture_state
+    from training.notice import SaveSchedule
     from training.store import CheckpointStore
 
     scratch = Path(tempfile.mkdtemp(prefix="bench-ckpt-mxnet-"))
@@ -185,53 +190,45 @@ def main() -> int:
         for i in range(20):  # warm-up: graph caching, allocator, Adam state creation
             step(i)
 
-        checkpointers = {
-            "sync": GluonCheckpointer(net, trainer, directory=scratch / "sync", every_steps=SAVE_EVERY,
-                                      background=False, notices=quiet_notices()),
-            "background": GluonCheckpointer(net, trainer, directory=scratch / "background",
-                                            every_steps=SAVE_EVERY, background=True, notices=quiet_notices()),
-        }
-        wall = {"none": 0.0, "sync": 0.0, "background": 0.0}
-        steps_done = {mode: 0 for mode in wall}
-        block_wall: dict[str, list[float]] = {mode: [] for mode in wall}
-        cpu = {mode: 0.0 for mode in wall}  # CPU seconds of all threads of this process
-        order = ["none", "sync", "background"]
+        # Paired windows (bench/bench_checkpoint.py, 1.; bench/paired.py): one run per mode whose
+        # WINDOW-step windows alternate without and with one save, at the window's first step.
+        windows_total = 2 * (WARMUP_PAIRS + args.pairs)
+        first = 2 * WARMUP_PAIRS
+
+        class WindowSchedule(SaveSchedule):
+            def due(self, step, now=None):
+                return (step - 1) % WINDOW == 0 and saving_window((step - 1) // WINDOW)
+
+        checkpointers, seconds, cpu_seconds, blocking = {}, {}, {}, {}
         index = 20
-        for round_no in range(args.rounds):
-            for mode in order[round_no % 3:] + order[: round_no % 3]:
-                ck = checkpointers.get(mode)
-                if ck is not None:
-                    # The cadence counts this mode's own steps, offset by half an interval so the
-                    # saves fall at steps 25 and 75 of a block: the background write of the second
-                    # one has 25 steps to finish before the block ends (and is waited for there).
-                    ck.step = steps_done[mode] + SAVE_EVERY // 2
-                started = time.perf_counter()
-                cpu_started = time.process_time()
-                for _ in range(args.block_steps):
+        for mode in ("background", "sync"):
+            ck = GluonCheckpointer(net, trainer, directory=scratch / mode, every_steps=SAVE_EVERY,
+                                   background=(mode == "background"), notices=quiet_notices())
+            ck.schedule = WindowSchedule(every_steps=SAVE_EVERY)
+            checkpointers[mode] = ck
+            seconds[mode], cpu_seconds[mode], blocking[mode] = [], [], []
+            for _k in range(windows_total):
+                n0 = len(ck.save_seconds)
+                started, cpu_started = time.perf_counter(), time.process_time()
+                for _ in range(WINDOW):
                     step(index)
                     index += 1
-                    if ck is not None:
-                        ck.after_step(exit_on_stop=False)
-                if mode == "background":
+                    ck.after_step(exit_on_stop=False)
+                if ck.saver is not None:
                     ck.saver.wait()
-                wall[mode] += time.perf_counter() - started
-                block_wall[mode].append(time.perf_counter() - started)
-                cpu[mode] += time.process_time() - cpu_started
-                steps_done[mode] += args.block_steps
-        for ck in checkpointers.values():
+                seconds[mode].append(time.perf_counter() - started)
+                cpu_seconds[mode].append(time.process_time() - cpu_started)
+                blocking[mode].append(sum(ck.save_seconds[n0:]))
             ck.close()
-        step_ms = wall["none"] / steps_done["none"] * 1000
-        # Each round's blocks ran back to back, so compare within a round and take the median over
-        # rounds: a load spike from other processes then spoils one round, not the figure.
-        overhead = {m: statistics.median((b - n) / n * 100 for b, n in zip(block_wall[m], block_wall["none"]))
-                    for m in ("sync", "background")}
-        overhead_total = {m: (wall[m] - wall["none"]) / wall["none"] * 100 for m in ("sync", "background")}
-        # Extra CPU time (every thread): what checkpointing costs when no core is spare, and the
-        # figure least disturbed by other processes' load.
-        cpu_overhead = {m: (cpu[m] - cpu["none"]) / cpu["none"] * 100 for m in ("sync", "background")}
-        # The training thread's own cost: time spent inside the save calls (sync: the whole write;
-        # background: the host copy and hand-over), as % of the no-checkpoint wall time.
-        blocked = {m: sum(checkpointers[m].save_seconds) / wall["none"] * 100 for m in ("sync", "background")}
+        stats = {m: paired_overhead(seconds[m], first=first, window=WINDOW, save_every=SAVE_EVERY,
+                                    blocking=blocking[m]) for m in seconds}
+        # Extra CPU time of every thread per save: what checkpointing costs when no core is spare.
+        cpu_stats = {m: paired_overhead(cpu_seconds[m], first=first, window=WINDOW, save_every=SAVE_EVERY)
+                     for m in seconds}
+        overhead = {m: st["overhead_pct"] for m, st in stats.items()}
+        cpu_overhead = {m: st["overhead_pct"] for m, st in cpu_stats.items()}
+        blocked = {m: st["blocked_pct"] for m, st in stats.items()}
+        step_ms = stats["background"]["step_s"] * 1000
 
         # One full background write of a host copy (what the writer thread does per save).
         state = capture_state(net, trainer)
@@ -272,15 +269,20 @@ def main() -> int:
             "optimizer": "adam",
             "batch_size": BATCH,
             "save_every_steps": SAVE_EVERY,
-            "steps_per_mode": steps_done["none"],
+            "pairs_per_mode": args.pairs,
+            "window_steps": WINDOW,
             "step_ms": round(step_ms, 2),
             "overhead_pct": {m: round(v, 2) for m, v in overhead.items()},
-            "overhead_total_pct": {m: round(v, 2) for m, v in overhead_total.items()},
+            "overhead_pct_ci95": {m: round(st["overhead_pct_ci95"], 2) for m, st in stats.items()},
+            "overhead_pct_median": {m: round(st["overhead_pct_median"], 2) for m, st in stats.items()},
+            "extra_s_per_save_mean": {m: round(statistics.mean(st["extra_s"]), 4) for m, st in stats.items()},
             "cpu_overhead_pct": {m: round(v, 2) for m, v in cpu_overhead.items()},
             "training_thread_blocked_pct": {m: round(v, 2) for m, v in blocked.items()},
+            "window_s": {m: [round(v, 4) for v in seconds[m]] for m in seconds},
             "save_s": {
-                "sync_mean": round(statistics.mean(checkpointers["sync"].save_seconds), 4),
-                "background_blocking_mean": round(statistics.mean(checkpointers["background"].save_seconds), 4),
+                "sync_mean": round(statistics.mean(stats["sync"]["blocking_s"]), 4),
+                "background_blocking_mean": round(statistics.mean(stats["background"]["blocking_s"]), 4),
+                "first_saves_blocking": {m: [round(t, 4) for t in blocking[m][:first][1::2]] for m in blocking},
                 "background_write_mean": round(statistics.mean(write_times), 4),
             },
             "restore_s": round(statistics.median(restore_times), 4),
@@ -297,17 +299,19 @@ def main() -> int:
             },
         }
         print(f"MXNet Gluon checkpoint benchmark: {n_params / 1e6:.2f} M parameters, Adam, batch {BATCH}, "
-              f"save every {SAVE_EVERY} steps, {steps_done['none']} steps per mode, interleaved")
-        print(f"{'mode':<12}{'wall s':>10}{'ms/step':>10}{'overhead %':>12}{'blocking s/save':>17}{'blocked %':>11}")
-        blocking = {"none": 0.0, "sync": result["save_s"]["sync_mean"],
-                    "background": result["save_s"]["background_blocking_mean"]}
-        for mode in ("none", "sync", "background"):
-            pct = 0.0 if mode == "none" else overhead[mode]
-            print(f"{mode:<12}{wall[mode]:>10.2f}{wall[mode] / steps_done[mode] * 1000:>10.2f}"
-                  f"{pct:>12.2f}{blocking[mode]:>17.4f}{blocked.get(mode, 0.0):>11.2f}")
-        print(f"extra CPU time: sync {cpu_overhead['sync']:.2f} %, background {cpu_overhead['background']:.2f} %; "
-              f"overhead over all rounds: sync {overhead_total['sync']:.2f} %, "
-              f"background {overhead_total['background']:.2f} %")
+              f"{args.pairs} pairs of {WINDOW}-step windows per mode (without, with one save)")
+        print(f"{'mode':<36}{'ms/step':>9}{'extra s/save':>14}{'overhead %':>12}{'95% CI +-':>11}{'median %':>10}"
+              f"{'blocking s/save':>17}")
+        for mode in ("sync", "background"):
+            st = stats[mode]
+            print(f"{mode + ', a save every 50 steps':<36}{st['step_s'] * 1000:>9.2f}"
+                  f"{statistics.mean(st['extra_s']):>14.4f}{st['overhead_pct']:>12.2f}{st['overhead_pct_ci95']:>11.2f}"
+                  f"{st['overhead_pct_median']:>10.2f}{statistics.mean(st['blocking_s']):>17.4f}")
+        print(f"training thread held by saves: sync {blocked['sync']:.2f} %, background {blocked['background']:.2f} %; "
+              f"extra CPU time of all threads: sync {cpu_overhead['sync']:.2f} %, background "
+              f"{cpu_overhead['background']:.2f} %")
+        print(f"first two saves of a run (not compared): background {result['save_s']['first_saves_blocking']['background']} s, "
+              f"sync {result['save_s']['first_saves_blocking']['sync']} s")
         print(f"background write (writer thread): {result['save_s']['background_write_mean']:.3f} s; "
               f"restore: {result['restore_s']:.3f} s; checkpoint: {size_mb:.1f} MB "
               f"(parameters {params_mb:.1f} MB + trainer states)")
