@@ -101,7 +101,7 @@ class KerasCheckpointer:
     Host memory: saves copy into host buffers that are allocated once and reused, two sets in
     background mode (one being written while the next save fills the other; the BackgroundSaver
     never runs two writes at once), one set when synchronous: 2x (1x) the size of the state, kept
-    for the checkpointer's life. Why: a copy into fresh memory pays a page fault per page, and on
+    until :meth:`close`. Why: a copy into fresh memory pays a page fault per page, and on
     virtual machines whose freed memory goes back to the host (free page reporting) those faults
     cost far more than the copy itself; measured on the 2-CPU development VM for a 64.6 MB state,
     6 s apart as saves come (docs/training.md): 43-108 ms into new arrays, 21-23 ms into reused ones.
@@ -149,7 +149,9 @@ class KerasCheckpointer:
         shares the variable's buffer (no copy); it stays unchanged while we hold it, because
         TensorFlow copies a variable's buffer before updating it in place when a tensor still
         references it (copy-on-write: ``PrepareToUpdateVariable`` in TensorFlow's
-        training_op_helpers.h). The function is traced again when the variable list changes."""
+        training_op_helpers.h). On a GPU, turning a read into numpy copies it to the host first,
+        so there the device-to-host copy and the copy into our buffers are two. The function is
+        traced again when the variable list changes."""
         import tensorflow as tf
 
         variables = [v for _group, v in self._variables()]
