@@ -64,7 +64,7 @@ from training.store import (
 )
 
 __all__ = ["GluonCheckpointer", "GluonState", "PARAMS_FILE", "TRAINER_FILE", "capture_state", "check_shapes",
-           "load_state", "remap_trainer_states", "trainer_order",
+           "load_state", "remap_trainer_states", "sync_distributed_parameters", "trainer_order",
            # re-exported so that a training script needs one import line (docs/training-mxnet.md)
            "batch_indices", "steps_per_epoch"]
 
@@ -183,6 +183,56 @@ def _updater(trainer):
             "memory; create it with gluon.Trainer(..., update_on_kvstore=False)"
         )
     return trainer._updaters[0]
+
+
+def _is_distributed(trainer) -> bool:
+    """True when ``trainer`` was given a ``dist_*`` kvstore (a type name or a KVStore object)."""
+    kvstore = trainer._kvstore_params.get("kvstore")  # what Trainer._init_kvstore reads (MXNet 1.9.1)
+    name = kvstore if isinstance(kvstore, str) else getattr(kvstore, "type", "")
+    return "dist" in str(name)
+
+
+def sync_distributed_parameters(trainer, *, logger: logging.Logger | None = None) -> bool:
+    """Broadcast rank 0's parameters through ``trainer``'s distributed kvstore now and wait for them.
+
+    Gluon initializes a kvstore lazily inside the first ``Trainer.step()``: for each parameter it
+    broadcasts rank 0's value (kvstore init, then a pull into the parameter) and right after pushes
+    the gradient on the same key. In MXNet 1.9.1 nothing orders that pull (it writes the parameter)
+    before the gradient push (it reads the gradient): a busy worker's pull can reach the server after
+    the first gradient round completed there, and that worker takes the summed gradients as its
+    weights. (On the CPU the kvstore pushes the gradient array itself instead of copying it into the
+    buffer the pull writes, so the engine sees no dependency between the two.) Seen here with
+    ``dist_sync``, ``update_on_kvstore=False``: rank 0's loss went from 2.3 to 14.3 at step 2 of a
+    2-worker run on a loaded machine, a CI run of the cluster drill ended at 0.1 held-out accuracy,
+    and 19 of 48 two-worker trials (6 clusters at once on 2 cores) ended step 1 with different
+    weights on the two workers; 0 of 24 after this call (tests/mxnet/test_dist_init.py).
+
+    Does the broadcast ahead of time (``Trainer._init_kvstore``/``_init_params``, what
+    ``Trainer.save_states`` and ``load_states`` call first; MXNet has no public way) and waits for
+    the engine, so the first gradient push starts after the pulls completed. It is a collective
+    operation (kvstore init ends in a barrier): every worker calls it at the same point, after the
+    parameters are initialized and before the first step. :meth:`GluonCheckpointer.restore` calls it.
+
+    Returns True when it synchronized, False for a non-distributed kvstore (nothing done) or when a
+    parameter still has deferred initialization (logged: the first ``step()`` then initializes the
+    kvstore as usual, with the race above).
+    """
+    import mxnet as mx
+
+    if not _is_distributed(trainer):
+        return False
+    deferred = [param.name for param in trainer._params if param._deferred_init]
+    if deferred:
+        (logger or logging.getLogger("training.mxnet")).warning(
+            "cannot broadcast the parameters before the first step: %s not initialized yet (give the layers "
+            "their input sizes); the first Trainer.step() initializes the distributed kvstore instead", deferred)
+        return False
+    if not trainer._kv_initialized:
+        trainer._init_kvstore()
+    if trainer._params_to_init:
+        trainer._init_params()
+    mx.nd.waitall()
+    return True
 
 
 def capture_state(net, trainer) -> GluonState:
@@ -397,7 +447,9 @@ class GluonCheckpointer:
     def restore(self) -> int:
         """Load the newest valid checkpoint into the net and trainer; return the completed steps (0 if none).
 
-        Torn or corrupt newer checkpoints are skipped with a warning (the store's fallback).
+        Torn or corrupt newer checkpoints are skipped with a warning (the store's fallback). With a
+        ``dist_*`` kvstore, then broadcasts rank 0's parameters and waits for them
+        (:func:`sync_distributed_parameters`), so call it on every worker.
 
         Raises:
             FrameworkMismatchError: the newest checkpoint was written by TensorFlow.
@@ -416,6 +468,9 @@ class GluonCheckpointer:
             load_state(self.net, self.trainer, c.path, saved_order=c.metadata.get("trainer_params"))
 
         ckpt = self.store.restore(read)
+        # Every worker of a distributed job calls restore() at the same point before training: the
+        # place to broadcast the parameters so that MXNet's first step cannot race its own pull.
+        sync_distributed_parameters(self.trainer, logger=self.log)
         self.restored = ckpt
         self.step = ckpt.step if ckpt is not None else 0
         self.last_saved_step = ckpt.step if ckpt is not None else None

@@ -13,7 +13,8 @@ import pytest
 from mxnet import autograd, gluon
 
 from training.examples.gluon_resnet import build_net
-from training.mxnet_adapter import PARAMS_FILE, TRAINER_FILE, WRITER_NICE, GluonCheckpointer, GluonState
+from training.mxnet_adapter import (PARAMS_FILE, TRAINER_FILE, WRITER_NICE, GluonCheckpointer, GluonState,
+                                   sync_distributed_parameters)
 from training.notice import NoticeHandler
 from training.store import (
     CheckpointError,
@@ -115,6 +116,23 @@ def test_restore_without_checkpoint_starts_at_step_0_and_leaves_the_model(tmp_pa
     assert ck.restore() == 0 and ck.restored is None
     assert all(np.array_equal(params_of(net)[k], v) for k, v in before.items())
     ck.close()
+
+
+def test_parameter_broadcast_is_a_no_op_without_a_distributed_kvstore():
+    net, trainer = make()
+    assert sync_distributed_parameters(trainer) is False
+    assert not trainer._kv_initialized  # left for Gluon to do lazily, as without the adapter
+
+
+def test_parameter_broadcast_waits_for_deferred_initialization_and_says_so(caplog):
+    # A dist kvstore type name without a cluster: the deferred parameter stops it before any kvstore call.
+    net = gluon.nn.Dense(4)
+    net.initialize()
+    trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.1}, kvstore="dist_sync",
+                            update_on_kvstore=False)
+    with caplog.at_level(logging.WARNING, logger="training.mxnet"):
+        assert sync_distributed_parameters(trainer) is False
+    assert "not initialized yet" in caplog.text and "weight" in caplog.text
 
 
 def test_corrupt_newest_checkpoint_falls_back_to_the_previous_one(tmp_path, caplog):

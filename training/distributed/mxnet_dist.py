@@ -9,7 +9,10 @@ servers and every worker applies the same update locally, so the optimizer state
 and rank 0 can save them (with ``update_on_kvstore=True`` ``Trainer.save_states`` refuses in
 distributed mode). Rank 0 checkpoints through :class:`training.mxnet_adapter.GluonCheckpointer`
 (every ``--save-every-steps``; synchronous, the model is tiny); every rank restores the newest
-checkpoint at start, so a new generation continues from it with any number of workers.
+checkpoint at start, so a new generation continues from it with any number of workers. The restore
+also broadcasts rank 0's parameters and waits for them before the first step
+(:func:`training.mxnet_adapter.sync_distributed_parameters`: Gluon's own broadcast inside the first
+step races the first gradient push in MXNet 1.9.1).
 
 Stopping together. A ``dist_sync`` step needs every worker; a worker that stops alone leaves the
 others hanging in the kvstore. So before each step the workers sum a stop flag through the kvstore
