@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import pickle
 import signal
 
 import mxnet as mx
@@ -14,7 +15,7 @@ from mxnet import autograd, gluon
 
 from training.examples.gluon_resnet import build_net
 from training.mxnet_adapter import (PARAMS_FILE, TRAINER_FILE, WRITER_NICE, GluonCheckpointer, GluonState,
-                                   sync_distributed_parameters)
+                                   StatesPickler, sync_distributed_parameters)
 from training.notice import NoticeHandler
 from training.store import (
     CheckpointError,
@@ -257,6 +258,24 @@ def test_checkpoint_files_are_what_gluon_itself_reads(tmp_path):
     for name, value in params_of(net).items():
         assert np.array_equal(params_of(net2)[name], value), name
     assert json.loads((ckpt.path / "manifest.json").read_text())["metadata"]["adapter"] == "gluon"
+
+
+def test_states_pickler_writes_the_objects_pickle_writes(tmp_path):
+    net, trainer = make()
+    for _ in range(2):
+        train_step(net, trainer)
+    updater = trainer._updaters[0]
+    path = tmp_path / "trainer.states"
+    with open(path, "wb") as handle:
+        StatesPickler(handle).dump((updater.states, updater.optimizer))
+    ours = pickle.loads(path.read_bytes())
+    plain = pickle.loads(pickle.dumps((updater.states, updater.optimizer)))
+    assert sorted(ours[0]) == sorted(plain[0]) and len(ours[0]) > 4
+    for index, state in plain[0].items():
+        for mine, theirs in zip(ours[0][index], state):  # Adam: (mean, variance), distinct per parameter
+            assert type(mine) is type(theirs) and np.array_equal(mine.asnumpy(), theirs.asnumpy()), index
+    assert ours[1].num_update == plain[1].num_update == 2
+    make()[1].load_states(str(path))  # Gluon's own reader
 
 
 def test_fails_when_steps_argument_is_invalid(tmp_path):
