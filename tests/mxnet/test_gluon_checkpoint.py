@@ -260,6 +260,30 @@ def test_checkpoint_files_are_what_gluon_itself_reads(tmp_path):
     assert json.loads((ckpt.path / "manifest.json").read_text())["metadata"]["adapter"] == "gluon"
 
 
+def test_background_saves_reuse_two_sets_of_host_arrays_and_each_commits_its_own_step(tmp_path):
+    net, trainer = make()
+    ck = checkpointer(net, trainer, tmp_path, every_steps=None, background=True, keep=3)
+    expected = {}
+    for step in (1, 2, 3):
+        train_step(net, trainer)
+        ck.step = step
+        ck.save()  # no wait: the next step overwrites the live arrays while this write may run
+        expected[step] = params_of(net)
+        if step == 1:
+            first_set = {name: id(array) for name, array in ck._host_buffers[0].params.items()}
+    ck.save(wait=True)
+    assert {name: id(array) for name, array in ck._host_buffers[0].params.items()} == first_set  # step 3 reused step 1's
+    assert set(id(a) for a in ck._host_buffers[1].params.values()).isdisjoint(first_set.values())
+    store = CheckpointStore(tmp_path, framework="mxnet")
+    for step in (1, 2, 3):
+        saved = mx.nd.load(str(tmp_path / f"ckpt-{step:012d}" / PARAMS_FILE))
+        for name, value in expected[step].items():
+            assert np.array_equal(saved[name].asnumpy(), value), (step, name)
+    assert store.latest().step == 3
+    ck.close()
+    assert ck._host_buffers == [None, None]
+
+
 def test_states_pickler_writes_the_objects_pickle_writes(tmp_path):
     net, trainer = make()
     for _ in range(2):
