@@ -55,7 +55,7 @@ CHECKPOINT_PREFIX = "ckpt-"
 TMP_PREFIX = ".tmp-"
 FORMAT = "spot-training-checkpoint"
 FORMAT_VERSION = 1
-FRAMEWORKS = ("tensorflow", "mxnet")
+FRAMEWORKS = ("tensorflow", "mxnet", "pytorch")
 _HASH_CHUNK = 4 * 1024 * 1024
 
 
@@ -571,7 +571,7 @@ class BackgroundSaver:
                         metadata: dict | None = None) -> None:
         """Queue the commit of a two-phase save: the writer thread calls ``finish()`` (e.g. TF's
         ``Checkpoint.sync()``, which waits for its own asynchronous write into ``tmp``), then
-        :meth:`CheckpointStore.commit`. ``tmp`` comes from :meth:`CheckpointStore.begin`. Call
+        :meth:`CheckpointStore.commit` (a dict that ``finish`` returns is passed as ``written``). ``tmp`` comes from :meth:`CheckpointStore.begin`. Call
         :meth:`wait` before starting the framework's write so that writes never overlap."""
         if self._closed:
             raise RuntimeError("BackgroundSaver.submit_prepared() called after close()")
@@ -630,11 +630,12 @@ class BackgroundSaver:
                 if isinstance(write, tuple):
                     _kind, tmp, finish = write
                     try:
-                        finish()
+                        written = finish()
                     except BaseException:
                         self.store.abort(tmp)
                         raise
-                    self._last = self.store.commit(tmp, step=step, epoch=epoch, metadata=metadata)
+                    self._last = self.store.commit(tmp, step=step, epoch=epoch, metadata=metadata,
+                                                   written=written if isinstance(written, dict) else None)
                 else:
                     self._last = self.store.save(write, step=step, epoch=epoch, metadata=metadata)
             except BaseException as err:  # handed to the training thread, not swallowed
