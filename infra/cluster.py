@@ -181,7 +181,7 @@ class ParameterServerCluster(constructs.Construct):
             scheduler_instance_type: on-demand type of the coordinator/scheduler node; default ``m5.large``.
             server_instance_type: on-demand type of each parameter server; default ``m5.xlarge``.
             worker_instance_types: spot types the worker fleet may launch; default
-                ``p3.2xlarge``, ``g5.xlarge``, ``g4dn.xlarge``.
+                ``g6.xlarge``, ``g5.xlarge``, ``g4dn.xlarge`` (:data:`infra.fleet.DEFAULT_INSTANCE_TYPES`).
             ports: :class:`ClusterPorts`; default 9000 (scheduler), 9001 (server), 9002 (worker).
             training_command: the trainer argv (``{python}`` placeholder allowed); default: the
                 framework's trainer in :data:`DEFAULT_TRAINING_COMMANDS`.

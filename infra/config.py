@@ -40,7 +40,7 @@ FRAMEWORK_PYTHON = {name: DEFAULT_TRAINING_PYTHON for name in FRAMEWORK_REQUIREM
 #: Default training command; ``{python}`` is replaced by ``training_python`` on the node.
 DEFAULT_TRAINING_COMMAND = ("{python}", "training/examples/keras_resnet.py")
 #: Public SSM parameter of the AWS Deep Learning Base AMI (x86_64, NVIDIA driver, Ubuntu 22.04).
-DEFAULT_AMI_SSM_PARAMETER = "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-ubuntu-22.04/latest/ami-id"
+DEFAULT_AMI_SSM_PARAMETER = "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-ubuntu-22.04/latest/ami-id"
 
 _AZ_RE = re.compile(r"^[a-z]{2}(-[a-z]+)+-\d[a-z]$")
 _REGION_RE = re.compile(r"^[a-z]{2}(-[a-z]+)+-\d$")

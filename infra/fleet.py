@@ -24,8 +24,21 @@ from aws_cdk import aws_kms as kms
 from .roles import SpotFleetRole
 from .tags import STACK_TAG_KEY
 
-#: Default instance types (one NVIDIA GPU each): V100, A10G, T4. The article's p2.xlarge is retired.
-DEFAULT_INSTANCE_TYPES: tuple[str, ...] = ("p3.2xlarge", "g5.xlarge", "g4dn.xlarge")
+#: Default instance types (one NVIDIA GPU each): L4, A10G, T4. All three families are in the
+#: ``supported_ec2_instances`` of the current x86_64 Deep Learning Base AMI (Ubuntu 22.04) release notes
+#: (G4dn, G5, G6, Gr6, G6e, P4d, P4de, P5, P5e, P5en, P6-B200, P6-B300; NVIDIA driver 580); P3 (Volta
+#: V100) is not, so p3.2xlarge is no default (docs/infra.md, "Default instance types", has the sources).
+DEFAULT_INSTANCE_TYPES: tuple[str, ...] = ("g6.xlarge", "g5.xlarge", "g4dn.xlarge")
+#: Instance families in ``supported_ec2_instances`` of the x86_64 Deep Learning Base AMI (Ubuntu
+#: 22.04) release notes (AWS DLAMI developer guide, release notes of 2026-01-02; docs/infra.md).
+DLAMI_SUPPORTED_FAMILIES: frozenset[str] = frozenset(
+    {"g4dn", "g5", "g6", "gr6", "g6e", "p4d", "p4de", "p5", "p5e", "p5en", "p6-b200", "p6-b300"}
+)
+
+
+def instance_family(instance_type: str) -> str:
+    """The family of an EC2 instance type: ``"g5"`` for ``"g5.xlarge"``, ``"p6-b200"`` for ``"p6-b200.48xlarge"``."""
+    return instance_type.split(".", 1)[0]
 
 # family (letters and digits, a digit somewhere, optional "-flex"-style suffix) "." size
 _INSTANCE_TYPE_RE = re.compile(
@@ -110,7 +123,7 @@ class SpotTrainingFleet(constructs.Construct):
             instance_profile: the nodes' instance profile (``TrainingNodeRole.instance_profile``).
             user_data: the nodes' user data; default: none.
             instance_types: EC2 instance types (``g5.xlarge``), at least one, no duplicates;
-                default: ``p3.2xlarge``, ``g5.xlarge``, ``g4dn.xlarge``.
+                default: :data:`DEFAULT_INSTANCE_TYPES` (``g6.xlarge``, ``g5.xlarge``, ``g4dn.xlarge``).
             target_capacity: instances to keep running, >= 0 (0 pauses the fleet); default 1.
             allocation_strategy: default ``PRICE_CAPACITY_OPTIMIZED``.
             max_price: highest price in USD per instance-hour as a decimal string (``"0.75"``);

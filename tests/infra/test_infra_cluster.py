@@ -117,7 +117,7 @@ def test_scheduler_and_servers_are_fixed_size_on_demand_groups_with_launch_templ
 
 
 def test_workers_are_a_spot_fleet_with_the_desired_target(cluster_synth: Synth, cluster_tf_synth: Synth) -> None:
-    for synth, target, types, subnets in ((cluster_synth, 2, {"p3.2xlarge", "g5.xlarge", "g4dn.xlarge"}, 2),
+    for synth, target, types, subnets in ((cluster_synth, 2, {"g6.xlarge", "g5.xlarge", "g4dn.xlarge"}, 2),
                                          (cluster_tf_synth, 3, {"g5.xlarge", "g4dn.xlarge"}, 3)):
         (fleet,) = synth.resources("AWS::EC2::SpotFleet").values()
         data = fleet["Properties"]["SpotFleetRequestConfigData"]

@@ -23,7 +23,7 @@ def settings_from_app_context(**context: object) -> StackSettings:
 def test_defaults_match_the_issue() -> None:
     s = settings_from_app_context()
     assert s.stack_name == "SpotTraining"
-    assert s.instance_types == ("p3.2xlarge", "g5.xlarge", "g4dn.xlarge")
+    assert s.instance_types == ("g6.xlarge", "g5.xlarge", "g4dn.xlarge")
     assert s.allocation_strategy is AllocationStrategy.PRICE_CAPACITY_OPTIMIZED
     assert (s.target_capacity, s.volume_size_gib, s.mount_point) == (1, 100, "/dltraining")
     assert (s.framework, s.efs, s.retain_data, s.account, s.region) == ("tensorflow", False, False, None, None)
@@ -167,3 +167,27 @@ def test_cdk_json_holds_every_context_key_at_its_default() -> None:
     assert StackSettings.from_mapping(single) == StackSettings()
     cluster = {k: v for k, v in ours.items() if k in SHARED_KEYS or k.startswith("cluster_")}
     assert ClusterSettings.from_mapping(cluster) == ClusterSettings()
+
+
+def test_default_instance_types_are_all_supported_by_the_current_deep_learning_base_ami() -> None:
+    """No default type may be outside the DLAMI release notes' supported_ec2_instances (docs/infra.md):
+    p3 (Volta) fell out with the 580 driver branch, and TensorFlow would train on the CPU there."""
+    from infra.cluster_config import CLUSTER_CONTEXT_KEYS
+    from infra.fleet import DEFAULT_INSTANCE_TYPES, DLAMI_SUPPORTED_FAMILIES, instance_family
+
+    worker_defaults = next(k.default for k in CLUSTER_CONTEXT_KEYS if k.name == "cluster_worker_instance_types")
+    single_defaults = next(k.default for k in CONTEXT_KEYS if k.name == "instance_types")
+    for types in (DEFAULT_INSTANCE_TYPES, tuple(worker_defaults), tuple(single_defaults)):
+        assert types and {instance_family(t) for t in types} <= DLAMI_SUPPORTED_FAMILIES, types
+        assert not any(t.startswith("p3.") for t in types)
+    assert instance_family("p6-b200.48xlarge") == "p6-b200" and "p3" not in DLAMI_SUPPORTED_FAMILIES
+
+
+def test_default_ami_parameter_follows_the_dlami_naming_rule() -> None:
+    """AWS's rule: /aws/service/deeplearning/ami/$arch/$ami_type/latest/ami-id, ami_type = the AMI name
+    'Deep Learning Base OSS Nvidia Driver GPU AMI (Ubuntu 22.04)' without 'deep', 'learning', 'ami'."""
+    name = "Deep Learning Base OSS Nvidia Driver GPU AMI (Ubuntu 22.04)"
+    words = [w.strip("()").lower() for w in name.split() if w.lower() not in ("deep", "learning", "ami")]
+    expected = f"/aws/service/deeplearning/ami/x86_64/{'-'.join(words)}/latest/ami-id"
+    assert expected == "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-ubuntu-22.04/latest/ami-id"
+    assert settings_from_app_context().ami_ssm_parameter == expected

@@ -133,7 +133,7 @@ def test_one_override_per_instance_type_and_subnet(default_synth: Synth) -> None
     pairs = {(o["InstanceType"], o["SubnetId"]["Ref"]) for o in config["Overrides"]}
     subnets = [k for k in default_synth.resources("AWS::EC2::Subnet")]
     assert len(subnets) == 2  # environment-agnostic: CDK gives two AZs
-    assert pairs == {(t, s) for t in ("p3.2xlarge", "g5.xlarge", "g4dn.xlarge") for s in subnets}
+    assert pairs == {(t, s) for t in ("g6.xlarge", "g5.xlarge", "g4dn.xlarge") for s in subnets}
 
 
 def test_launch_template_requires_imdsv2_and_encrypts_the_root_volume(default_synth: Synth) -> None:
@@ -207,7 +207,7 @@ def test_outputs(default_synth: Synth) -> None:
 def test_default_ami_is_the_deep_learning_ami_ssm_parameter(default_synth: Synth) -> None:
     params = default_synth.data["Parameters"]
     ami = [p for p in params.values() if p["Type"] == "AWS::SSM::Parameter::Value<AWS::EC2::Image::Id>"]
-    assert [p["Default"] for p in ami] == ["/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-ubuntu-22.04/latest/ami-id"]
+    assert [p["Default"] for p in ami] == ["/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-ubuntu-22.04/latest/ami-id"]
 
 
 def test_new_vpc_has_public_subnets_no_nat_and_flow_logs(default_synth: Synth) -> None:
