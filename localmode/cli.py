@@ -5,10 +5,14 @@
     spot-train local up    [--work-dir out/local]     # moto server + cdk bootstrap + cdk deploy; stays up
     spot-train local down  [--work-dir out/local]     # cdk destroy, orphan check, server stopped by PID
     spot-train status      [--work-dir DIR]           # the live stack (after `up`) or the last drill's report
+    spot-train preflight   [--stack single|cluster] [-c key=value ...] [--region R] [--json]
+                                                      # a real account before `cdk deploy` (infra/preflight.py)
 
 ``drill`` exits 0 only when training completed, no step was lost, the final weights equal the
 uninterrupted baseline's and nothing is left after ``cdk destroy`` (the report's ``passed``); 1
 otherwise; 2 on bad arguments. ``up``/``down``/``status`` exit 0 on success and 1 on failure.
+``preflight`` exits 0 when every check passed, 1 when one failed, 3 when none failed but one could
+not be answered, 2 on bad arguments or settings.
 
 The live display: a progress bar with step, loss and ETA, and one line per event (interruption
 notice, checkpoint, AZ move, resume) as it happens; plain lines when stdout is not a terminal.
@@ -394,6 +398,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         command.add_argument("--work-dir", type=Path, default=DEFAULT_UP_DIR, help="state directory (default out/local)")
         command.add_argument("--stack", default="SpotTraining", help="stack name (default SpotTraining)")
         command.set_defaults(handler=handler)
+
+    preflight = sub.add_parser("preflight", help="check an AWS account before cdk deploy: service-linked roles, spot vCPU quota, "
+                               "AMI parameter, spot capacity; exit 0 ok, 1 a check failed, 3 a check could not be answered")
+    from infra import preflight as preflight_module  # boto3 only until it reads the settings
+
+    preflight_module.add_arguments(preflight)
+    preflight.set_defaults(handler=preflight_module.run)
 
     status = sub.add_parser("status", help="the live local stack, or the last drill's report")
     status.add_argument("--work-dir", type=Path, default=None, help="default: out/local, then out/demo")

@@ -1,0 +1,389 @@
+"""``spot-train preflight``: check an AWS account before ``cdk deploy`` and say what to fix.
+
+A stack that deploys is not a stack that trains: in a fresh account the Spot Fleet cannot launch
+without its service-linked roles, a spot vCPU quota of 0 for the G and P families lets the stack
+deploy while nothing ever launches, and a wrong AMI parameter fails the deploy at change-set
+creation. Each check here calls the one AWS API that answers it (boto3, ``standard`` retries) and
+returns a :class:`Check`:
+
+==================  =====================================================================  ==========================
+check               how                                                                    AWS source (docs/infra.md)
+==================  =====================================================================  ==========================
+service-linked      ``iam:GetRole`` ``AWSServiceRoleForEC2SpotFleet``,                     EC2 User Guide, "Service-
+roles               ``AWSServiceRoleForEC2Spot``                                           linked role for Spot Fleet"
+instance types      ``ec2:DescribeInstanceTypes``: offered in the region, vCPUs; family    DLAMI release notes
+                    in the Deep Learning Base AMI's ``supported_ec2_instances``
+spot vCPU quota     ``servicequotas:GetServiceQuota`` ``ec2`` L-3819A6DF (G and VT),       EC2 User Guide, "Spot
+                    L-7212CCBC (P), L-34B43A08 (Standard) against target x largest vCPUs   Instance quotas"
+AMI                 ``ssm:GetParameter`` of ``ami_ssm_parameter`` (or                      "Finding the ID of a DLAMI"
+                    ``ec2:DescribeImages`` of ``image_id``)
+capacity            ``ec2:GetSpotPlacementScores`` per Availability Zone                   EC2 User Guide, "Spot
+                                                                                           placement score"
+==================  =====================================================================  ==========================
+
+A check that AWS (or the endpoint, e.g. a moto server that does not implement the API) cannot
+answer is ``unknown``, never ``pass``. Exit codes of :func:`main`: 0 every check passed (warnings
+allowed), 1 at least one check failed, 3 none failed but at least one could not be answered,
+2 bad arguments or settings (nothing was called).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+PASS, WARN, FAIL, UNKNOWN = "pass", "warn", "fail", "unknown"
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+EXIT_UNKNOWN = 3
+
+#: Service-linked roles a Spot Fleet created through the API needs, with the service that creates them.
+SERVICE_LINKED_ROLES: tuple[tuple[str, str], ...] = (
+    ("AWSServiceRoleForEC2SpotFleet", "spotfleet.amazonaws.com"),
+    ("AWSServiceRoleForEC2Spot", "spot.amazonaws.com"),
+)
+
+#: Service Quotas codes (service ``ec2``) of the spot vCPU quotas, by the class an instance family
+#: belongs to. Codes as AWS's Service Quotas console and EC2 User Guide ("Spot Instance quotas") list them.
+SPOT_QUOTA_CODES: dict[str, tuple[str, str]] = {
+    "G": ("L-3819A6DF", "All G and VT Spot Instance Requests"),
+    "P": ("L-7212CCBC", "All P4, P3 and P2 Spot Instance Requests"),
+    "Standard": ("L-34B43A08", "All Standard (A, C, D, H, I, M, R, T, Z) Spot Instance Requests"),
+}
+
+#: Below this Spot placement score (1..10, 10 = "highly likely to succeed") capacity is reported as a warning.
+LOW_PLACEMENT_SCORE = 3
+
+
+def quota_class(instance_type: str) -> str | None:
+    """The spot quota class of an instance type: ``"G"`` (g*, vt*), ``"P"`` (p2, p3, p4*), ``"Standard"``
+    (a, c, d, h, i, m, r, t, z families), or ``None`` (P5 and later, F, X, Inf, Trn, DL: no code known here)."""
+    family = instance_type.split(".", 1)[0].lower()
+    if family.startswith("vt") or family.startswith("g"):
+        return "G"
+    if family.startswith(("p2", "p3", "p4")):
+        return "P"  # "All P4, P3 and P2 Spot Instance Requests"; P5 and later have quotas of their own
+    if family[:1] in set("acdhimrtz") and not family.startswith(("inf", "dl")):
+        return "Standard"
+    return None
+
+
+@dataclasses.dataclass
+class Check:
+    """One preflight result.
+
+    Attributes:
+        name: short id (``service-linked-role:AWSServiceRoleForEC2Spot``, ``spot-quota:G`` ...).
+        status: ``pass``, ``warn``, ``fail`` or ``unknown`` (could not be answered).
+        detail: what was found.
+        fix: what to do (a CLI command where one exists); empty on ``pass``.
+    """
+
+    name: str
+    status: str
+    detail: str
+    fix: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    """What a deploy will ask for: region, spot types, how many instances at once, AMI, AZs."""
+
+    region: str
+    instance_types: tuple[str, ...]
+    target_capacity: int
+    ami_ssm_parameter: str | None
+    image_id: str | None
+    availability_zones: tuple[str, ...] | None
+
+
+def _error_code(exc: Exception) -> str:
+    response = getattr(exc, "response", None) or {}
+    return str(response.get("Error", {}).get("Code", "")) or type(exc).__name__
+
+
+def _cannot_answer(name: str, what: str, exc: Exception) -> Check:
+    code = _error_code(exc)
+    hint = "grant the caller this read permission" if "AccessDenied" in code or "Unauthorized" in code else \
+        "the endpoint did not answer this API (a local emulator such as moto may not implement it); check it in the console"
+    first_line = (str(exc).strip().splitlines() or [""])[0][:200]
+    return Check(name, UNKNOWN, f"could not check {what}: {code}: {first_line}", hint)
+
+
+def check_service_linked_roles(iam: Any) -> list[Check]:
+    """``iam:GetRole`` for each of :data:`SERVICE_LINKED_ROLES`; a missing one fails with the create command."""
+    out = []
+    for role, service in SERVICE_LINKED_ROLES:
+        name = f"service-linked-role:{role}"
+        try:
+            iam.get_role(RoleName=role)
+            out.append(Check(name, PASS, f"{role} exists"))
+        except Exception as exc:  # noqa: BLE001 - botocore ClientError or transport errors, reported as such
+            if _error_code(exc) == "NoSuchEntity":
+                out.append(Check(name, FAIL, f"{role} does not exist: the Spot Fleet cannot launch instances without it",
+                                 f"aws iam create-service-linked-role --aws-service-name {service}"))
+            else:
+                out.append(_cannot_answer(name, f"role {role}", exc))
+    return out
+
+
+def instance_vcpus(ec2: Any, instance_types: Sequence[str]) -> tuple[dict[str, int], list[Check]]:
+    """vCPUs of each type (``ec2:DescribeInstanceTypes``) and a check per type (offered? DLAMI-supported?)."""
+    from .fleet import DLAMI_SUPPORTED_FAMILIES, instance_family
+
+    checks: list[Check] = []
+    vcpus: dict[str, int] = {}
+    try:
+        pages = ec2.get_paginator("describe_instance_types").paginate(InstanceTypes=list(instance_types))
+        for page in pages:
+            for info in page["InstanceTypes"]:
+                vcpus[info["InstanceType"]] = int(info["VCpuInfo"]["DefaultVCpus"])
+    except Exception as exc:  # noqa: BLE001
+        if _error_code(exc) in ("InvalidInstanceType", "InvalidParameterValue"):
+            # One unknown type fails the whole call: ask per type to name it.
+            for t in instance_types:
+                try:
+                    info = ec2.describe_instance_types(InstanceTypes=[t])["InstanceTypes"][0]
+                    vcpus[t] = int(info["VCpuInfo"]["DefaultVCpus"])
+                except Exception as one:  # noqa: BLE001
+                    if _error_code(one) in ("InvalidInstanceType", "InvalidParameterValue"):
+                        continue
+                    checks.append(_cannot_answer(f"instance-type:{t}", f"instance type {t}", one))
+        else:
+            return {}, [_cannot_answer("instance-types", "the instance types", exc)]
+    for t in instance_types:
+        name = f"instance-type:{t}"
+        if any(c.name == name for c in checks):
+            continue
+        if t not in vcpus:
+            checks.append(Check(name, FAIL, f"{t} is not offered in this region",
+                                "choose types the region offers: aws ec2 describe-instance-type-offerings "
+                                "--location-type availability-zone --filters Name=instance-type,Values=" + t))
+        elif instance_family(t) not in DLAMI_SUPPORTED_FAMILIES:
+            checks.append(Check(name, WARN, f"{t} ({vcpus[t]} vCPUs): family {instance_family(t)} is not in the Deep Learning "
+                                "Base AMI's supported_ec2_instances (docs/infra.md); with the default AMI the GPU may be unusable",
+                                "use g6/g5/g4dn/g6e/p4d/p5... types, or set image_id to an AMI that supports this family"))
+        else:
+            checks.append(Check(name, PASS, f"{t}: {vcpus[t]} vCPUs, supported by the Deep Learning Base AMI"))
+    return vcpus, checks
+
+
+def check_spot_quotas(quotas: Any, vcpus: Mapping[str, int], target_capacity: int, region: str) -> list[Check]:
+    """Each quota class of the chosen types must allow ``target_capacity`` x the largest type's vCPUs.
+
+    The fleet may launch any of the types, so the largest one bounds what it needs. Running spot
+    instances of the account count against the same quota (not subtracted here).
+    """
+    need: dict[str, int] = {}
+    checks: list[Check] = []
+    for t, n in vcpus.items():
+        cls = quota_class(t)
+        if cls is None:
+            checks.append(Check(f"spot-quota:{t}", UNKNOWN, f"no spot vCPU quota code known here for {t}",
+                                "look up its 'Spot Instance Requests' quota in the Service Quotas console"))
+            continue
+        need[cls] = max(need.get(cls, 0), n * max(1, target_capacity))
+    for cls, vcpu_need in sorted(need.items()):
+        code, title = SPOT_QUOTA_CODES[cls]
+        name = f"spot-quota:{cls}"
+        request = (f"aws service-quotas request-service-quota-increase --service-code ec2 --quota-code {code} "
+                   f"--desired-value {vcpu_need} --region {region}")
+        try:
+            value = float(quotas.get_service_quota(ServiceCode="ec2", QuotaCode=code)["Quota"]["Value"])
+        except Exception as exc:  # noqa: BLE001
+            if _error_code(exc) == "NoSuchResourceException":
+                try:
+                    value = float(quotas.get_aws_default_service_quota(ServiceCode="ec2", QuotaCode=code)["Quota"]["Value"])
+                except Exception as exc2:  # noqa: BLE001
+                    checks.append(_cannot_answer(name, f"quota {code} ({title})", exc2))
+                    continue
+            else:
+                checks.append(_cannot_answer(name, f"quota {code} ({title})", exc))
+                continue
+        if value >= vcpu_need:
+            checks.append(Check(name, PASS, f"{title} ({code}): {value:g} vCPUs, need {vcpu_need}"))
+        else:
+            checks.append(Check(name, FAIL, f"{title} ({code}): {value:g} vCPUs, need {vcpu_need}: the stack would deploy "
+                                "and no instance would launch", request))
+    return checks
+
+
+def check_ami(ssm: Any, ec2: Any, *, ami_ssm_parameter: str | None, image_id: str | None) -> Check:
+    """The AMI exists: ``ec2:DescribeImages`` of ``image_id`` when set, else ``ssm:GetParameter``."""
+    if image_id:
+        try:
+            images = ec2.describe_images(ImageIds=[image_id])["Images"]
+        except Exception as exc:  # noqa: BLE001
+            if _error_code(exc).startswith("InvalidAMIID"):
+                images = []
+            else:
+                return _cannot_answer("ami", f"image {image_id}", exc)
+        if images:
+            return Check("ami", PASS, f"image {image_id} exists")
+        return Check("ami", FAIL, f"image {image_id} does not exist in this region", "set -c image_id to an AMI of this region")
+    try:
+        value = ssm.get_parameter(Name=ami_ssm_parameter)["Parameter"]["Value"]
+    except Exception as exc:  # noqa: BLE001
+        if _error_code(exc) == "ParameterNotFound":
+            return Check("ami", FAIL, f"SSM parameter {ami_ssm_parameter} does not exist: the deploy would fail at change-set creation",
+                         "list the DLAMI parameters: aws ssm get-parameters-by-path --path /aws/service/deeplearning/ami/x86_64/ "
+                         "--recursive --query 'Parameters[].Name', then set -c ami_ssm_parameter=...")
+        return _cannot_answer("ami", f"SSM parameter {ami_ssm_parameter}", exc)
+    return Check("ami", PASS, f"{ami_ssm_parameter} -> {value}")
+
+
+def check_capacity(ec2: Any, *, region: str, instance_types: Sequence[str], target_capacity: int,
+                   availability_zones: Sequence[str] | None) -> Check:
+    """``ec2:GetSpotPlacementScores`` (single-AZ scores) for the chosen types and AZs.
+
+    Fails when no chosen AZ has a score, warns when the best one is below :data:`LOW_PLACEMENT_SCORE`.
+    """
+    try:
+        zones = ec2.describe_availability_zones()["AvailabilityZones"]
+        id_to_name = {z["ZoneId"]: z["ZoneName"] for z in zones if "ZoneId" in z}
+        scores = ec2.get_spot_placement_scores(
+            InstanceTypes=list(instance_types), TargetCapacity=max(1, target_capacity), TargetCapacityUnitType="units",
+            SingleAvailabilityZone=True, RegionNames=[region],
+        )["SpotPlacementScores"]
+    except Exception as exc:  # noqa: BLE001
+        return _cannot_answer("capacity", "spot placement scores", exc)
+    by_zone = {id_to_name.get(s.get("AvailabilityZoneId", ""), s.get("AvailabilityZoneId", "?")): int(s["Score"]) for s in scores}
+    chosen = {z: by_zone.get(z) for z in availability_zones} if availability_zones else by_zone
+    listed = ", ".join(f"{z}={s if s is not None else 'none'}" for z, s in sorted(chosen.items())) or "none"
+    best = max((s for s in chosen.values() if s is not None), default=None)
+    fix = "add instance types (-c instance_types=...), or pin availability_zones to the zones with the highest scores"
+    if best is None:
+        return Check("capacity", FAIL, f"no spot placement score for the chosen zones ({listed})", fix)
+    if best < LOW_PLACEMENT_SCORE:
+        return Check("capacity", WARN, f"spot placement scores (1..10) per zone: {listed}; best {best} is low", fix)
+    return Check("capacity", PASS, f"spot placement scores (1..10) per zone: {listed}")
+
+
+def run_checks(target: Target, client: Callable[[str], Any]) -> list[Check]:
+    """Every check for ``target``; ``client(service)`` returns a boto3 client (standard retries)."""
+    ec2 = client("ec2")
+    checks = check_service_linked_roles(client("iam"))
+    vcpus, type_checks = instance_vcpus(ec2, target.instance_types)
+    checks += type_checks
+    if vcpus:
+        checks += check_spot_quotas(client("service-quotas"), vcpus, target.target_capacity, target.region)
+    checks.append(check_ami(client("ssm"), ec2, ami_ssm_parameter=target.ami_ssm_parameter, image_id=target.image_id))
+    checks.append(check_capacity(ec2, region=target.region, instance_types=target.instance_types,
+                                 target_capacity=target.target_capacity, availability_zones=target.availability_zones))
+    return checks
+
+
+def exit_code(checks: Iterable[Check]) -> int:
+    """0 all passed (warnings allowed), 1 a check failed, 3 none failed but one could not be answered."""
+    statuses = {c.status for c in checks}
+    if FAIL in statuses:
+        return EXIT_FAILED
+    if UNKNOWN in statuses:
+        return EXIT_UNKNOWN
+    return EXIT_OK
+
+
+def format_checks(checks: Sequence[Check]) -> str:
+    """One line per check (``[FAIL] name: detail``), with its fix indented below."""
+    lines = []
+    for c in checks:
+        lines.append(f"[{c.status.upper():7}] {c.name}: {c.detail}")
+        if c.fix and c.status != PASS:
+            lines.append(f"          fix: {c.fix}")
+    counts = {s: sum(c.status == s for c in checks) for s in (PASS, WARN, FAIL, UNKNOWN)}
+    lines.append("preflight: " + ", ".join(f"{n} {s}" for s, n in counts.items()))
+    return "\n".join(lines)
+
+
+# ---- settings ---------------------------------------------------------------------------------------
+
+
+def _context(cdk_json: Path, overrides: Sequence[str]) -> dict[str, Any]:
+    context: dict[str, Any] = {}
+    if cdk_json.is_file():
+        context = dict(json.loads(cdk_json.read_text(encoding="utf-8")).get("context", {}))
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"-c {item!r}: expected key=value")
+        context[key] = value
+    return {k: v for k, v in context.items() if not k.startswith("@")}
+
+
+def target_from_context(context: Mapping[str, Any], *, stack: str, region: str) -> Target:
+    """The :class:`Target` of the single-node (``stack="single"``) or cluster (``"cluster"``) stack,
+    validated with the stacks' own settings classes.
+
+    Raises:
+        ValueError: a bad context value (the message names the key, the value and what is allowed).
+    """
+    from .config import CONTEXT_KEYS, StackSettings
+
+    if stack == "cluster":
+        from .cluster_config import CLUSTER_CONTEXT_KEYS, SHARED_KEYS, ClusterSettings
+
+        names = set(SHARED_KEYS) | {k.name for k in CLUSTER_CONTEXT_KEYS}
+        cs = ClusterSettings.from_mapping({k: v for k, v in context.items() if k in names})
+        return Target(region, cs.worker_instance_types, cs.max_workers, None if cs.base.image_id else cs.base.ami_ssm_parameter,
+                      cs.base.image_id, cs.base.availability_zones)
+    names = {k.name for k in CONTEXT_KEYS}
+    s = StackSettings.from_mapping({k: v for k, v in context.items() if k in names})
+    return Target(region, s.instance_types, s.target_capacity, None if s.image_id else s.ami_ssm_parameter,
+                  s.image_id, s.availability_zones)
+
+
+def default_client_factory(region: str, endpoint_url: str | None = None) -> Callable[[str], Any]:
+    """boto3 clients in ``region`` with standard retries (``endpoint_url``: e.g. a moto server)."""
+    import boto3
+    from botocore.config import Config
+
+    config = Config(retries={"mode": "standard", "max_attempts": 3})
+
+    def make(service: str) -> Any:
+        return boto3.client(service, region_name=region, endpoint_url=endpoint_url, config=config)
+
+    return make
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``spot-train preflight`` options."""
+    parser.add_argument("--stack", choices=("single", "cluster"), default="single",
+                        help="check for SpotTraining (single, default) or DistributedTraining (cluster: worker types, max workers)")
+    parser.add_argument("-c", "--context", action="append", default=[], metavar="KEY=VALUE",
+                        help="a context value as for cdk deploy (-c instance_types=g5.xlarge,g6.xlarge); repeatable")
+    parser.add_argument("--cdk-json", type=Path, default=Path("cdk.json"), help="context defaults (default ./cdk.json)")
+    parser.add_argument("--region", default=None, help="AWS region (default: -c region, else the CLI's configured region)")
+    parser.add_argument("--endpoint-url", default=None, help="AWS endpoint (tests: a moto server)")
+    parser.add_argument("--json", action="store_true", help="print the checks as JSON")
+
+
+def run(args: argparse.Namespace, client_factory: Callable[..., Callable[[str], Any]] = default_client_factory) -> int:
+    """``spot-train preflight``: print the checks, return the exit code (module docstring)."""
+    try:
+        context = _context(args.cdk_json, args.context)
+        region = args.region or context.get("region")
+        if not region:
+            import boto3
+
+            region = boto3.session.Session().region_name
+        if not region:
+            raise ValueError("no region: pass --region or -c region=..., or configure one for the AWS CLI")
+        target = target_from_context(context, stack=args.stack, region=region)
+    except ValueError as exc:
+        print(f"preflight: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    checks = run_checks(target, client_factory(region, args.endpoint_url))
+    if args.json:
+        print(json.dumps({"region": region, "exit_code": exit_code(checks), "checks": [dataclasses.asdict(c) for c in checks]}, indent=2))
+    else:
+        print(f"preflight for {args.stack} stack in {region}: types {', '.join(target.instance_types)}, "
+              f"{target.target_capacity} instance(s) at once")
+        print(format_checks(checks))
+    return exit_code(checks)
