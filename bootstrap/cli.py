@@ -167,6 +167,16 @@ def _attach_volume(config: AgentConfig, ec2: Any, identity: Identity, blockdev: 
     return Path(mount_point)
 
 
+def _require_efs_utils(config: AgentConfig) -> None:
+    """Exit 78 before any resource is touched when the config has EFS and ``mount.efs`` is missing
+    (bootstrap.efs: there is no anonymous NFS fallback). Local mode's EFS is a directory: not checked."""
+    if config.efs is None or _local_mode():
+        return
+    from bootstrap import efs
+
+    efs.require_mount_helper(config.efs)
+
+
 def _mount_efs(config: AgentConfig) -> None:
     if config.efs is None:
         return
@@ -221,6 +231,7 @@ def cmd_run(config: AgentConfig) -> ExitCode:
     """The whole node lifecycle (see the module docstring)."""
     from bootstrap.supervisor import Outcome
 
+    _require_efs_utils(config)
     imds = _imds(config)
     identity = _identity(imds, config)
     if config.node_role != "single":

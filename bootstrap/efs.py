@@ -1,18 +1,21 @@
-"""Mount the stack's EFS file system: TLS through efs-utils when present, else NFS 4.1; idempotent.
+"""Mount the stack's EFS file system with IAM and TLS through amazon-efs-utils; idempotent.
 
-- With amazon-efs-utils (``mount.efs`` on the PATH): ``mount -t efs -o tls[,iam,accesspoint=fsap-…]
-  fs-…:/ MOUNT_POINT`` (encryption in transit, the access point enforces the POSIX identity and root
-  directory). ``iam`` is added with an access point so the file system policy can authorize the
-  instance role.
-- Without it: ``mount -t nfs4 -o nfsvers=4.1,rsize=1048576,wsize=1048576,hard,timeo=600,retrans=2,noresvport
-  fs-….efs.REGION.amazonaws.com:/ MOUNT_POINT``, the options of AWS's EFS guide and of the AWS Batch
-  article (1 MiB reads and writes, hard mounts that retry for ever rather than corrupt, 60 s timeout,
-  2 retransmissions, a new source port on reconnect). Plain NFS can neither encrypt in transit nor
-  select an access point; both are logged as warnings.
+The only mount this agent makes is ``mount -t efs -o tls,iam[,accesspoint=fsap-…] fs-…:/ MOUNT_POINT``
+(amazon-efs-utils' mount helper ``mount.efs``): encryption in transit, the instance role authorized
+by the file system policy (``elasticfilesystem:ClientMount``/``ClientWrite``, which the stacks grant
+to the node roles), and the access point enforcing the POSIX identity and root directory.
+
+There is no plain-NFS fallback. The stacks' file system policy denies anonymous access
+(``@aws-cdk/aws-efs:denyAnonymousAccess``), so an NFS mount without ``iam`` cannot be authorized and
+cannot select the access point either; falling back to it only hides the real problem. When
+``mount.efs`` is missing the agent raises :class:`ConfigError` (exit 78: systemd does not restart it)
+naming the package and how the user data installs it (``infra.userdata.efs_utils_install_commands``).
 
 Already mounted (the mount table shows this file system at the mount point): nothing is run. Something
 else mounted there: :class:`TemporaryError`, nothing is run. A failed mount (DNS of a new mount target
 can take a minute to resolve) is retried with bounded, jittered backoff, then TemporaryError (exit 75).
+Local mode (``SPOT_TRAINING_BLOCKDEV_DIR`` set by the local node runner, ``bootstrap.cli``) never
+calls this module: its "EFS" is a shared directory.
 """
 
 from __future__ import annotations
@@ -26,11 +29,11 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from bootstrap.errors import TemporaryError
+from bootstrap.errors import ConfigError, TemporaryError
 from bootstrap.retry import Deadline, RetryPolicy, call_with_retry
 
-#: NFS options from the EFS user guide ("Mounting on Amazon EC2 with a DNS name") and the article.
-NFS_OPTIONS = "nfsvers=4.1,rsize=1048576,wsize=1048576,hard,timeo=600,retrans=2,noresvport"
+#: The mount helper amazon-efs-utils installs; without it the agent does not mount (exit 78).
+MOUNT_HELPER = "mount.efs"
 
 Runner = Callable[[Sequence[str]], "subprocess.CompletedProcess[str]"]
 
@@ -49,15 +52,28 @@ def efs_dns_name(file_system_id: str, region: str) -> str:
     return f"{file_system_id}.efs.{region}.{suffix}"
 
 
-def mount_command(efs: Any, *, region: str, efs_utils: bool) -> list[str]:
-    """The mount command for ``efs`` (an ``EfsConfig``: ``file_system_id``, ``access_point_id``,
-    ``mount_point``): efs-utils with TLS when ``efs_utils``, else NFS 4.1 with :data:`NFS_OPTIONS`."""
-    if efs_utils:
-        options = ["tls"]
-        if efs.access_point_id:
-            options += ["iam", f"accesspoint={efs.access_point_id}"]
-        return ["mount", "-t", "efs", "-o", ",".join(options), f"{efs.file_system_id}:/", str(efs.mount_point)]
-    return ["mount", "-t", "nfs4", "-o", NFS_OPTIONS, f"{efs_dns_name(efs.file_system_id, region)}:/", str(efs.mount_point)]
+def mount_command(efs: Any) -> list[str]:
+    """The efs-utils mount command for ``efs`` (an ``EfsConfig``: ``file_system_id``,
+    ``access_point_id`` or None, ``mount_point``): always ``tls`` and ``iam``, plus the access point."""
+    options = ["tls", "iam"]
+    if efs.access_point_id:
+        options.append(f"accesspoint={efs.access_point_id}")
+    return ["mount", "-t", "efs", "-o", ",".join(options), f"{efs.file_system_id}:/", str(efs.mount_point)]
+
+
+def require_mount_helper(efs: Any, *, which: Callable[[str], str | None] = shutil.which) -> None:
+    """Raise :class:`ConfigError` (exit 78) unless ``mount.efs`` (amazon-efs-utils) is on the PATH.
+
+    ``bootstrap.cli`` calls it before touching any resource, so a node without efs-utils stops
+    before it attaches the data volume.
+    """
+    if which(MOUNT_HELPER) is None:
+        raise ConfigError(
+            f"efs: cannot mount {efs.file_system_id} at {efs.mount_point}: {MOUNT_HELPER} (amazon-efs-utils) is not installed. "
+            "The file system policy allows only IAM-authorized clients over TLS, so there is no anonymous NFS fallback. "
+            "The stack's user data builds amazon-efs-utils from source before the agent starts (infra.userdata."
+            "efs_utils_install_commands); check its log in /var/log/cloud-init-output.log, or use an AMI that ships "
+            "amazon-efs-utils (image_id)")
 
 
 def _mounted(proc_mounts: Path, mount_point: Path) -> tuple[str, str] | None:
@@ -87,13 +103,14 @@ def mount_efs(
 
     Args:
         efs: the config's ``EfsConfig`` (``file_system_id``, ``access_point_id`` or None, ``mount_point``).
-        region: the AWS region (for the NFS DNS name).
+        region: the AWS region (for recognising an existing mount by its DNS name).
         log: logger (default ``bootstrap.efs``); run: command runner (returns a CompletedProcess);
-        which: finds ``mount.efs`` (efs-utils); proc_mounts: the mount table to read.
+        which: finds ``mount.efs`` (amazon-efs-utils); proc_mounts: the mount table to read.
         deadline_s: seconds to keep retrying a failing mount (default 180).
         sleep, rng: injectable for tests.
 
     Raises:
+        ConfigError: ``mount.efs`` is not installed (exit 78; nothing was mounted).
         TemporaryError: something else is mounted at the mount point, or the mount kept failing.
     """
     log = log or logging.getLogger(__name__)
@@ -109,12 +126,8 @@ def mount_efs(
             return mount_point
         raise TemporaryError(f"{mount_point} already has {source} ({fstype}) mounted, not EFS {efs.file_system_id}; "
                              "unmount it or choose another efs.mount_point")
-    efs_utils = which("mount.efs") is not None
-    if not efs_utils:
-        log.warning("amazon-efs-utils not installed: mounting with NFS 4.1, without TLS"
-                    + (f" and without access point {efs.access_point_id}" if efs.access_point_id else ""),
-                    extra={"event": "efs_without_tls", "file_system_id": efs.file_system_id})
-    command = mount_command(efs, region=region, efs_utils=efs_utils)
+    require_mount_helper(efs, which=which)
+    command = mount_command(efs)
     mount_point.mkdir(parents=True, exist_ok=True)
 
     def attempt() -> None:
@@ -127,5 +140,5 @@ def mount_efs(
                     deadline=Deadline(deadline_s, "mount EFS"), retryable=lambda e: isinstance(e, _MountFailed),
                     sleep=sleep, rng=rng, log=log)
     log.info("EFS mounted", extra={"event": "efs_mounted", "file_system_id": efs.file_system_id,
-                                   "mount_point": str(mount_point), "tls": efs_utils})
+                                   "mount_point": str(mount_point), "tls": True, "iam": True})
     return mount_point

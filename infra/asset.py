@@ -14,7 +14,7 @@ import constructs
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_s3_assets as s3_assets
 
-from .userdata import STOP_TIMEOUT_S, agent_commands, config_block
+from .userdata import STOP_TIMEOUT_S, agent_commands, config_block, efs_utils_install_commands
 
 #: What the node agents install when the AMI's system Python lacks boto3 (requirements-agent.txt).
 BOTO3_REQUIREMENT = "boto3>=1.34,<2"
@@ -108,6 +108,9 @@ class BootstrapAsset(constructs.Construct):
         # contract spells out. The only tokens here (region, EFS ids) need no JSON escaping, and
         # CDK resolves tokens embedded in strings.
         user_data.add_commands(*config_block(json.dumps(config, indent=2)))
+        if config.get("efs"):
+            # The agent mounts EFS only with amazon-efs-utils (TLS + IAM); no anonymous NFS fallback.
+            user_data.add_commands(*efs_utils_install_commands())
         user_data.add_commands(
             *agent_commands(
                 archive_path=archive,

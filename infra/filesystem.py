@@ -18,7 +18,7 @@ class SharedFileSystem(constructs.Construct):
     target per selected subnet, and an access point rooted at ``access_point_path`` owned by
     ``posix_uid``/``posix_gid``. NFS (2049) is open to nobody until you call
     ``fs.connections.allow_default_port_from(nodes)`` (or :meth:`allow_from`), and IAM access needs
-    :meth:`grant_read_write`. Mount with TLS (``mount -t efs -o tls,accesspoint=...``).
+    :meth:`grant_read_write`. Mount with TLS and IAM (``mount -t efs -o tls,iam,accesspoint=...``).
 
     Attributes:
         file_system: the ``efs.FileSystem`` (construct id ``Resource``; its logical id is pinned by a test).
@@ -87,6 +87,7 @@ class SharedFileSystem(constructs.Construct):
             create_acl=efs.Acl(owner_uid=str(posix_uid), owner_gid=str(posix_gid), permissions="750"),
             posix_user=efs.PosixUser(uid=str(posix_uid), gid=str(posix_gid)),
         )
+        self._granted: list[iam.IGrantable] = []
         self.connections: ec2.Connections = self.file_system.connections
         self.file_system_id: str = self.file_system.file_system_id
         self.access_point_id: str = self.access_point.access_point_id
@@ -96,5 +97,34 @@ class SharedFileSystem(constructs.Construct):
         self.connections.allow_default_port_from(other, "NFS from the training nodes")
 
     def grant_read_write(self, grantee: iam.IGrantable) -> iam.Grant:
-        """Let ``grantee`` mount and write through IAM (``elasticfilesystem:ClientMount``/``ClientWrite``)."""
-        return self.file_system.grant_read_write(grantee)
+        """Let ``grantee`` mount and write through IAM (``elasticfilesystem:ClientMount``/``ClientWrite``).
+
+        The grant goes in both places: ``grantee``'s identity policy (CDK's ``grant_read_write``) and
+        the file system policy (a statement naming ``grantee``'s principal, only through a mount
+        target and over TLS). The agents mount with ``mount -t efs -o tls,iam,accesspoint=...``
+        (bootstrap.efs); the file system policy of ``@aws-cdk/aws-efs:denyAnonymousAccess`` grants
+        anonymous clients no ``ClientMount``, so only IAM-authorized clients mount at all.
+        """
+        grant = self.file_system.grant_read_write(grantee)
+        self.file_system.add_to_resource_policy(
+            iam.PolicyStatement(
+                sid=f"MountAndWrite{len(self._granted)}",
+                effect=iam.Effect.ALLOW,
+                principals=[grantee.grant_principal],
+                actions=["elasticfilesystem:ClientMount", "elasticfilesystem:ClientWrite"],
+                conditions={"Bool": {"elasticfilesystem:AccessedViaMountTarget": "true", "aws:SecureTransport": "true"}},
+            )
+        )
+        self._granted.append(grantee)
+        if len(self._granted) == 1:
+            # Encryption in transit for every client: plain NFS (no TLS) is refused outright.
+            self.file_system.add_to_resource_policy(
+                iam.PolicyStatement(
+                    sid="DenyWithoutTls",
+                    effect=iam.Effect.DENY,
+                    principals=[iam.AnyPrincipal()],
+                    actions=["*"],
+                    conditions={"Bool": {"aws:SecureTransport": "false"}},
+                )
+            )
+        return grant

@@ -220,3 +220,58 @@ def extract_config(user_data_text: str) -> dict[str, Any]:
                 raise ValueError(f"the config block must hold a JSON object, got {type(config).__name__}")
             return config
     raise ValueError(f"no quoted heredoc (<<'TAG') between {CONFIG_BEGIN!r} and {CONFIG_END!r}")
+
+
+# ---- amazon-efs-utils: EFS mounts with TLS and IAM (only in user data of nodes that mount EFS) -------
+#
+# Kept apart from the agent's own boot steps above on purpose: it is one self-contained, retried step.
+# amazon-efs-utils is not packaged for Ubuntu; its README ("On other Linux distributions", "To build
+# and install a Debian package") builds a .deb from the source: apt-get install git binutils,
+# git clone https://github.com/aws/efs-utils, ./build-deb.sh, apt-get install ./build/amazon-efs-utils*deb.
+# Chosen over SSM Distributor's AmazonEFSUtils package because that one is installed by a State Manager
+# association or Run Command from outside the instance, asynchronously, so the boot could not wait for it.
+# The tag is pinned: 1.x is the pure-Python mount helper with stunnel; 2.x adds efs-proxy, written in
+# Rust, which would need a Rust toolchain built at every boot.
+
+#: Source of amazon-efs-utils and the release tag built at boot (docs/infra.md, "EFS mounts").
+EFS_UTILS_REPO = "https://github.com/aws/efs-utils"
+EFS_UTILS_REF = "v1.35.0"
+#: Attempts of the whole install (apt, clone, build, install) before the user data moves on; the
+#: agent then exits 78 naming the missing mount helper (bootstrap.efs).
+EFS_UTILS_ATTEMPTS = 3
+
+
+def efs_utils_install_commands(*, ref: str = EFS_UTILS_REF, attempts: int = EFS_UTILS_ATTEMPTS,
+                               retry_delay_s: int = 15) -> list[str]:
+    """User-data lines that build and install amazon-efs-utils unless ``mount.efs`` is already there.
+
+    Retried ``attempts`` times, ``retry_delay_s`` x attempt seconds apart; every line returns 0 under
+    ``set -euo pipefail`` whatever happens, so a failed install does not end the user data: the agent
+    then stops with exit 78 and a message naming ``mount.efs`` (there is no anonymous NFS fallback).
+
+    Raises:
+        ValueError: ``ref`` is not a plain git tag or branch name, or ``attempts`` < 1.
+    """
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._/-]*", ref):
+        raise ValueError(f"ref: {ref!r} is not a git tag or branch name such as v1.35.0")
+    if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 1:
+        raise ValueError(f"attempts must be an integer >= 1, got {attempts!r}")
+    work = "/tmp/spot-training-efs-utils"
+    return [
+        "spot_training_install_efs_utils() {",
+        "  command -v mount.efs >/dev/null 2>&1 && return 0",
+        f"  rm -rf {work}",
+        "  DEBIAN_FRONTEND=noninteractive apt-get update -q"
+        " && DEBIAN_FRONTEND=noninteractive apt-get -y -q install git binutils"
+        f" && git clone --quiet --depth 1 --branch {ref} {EFS_UTILS_REPO} {work}"
+        f" && (cd {work} && ./build-deb.sh)"
+        f" && DEBIAN_FRONTEND=noninteractive apt-get -y -q install {work}/build/amazon-efs-utils*deb",
+        "}",
+        f"for attempt in $(seq 1 {attempts}); do",
+        "  if spot_training_install_efs_utils; then break; fi",
+        f"  echo \"spot-training: amazon-efs-utils install attempt $attempt of {attempts} failed\" >&2",
+        f"  if [ \"$attempt\" -lt {attempts} ]; then sleep $((attempt * {retry_delay_s})); fi",
+        "done",
+        "if ! command -v mount.efs >/dev/null 2>&1; then"
+        " echo 'spot-training: amazon-efs-utils (mount.efs) is not installed; the agent will exit 78' >&2; fi",
+    ]

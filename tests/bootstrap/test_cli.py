@@ -367,3 +367,20 @@ def test_run_with_efs_in_local_mode_uses_a_shared_directory(ec2, moto_server, no
     assert result.returncode == 0, result.stderr
     assert (node["dir"] / "efs").is_dir()
     assert [e[0] for e in events(node["dir"])] == ["start", "completed"]
+
+
+def test_run_with_efs_on_a_node_without_efs_utils_exits_78_before_touching_anything(ec2, moto_server, node):
+    """Not local mode (no SPOT_TRAINING_BLOCKDEV_DIR) and no mount.efs on the PATH: no anonymous NFS
+    fallback; the agent stops with 78 (systemd does not restart it) before it attaches the volume."""
+    config = copy.deepcopy(node["config"])
+    config["efs"] = {"file_system_id": "fs-0123abcd", "access_point_id": "fsap-0123456789abcdef0",
+                     "mount_point": str(node["dir"] / "efs")}
+    empty_bin = node["dir"] / "bin"
+    empty_bin.mkdir()
+    before = aws_state(ec2)
+    result = agent("run", _write(node["dir"] / "config.json", config), env={"PATH": str(empty_bin)})
+    assert result.returncode == ExitCode.CONFIG, result.stderr
+    assert "mount.efs (amazon-efs-utils) is not installed" in result.stderr
+    assert "no anonymous NFS fallback" in result.stderr
+    assert aws_state(ec2) == before
+    assert not (node["dir"] / "efs").exists() and events(node["dir"]) == []

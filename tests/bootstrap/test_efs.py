@@ -1,4 +1,5 @@
-"""bootstrap.efs: the mount commands built (efs-utils TLS or NFS 4.1), idempotence, failures."""
+"""bootstrap.efs: the one mount command (efs-utils, TLS + IAM + access point), no anonymous NFS fallback
+(exit 78 without efs-utils, before any resource is touched), idempotence, failures."""
 
 from __future__ import annotations
 
@@ -7,8 +8,8 @@ import subprocess
 import pytest
 
 from bootstrap.config import EfsConfig
-from bootstrap.efs import NFS_OPTIONS, efs_dns_name, mount_efs
-from bootstrap.errors import TemporaryError
+from bootstrap.efs import efs_dns_name, mount_efs
+from bootstrap.errors import ConfigError, ExitCode, TemporaryError
 
 FS = "fs-0123456789abcdef0"
 AP = "fsap-0123456789abcdef0"
@@ -38,52 +39,47 @@ def _efs(tmp_path, access_point=AP):
     return EfsConfig(file_system_id=FS, access_point_id=access_point, mount_point=tmp_path / "efs")
 
 
-def _mount(tmp_path, machine, efs, efs_utils):
+def _mount(tmp_path, machine, efs, efs_utils=True):
     return mount_efs(efs, region="us-west-2", run=machine, which=lambda name: "/sbin/mount.efs" if efs_utils else None,
                      proc_mounts=machine.mounts, sleep=lambda s: None, rng=lambda: 0.0)
 
 
-def test_efs_utils_mounts_with_tls_and_the_access_point_once(tmp_path):
+def test_efs_utils_mounts_with_tls_iam_and_the_access_point_once(tmp_path):
     machine = _Machine(tmp_path / "mounts")
     efs = _efs(tmp_path)
-    assert _mount(tmp_path, machine, efs, efs_utils=True) == efs.mount_point
+    assert _mount(tmp_path, machine, efs) == efs.mount_point
     assert machine.commands == [["mount", "-t", "efs", "-o", f"tls,iam,accesspoint={AP}", f"{FS}:/", str(efs.mount_point)]]
     assert efs.mount_point.is_dir()
-    _mount(tmp_path, machine, efs, efs_utils=True)  # already mounted: nothing runs
+    _mount(tmp_path, machine, efs)  # already mounted: nothing runs
     assert len(machine.commands) == 1
 
 
-def test_efs_utils_without_access_point(tmp_path):
+def test_without_access_point_still_tls_and_iam(tmp_path):
     machine = _Machine(tmp_path / "mounts")
     efs = _efs(tmp_path, access_point=None)
-    _mount(tmp_path, machine, efs, efs_utils=True)
-    assert machine.commands == [["mount", "-t", "efs", "-o", "tls", f"{FS}:/", str(efs.mount_point)]]
+    _mount(tmp_path, machine, efs)
+    assert machine.commands == [["mount", "-t", "efs", "-o", "tls,iam", f"{FS}:/", str(efs.mount_point)]]
 
 
-def test_without_efs_utils_nfs4_with_the_articles_options_once(tmp_path, caplog):
+def test_without_efs_utils_no_anonymous_nfs_fallback_but_exit_78(tmp_path):
     machine = _Machine(tmp_path / "mounts")
     efs = _efs(tmp_path)
-    with caplog.at_level("WARNING"):
+    with pytest.raises(ConfigError, match=r"mount\.efs \(amazon-efs-utils\) is not installed.*no anonymous NFS fallback") as raised:
         _mount(tmp_path, machine, efs, efs_utils=False)
-    assert machine.commands == [["mount", "-t", "nfs4", "-o",
-                                 "nfsvers=4.1,rsize=1048576,wsize=1048576,hard,timeo=600,retrans=2,noresvport",
-                                 f"{FS}.efs.us-west-2.amazonaws.com:/", str(efs.mount_point)]]
-    assert NFS_OPTIONS in machine.commands[0]
-    assert "without TLS" in caplog.text and AP in caplog.text
-    _mount(tmp_path, machine, efs, efs_utils=False)
-    assert len(machine.commands) == 1
+    assert raised.value.exit_code == ExitCode.CONFIG == 78
+    assert machine.commands == [] and not efs.mount_point.exists()
 
 
 def test_a_failing_mount_is_retried_then_succeeds(tmp_path):
     machine = _Machine(tmp_path / "mounts", failures=2)
-    _mount(tmp_path, machine, _efs(tmp_path), efs_utils=False)
+    _mount(tmp_path, machine, _efs(tmp_path))
     assert len(machine.commands) == 3
 
 
 def test_a_mount_that_keeps_failing_is_a_temporary_failure(tmp_path):
     machine = _Machine(tmp_path / "mounts", failures=100)
     with pytest.raises(TemporaryError, match="mount EFS fs-0123456789abcdef0 .*still failing after 10 attempts.*resolve"):
-        _mount(tmp_path, machine, _efs(tmp_path), efs_utils=False)
+        _mount(tmp_path, machine, _efs(tmp_path))
 
 
 def test_something_else_mounted_there_is_refused(tmp_path):

@@ -405,6 +405,29 @@ def test_efs_ids_reach_the_node_config(efs_synth: Synth) -> None:
     assert any("elasticfilesystem:ClientWrite" in _as_list(s["Action"]) for s in statements)
 
 
+def test_efs_file_system_policy_grants_mount_and_write_to_the_node_role_only_over_tls(efs_synth: Synth) -> None:
+    (fs,) = efs_synth.resources("AWS::EFS::FileSystem").values()
+    statements = fs["Properties"]["FileSystemPolicy"]["Statement"]
+    (role_id,) = [k for k in efs_synth.resources("AWS::IAM::Role") if k.startswith("NodeRole")]
+    (grant,) = [s for s in statements if s.get("Sid", "").startswith("MountAndWrite")]
+    assert grant["Effect"] == "Allow" and grant["Principal"] == {"AWS": {"Fn::GetAtt": [role_id, "Arn"]}}
+    assert sorted(_as_list(grant["Action"])) == ["elasticfilesystem:ClientMount", "elasticfilesystem:ClientWrite"]
+    assert grant["Condition"] == {"Bool": {"elasticfilesystem:AccessedViaMountTarget": "true", "aws:SecureTransport": "true"}}
+    (deny,) = [s for s in statements if s.get("Sid") == "DenyWithoutTls"]
+    assert deny["Effect"] == "Deny" and deny["Condition"] == {"Bool": {"aws:SecureTransport": "false"}}
+    # No statement lets an anonymous client mount: ClientMount only ever names the node role.
+    for s in statements:
+        if s["Effect"] == "Allow" and "elasticfilesystem:ClientMount" in _as_list(s["Action"]):
+            assert s["Principal"] != {"AWS": "*"}
+
+
+def test_efs_utils_is_installed_before_the_agent_starts_only_when_efs_is_on(default_synth: Synth, efs_synth: Synth) -> None:
+    efs_text = _user_data(efs_synth, PSEUDO)
+    assert "spot_training_install_efs_utils" in efs_text and "./build-deb.sh" in efs_text
+    assert efs_text.index("spot_training_install_efs_utils") < efs_text.index("systemctl enable --now")
+    assert "spot_training_install_efs_utils" not in _user_data(default_synth, PSEUDO)
+
+
 def test_the_agents_config_loader_accepts_every_variant(default_synth: Synth, efs_synth: Synth, pinned_synth: Synth) -> None:
     """The other side of the contract: bootstrap.config parses what the stack writes."""
     from bootstrap.config import parse_config

@@ -83,3 +83,53 @@ def test_boto3_requirement_matches_requirements_agent() -> None:
 
     lines = [ln.split("#")[0].strip() for ln in (REPO_ROOT / "requirements-agent.txt").read_text().splitlines()]
     assert BOTO3_REQUIREMENT in lines
+
+
+def _efs_utils_script(tmp_path: Path, *, helper_present: bool, apt_fails: bool) -> tuple[subprocess.CompletedProcess, list[str]]:
+    """Run the efs-utils step with real bash under set -euo pipefail; apt-get, git, sleep are stubs
+    that log their calls (nothing is installed or downloaded)."""
+    from infra.userdata import efs_utils_install_commands
+
+    bin_dir, log = tmp_path / "bin", tmp_path / "calls.log"
+    bin_dir.mkdir()
+    stubs = {"apt-get": f"echo apt-get \"$@\" >> {log}; exit {1 if apt_fails else 0}",
+             "git": f"echo git \"$@\" >> {log}; exit 1", "sleep": f"echo sleep \"$@\" >> {log}"}
+    if helper_present:
+        stubs["mount.efs"] = "exit 0"
+    for name, body in stubs.items():
+        (bin_dir / name).write_text(f"#!/bin/bash\n{body}\n")
+        (bin_dir / name).chmod(0o755)
+    script = "\n".join(efs_utils_install_commands())
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin"}
+    result = subprocess.run(["bash", "-euo", "pipefail", "-c", script + "\necho user-data-goes-on"], env=env,
+                            capture_output=True, text=True, timeout=60)
+    return result, (log.read_text().splitlines() if log.exists() else [])
+
+
+def test_efs_utils_step_does_nothing_when_mount_efs_is_there(tmp_path: Path) -> None:
+    result, calls = _efs_utils_script(tmp_path, helper_present=True, apt_fails=False)
+    assert result.returncode == 0 and "user-data-goes-on" in result.stdout
+    assert calls == []
+
+
+def test_efs_utils_step_is_retried_then_lets_the_agent_report_exit_78(tmp_path: Path) -> None:
+    result, calls = _efs_utils_script(tmp_path, helper_present=False, apt_fails=True)
+    # set -euo pipefail does not end the user data: the agent starts and exits 78 naming mount.efs.
+    assert result.returncode == 0 and "user-data-goes-on" in result.stdout, result.stderr
+    assert [c for c in calls if c.startswith("apt-get update")] == ["apt-get update -q"] * 3
+    assert [c for c in calls if c.startswith("sleep")] == ["sleep 15", "sleep 30"]
+    assert "install attempt 3 of 3 failed" in result.stderr
+    assert "amazon-efs-utils (mount.efs) is not installed; the agent will exit 78" in result.stderr
+
+
+def test_efs_utils_step_builds_the_pinned_release_as_the_readme_says(tmp_path: Path) -> None:
+    from infra.userdata import EFS_UTILS_REF, efs_utils_install_commands
+
+    result, calls = _efs_utils_script(tmp_path, helper_present=False, apt_fails=False)
+    assert result.returncode == 0
+    assert "apt-get -y -q install git binutils" in calls
+    assert f"git clone --quiet --depth 1 --branch {EFS_UTILS_REF} https://github.com/aws/efs-utils /tmp/spot-training-efs-utils" in calls
+    text = "\n".join(efs_utils_install_commands())
+    assert "./build-deb.sh" in text and "build/amazon-efs-utils*deb" in text
+    with pytest.raises(ValueError, match="git tag"):
+        efs_utils_install_commands(ref="v1; rm -rf /")
