@@ -66,3 +66,53 @@ def test_exactly_one_agent_gets_the_volume(ec2, moto_server, tmp_path, zones):
     assert loser_events & {"lease_wait", "waiting_for_detach"}, loser_events  # it saw the other and waited
     attached = [e for _, _, _, evs, _ in results for e in evs if e.get("event") == "volume_attached"]
     assert len(attached) == 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("new_az", ["us-east-1a", "us-east-1b"], ids=["new-fleet-in-the-volume-az", "new-fleet-elsewhere"])
+def test_stack_update_new_fleet_node_waits_for_the_old_node_then_takes_the_volume(ec2, moto_server, tmp_path, new_az):
+    """A user-data change makes a new launch template version; the fleet follows LatestVersionNumber, so
+    CloudFormation replaces the fleet: the new fleet's node boots while the old node still trains on the
+    volume, and the old fleet (and its node) goes only afterwards. The new node must neither attach,
+    snapshot nor copy a volume another running instance holds: it exits 75 (systemd retries it), and
+    takes the volume, intact and alone, once the old node is gone."""
+    old_id = create_data_volume(ec2, "us-east-1a")
+    data = volume_dir(moto_server.ebs_dir, old_id)
+    (data / DirectoryBlockDevices.FS_MARKER).write_text("xfs")
+    (data / "shard-0").write_bytes(PAYLOAD)
+    nodes = []
+    for name, az in (("old", "us-east-1a"), ("new", new_az)):
+        node_dir = tmp_path / name
+        node_dir.mkdir()
+        config, config_path = make_config(node_dir)
+        instance_id = run_instance(ec2, az)
+        nodes.append((instance_id, config, agent_command(config_path, instance_id, az, moto_server.volumes_dir)))
+    (old_instance, old_config, old_argv), (new_instance, new_config, new_argv) = nodes
+
+    old = start_agent(old_argv)
+    out, err = old.communicate(timeout=60)
+    assert old.returncode == 0, err[-500:]
+    assert [a["InstanceId"] for a in data_volumes(ec2)[0]["Attachments"]] == [old_instance]
+
+    # The new fleet's node boots while the old node still holds the volume.
+    first = start_agent(new_argv)
+    out, err = first.communicate(timeout=60)
+    assert first.returncode == 75, err[-500:]
+    first_events = {e.get("event") for e in events(out)}
+    assert "waiting_for_detach" in first_events
+    assert not first_events & {"volume_attached", "snapshot_created", "volume_created"}
+    [volume] = data_volumes(ec2)
+    assert (volume["VolumeId"], [a["InstanceId"] for a in volume["Attachments"]]) == (old_id, [old_instance])
+    assert migration_snapshots(ec2) == [] and LEASE_TAG not in {t["Key"] for t in volume.get("Tags", [])}
+    assert not new_config.volume.mount_point.exists()
+
+    # CloudFormation deletes the old fleet: its node is terminated, the volume detaches.
+    ec2.terminate_instances(InstanceIds=[old_instance])
+    second = start_agent(new_argv)  # systemd's restart of the new node's agent
+    out, err = second.communicate(timeout=60)
+    assert second.returncode == 0, err[-500:]
+    [volume] = data_volumes(ec2)
+    assert [a["InstanceId"] for a in volume["Attachments"]] == [new_instance]
+    assert volume["AvailabilityZone"] == new_az and (volume["VolumeId"] == old_id) == (new_az == "us-east-1a")
+    assert (new_config.volume.mount_point / "shard-0").read_bytes() == PAYLOAD
+    assert LEASE_TAG not in {t["Key"] for t in volume.get("Tags", [])}

@@ -262,3 +262,35 @@ def test_efs_refs_and_attributes_resolve_and_the_file_system_is_deleted_with_the
     cloudformation.delete_stack(StackName="CfnCompatEfs")
 
     assert [fs for fs in efs.describe_file_systems()["FileSystems"] if fs["FileSystemId"] == fs_id] == []
+
+
+def test_update_and_delete_after_the_agent_cancelled_the_fleet_on_completion_succeed(moto_server):
+    """The agent cancels its own fleet when training completes (bootstrap.cleanup.cancel_own_fleet, with
+    TerminateInstances). A later stack update (here: new user data, a new launch template version the
+    fleet's Version follows) and the stack's deletion must still complete and leave nothing behind.
+    moto keeps the cancelled fleet's physical id on that update instead of replacing the fleet as
+    CloudFormation does (docs/infra.md, "Stack updates"); what moto can show is that neither the update
+    nor the delete fails on the cancelled request."""
+    cloudformation, ec2 = _client(moto_server, "cloudformation"), _client(moto_server, "ec2")
+    template = _fleet_template()
+    cloudformation.create_stack(StackName="CfnCompatDone", TemplateBody=json.dumps(template))
+    resources = {r["LogicalResourceId"]: r["PhysicalResourceId"]
+                 for r in cloudformation.describe_stack_resources(StackName="CfnCompatDone")["StackResources"]}
+    [active] = ec2.describe_spot_fleet_instances(SpotFleetRequestId=resources["Fleet"])["ActiveInstances"]
+    answer = ec2.cancel_spot_fleet_requests(SpotFleetRequestIds=[resources["Fleet"]], TerminateInstances=True)
+    assert [c["SpotFleetRequestId"] for c in answer["SuccessfulFleetRequests"]] == [resources["Fleet"]]
+
+    template["Resources"]["LaunchTemplate"]["Properties"]["LaunchTemplateData"]["UserData"] = {
+        "Fn::Base64": "#!/bin/bash\necho changed user data\n"}
+    cloudformation.update_stack(StackName="CfnCompatDone", TemplateBody=json.dumps(template))
+    [stack] = cloudformation.describe_stacks(StackName="CfnCompatDone")["Stacks"]
+    assert stack["StackStatus"] == "UPDATE_COMPLETE"
+    [lt] = ec2.describe_launch_templates(LaunchTemplateIds=[resources["LaunchTemplate"]])["LaunchTemplates"]
+    assert lt["LatestVersionNumber"] == 2
+
+    cloudformation.delete_stack(StackName="CfnCompatDone")
+    [summary] = [s for s in cloudformation.list_stacks()["StackSummaries"] if s["StackName"] == "CfnCompatDone"]
+    assert summary["StackStatus"] == "DELETE_COMPLETE"
+    assert ec2.describe_spot_fleet_requests()["SpotFleetRequestConfigs"] == []
+    states = {i["InstanceId"]: i["State"]["Name"] for r in ec2.describe_instances()["Reservations"] for i in r["Instances"]}
+    assert states[active["InstanceId"]] == "terminated" and set(states.values()) == {"terminated"}
