@@ -246,7 +246,15 @@ def cmd_run(config: AgentConfig) -> ExitCode:
     mount_point = _attach_volume(config, ec2, identity, blockdev)
     _mount_efs(config)
     device = blockdev.mounted_source(str(mount_point))
-    outcome = _supervise(config, imds, _is_mounted(blockdev, mount_point, device=device))
+    from bootstrap.snapshots import PeriodicSnapshots
+
+    # Periodic snapshots while training (volume.snapshot_interval_s; 0: none), so a move copies little.
+    snapshots = PeriodicSnapshots(ec2=ec2, stack_name=config.stack_name, volume=config.volume,
+                                  instance_id=identity.instance_id, log=logging.getLogger("bootstrap.snapshots")).start()
+    try:
+        outcome = _supervise(config, imds, _is_mounted(blockdev, mount_point, device=device))
+    finally:
+        snapshots.stop()
     if outcome is Outcome.COMPLETED:
         _cleanup(config, ec2, identity)
     return ExitCode.OK

@@ -29,6 +29,12 @@ STACK_TAG = "spot-training:stack"
 PURPOSE_TAG = "spot-training:purpose"
 DATA_VOLUME_PURPOSE = "data-volume"
 MIGRATION_SNAPSHOT_PURPOSE = "migration-snapshot"
+#: Purpose tag value of the snapshots the agent takes of the data volume while training.
+PERIODIC_SNAPSHOT_PURPOSE = "periodic-snapshot"
+#: Shortest interval between periodic snapshots, seconds.
+MIN_SNAPSHOT_INTERVAL_S = 60
+#: Valid range of EBS's Provisioned Rate for Volume Initialization, MiB/s (CreateVolume reference).
+INITIALIZATION_RATE_MIBPS = (100, 300)
 
 NODE_ROLES = ("single", "scheduler", "server", "worker")
 FRAMEWORKS = ("tensorflow", "mxnet")
@@ -64,6 +70,12 @@ class VolumeConfig:
     mount_point: Path
     fs_type: str
     keep_snapshots: int
+    #: Seconds between periodic snapshots of the data volume while training (0: none; >= 60 otherwise),
+    #: so that a move across AZs copies only what changed since the last one (bootstrap/snapshots.py).
+    snapshot_interval_s: int = 0
+    #: EBS Provisioned Rate for Volume Initialization of a volume created from a migration snapshot,
+    #: MiB/s (100..300), or None for EBS's default rate (CreateVolume ``VolumeInitializationRate``).
+    initialization_rate_mibps: int | None = None
 
 
 @dataclass(frozen=True)
@@ -237,7 +249,7 @@ def _volume(v: "_Validator", root: Mapping[str, Any], stack_name: str | None) ->
     if section is None:
         return None
     v.keys(section, "volume", required=("tags", "device_name", "mount_point"),
-           optional=("fs_type", "keep_snapshots"))
+           optional=("fs_type", "keep_snapshots", "snapshot_interval_s", "initialization_rate_mibps"))
     tags = v.string_map(section, "tags", "volume")
     if tags is not None:
         if STACK_TAG not in tags:
@@ -252,10 +264,20 @@ def _volume(v: "_Validator", root: Mapping[str, Any], stack_name: str | None) ->
     mount_point = v.abs_path(section, "mount_point", "volume")
     fs_type = v.choice(section, "fs_type", "volume", FS_TYPES, default="xfs")
     keep = v.integer(section, "keep_snapshots", "volume", minimum=1, default=2)
-    if None in (tags, device_name, mount_point, fs_type, keep):
+    interval = v.integer(section, "snapshot_interval_s", "volume", minimum=0, default=0)
+    if interval is not None and 0 < interval < MIN_SNAPSHOT_INTERVAL_S:
+        v.problem("volume.snapshot_interval_s", interval, f"0 (no periodic snapshots) or an integer >= {MIN_SNAPSHOT_INTERVAL_S} (seconds)")
+        interval = None
+    rate = section.get("initialization_rate_mibps")
+    if rate is not None and (isinstance(rate, bool) or not isinstance(rate, int)
+                             or not INITIALIZATION_RATE_MIBPS[0] <= rate <= INITIALIZATION_RATE_MIBPS[1]):
+        v.problem("volume.initialization_rate_mibps", rate,
+                  f"null or an integer from {INITIALIZATION_RATE_MIBPS[0]} to {INITIALIZATION_RATE_MIBPS[1]} (MiB/s, EBS's valid range)")
+        return None
+    if None in (tags, device_name, mount_point, fs_type, keep, interval):
         return None
     return VolumeConfig(tags=MappingProxyType(dict(tags)), device_name=device_name, mount_point=mount_point,
-                        fs_type=fs_type, keep_snapshots=keep)
+                        fs_type=fs_type, keep_snapshots=keep, snapshot_interval_s=interval, initialization_rate_mibps=rate)
 
 
 def _efs(v: "_Validator", root: Mapping[str, Any]) -> EfsConfig | None:

@@ -89,7 +89,10 @@ CONTEXT_KEYS: tuple[ContextKey, ...] = (
     ContextKey("code_git_url", None, "-", "clone the training code from this git URL instead of using the bootstrap asset"),
     ContextKey("code_git_ref", None, "-", "commit or tag to check out (required with `code_git_url`)"),
     ContextKey("mount_point", "/dltraining", "-", "where the data volume is mounted; datasets/, checkpoints/, logs/ live under it"),
-    ContextKey("keep_snapshots", 2, "snapshots", "migration snapshots the agent keeps, 1..100"),
+    ContextKey("keep_snapshots", 2, "snapshots", "migration snapshots the agent keeps, 1..100 (and as many periodic ones)"),
+    ContextKey("snapshot_interval_minutes", 60, "minutes", "periodic snapshots of the data volume while training, so a move across AZs copies only what changed since; 0: none; else 1..1440"),
+    ContextKey("volume_initialization_rate_mibps", 300, "MiB/s", "EBS Provisioned Rate for Volume Initialization of a volume moved to another AZ (100..300; billed); none: EBS's default (lazy) rate"),
+    ContextKey("pin_to_volume_az", False, "bool", "launch the fleet only in the data volume's Availability Zone (no moves; fewer spot pools)"),
     ContextKey("cancel_fleet_on_success", True, "bool", "the agent cancels the fleet when training completes"),
     ContextKey("efs", False, "bool", "add an encrypted EFS file system (with access point) mounted at /mnt/efs"),
     ContextKey("retain_data", False, "bool", "keep the data volume and snapshots on `cdk destroy`"),
@@ -207,6 +210,9 @@ class StackSettings:
     code_git_ref: str | None = None
     mount_point: str = "/dltraining"
     keep_snapshots: int = 2
+    snapshot_interval_minutes: int = 60
+    volume_initialization_rate_mibps: int | None = 300
+    pin_to_volume_az: bool = False
     cancel_fleet_on_success: bool = True
     efs: bool = False
     retain_data: bool = False
@@ -339,7 +345,16 @@ class StackSettings:
             out["mount_point"] = mp
         if v["keep_snapshots"] is not None:
             out["keep_snapshots"] = _as_int("keep_snapshots", v["keep_snapshots"], 1, 100, "(snapshots)")
-        for key in ("cancel_fleet_on_success", "efs", "retain_data"):
+        if v["snapshot_interval_minutes"] is not None:
+            out["snapshot_interval_minutes"] = _as_int("snapshot_interval_minutes", v["snapshot_interval_minutes"], 0, 1440, "(minutes; 0: none)")
+        rate = v["volume_initialization_rate_mibps"]
+        if rate is None:
+            pass  # key absent: the default
+        elif isinstance(rate, str) and rate.strip().lower() in ("none", "null", ""):
+            out["volume_initialization_rate_mibps"] = None
+        else:
+            out["volume_initialization_rate_mibps"] = _as_int("volume_initialization_rate_mibps", rate, 100, 300, "(MiB/s), or none")
+        for key in ("cancel_fleet_on_success", "efs", "retain_data", "pin_to_volume_az"):
             if v[key] is not None:
                 out[key] = _as_bool(key, v[key])
         out["imds_endpoint"] = _as_optional_str(

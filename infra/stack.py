@@ -189,6 +189,8 @@ class SpotTrainingStack(SettingsStack):
             user=settings.training_user,
             mount_point=settings.mount_point,
             keep_snapshots=settings.keep_snapshots,
+            snapshot_interval_s=settings.snapshot_interval_minutes * 60,
+            initialization_rate_mibps=settings.volume_initialization_rate_mibps,
             code=code,
             efs=efs_config,
             cancel_fleet_on_success=settings.cancel_fleet_on_success,
@@ -200,11 +202,18 @@ class SpotTrainingStack(SettingsStack):
             training_python=settings.training_python,
             training_requirements=settings.training_requirements,
         )
+        # pin_to_volume_az: only the subnets of the data volume's AZ, so a replacement never lands
+        # elsewhere and the volume never moves (fewer spot capacity pools; docs/agent-storage.md).
+        fleet_subnets = (
+            ec2.SubnetSelection(subnet_type=ec2.SubnetType.PUBLIC, availability_zones=[subnets.availability_zones[0]])
+            if settings.pin_to_volume_az
+            else ec2.SubnetSelection(subnet_type=ec2.SubnetType.PUBLIC)
+        )
         self.fleet = SpotTrainingFleet(
             self,
             "Fleet",
             vpc=self.vpc,
-            vpc_subnets=ec2.SubnetSelection(subnet_type=ec2.SubnetType.PUBLIC),
+            vpc_subnets=fleet_subnets,
             machine_image=machine_image(settings.image_id, settings.ami_ssm_parameter),
             instance_profile=self.node_role.instance_profile,
             user_data=user_data,

@@ -66,6 +66,8 @@ def node_config(
     device_name: str = "/dev/sdf",
     fs_type: str = "xfs",
     keep_snapshots: int = 2,
+    snapshot_interval_s: int | None = None,
+    initialization_rate_mibps: int | None = None,
     code: Mapping[str, str] | None = None,
     efs: Mapping[str, str] | None = None,
     cancel_fleet_on_success: bool = True,
@@ -80,6 +82,8 @@ def node_config(
     ``code`` defaults to the unpacked bootstrap asset ``{"type": "asset", "path": CODE_DIR}``.
     Dataset, checkpoint and log directories are ``datasets/``, ``checkpoints/``, ``logs/`` under
     ``data_root`` (default: ``mount_point``, the data volume; cluster nodes pass the EFS mount point).
+    ``snapshot_interval_s`` (seconds, periodic snapshots while training) and ``initialization_rate_mibps``
+    (a moved volume's provisioned initialization rate) go in the ``volume`` section only when set.
     ``node_role``: ``single`` (default) or a cluster role ``scheduler``/``server``/``worker``, which
     come with a ``cluster`` section (docs/contracts.md, "Parameter-server cluster"); the key is left
     out when ``cluster`` is None. Raises nothing; the stack validated the values.
@@ -111,6 +115,11 @@ def node_config(
         "cleanup": {"cancel_fleet_on_success": cancel_fleet_on_success},
         "imds_endpoint": imds_endpoint,
     }
+    # Left out unless set, so configs of stacks that do not use them stay as they were.
+    if snapshot_interval_s:
+        config["volume"]["snapshot_interval_s"] = snapshot_interval_s
+    if initialization_rate_mibps is not None:
+        config["volume"]["initialization_rate_mibps"] = initialization_rate_mibps
     if cluster is not None:
         config["cluster"] = dict(cluster)
     return config

@@ -191,3 +191,14 @@ def test_default_ami_parameter_follows_the_dlami_naming_rule() -> None:
     expected = f"/aws/service/deeplearning/ami/x86_64/{'-'.join(words)}/latest/ami-id"
     assert expected == "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-ubuntu-22.04/latest/ami-id"
     assert settings_from_app_context().ami_ssm_parameter == expected
+
+
+def test_move_settings_defaults_and_bad_values() -> None:
+    s = settings_from_app_context()
+    assert (s.snapshot_interval_minutes, s.volume_initialization_rate_mibps, s.pin_to_volume_az) == (60, 300, False)
+    s = settings_from_app_context(snapshot_interval_minutes="0", volume_initialization_rate_mibps="none", pin_to_volume_az="true")
+    assert (s.snapshot_interval_minutes, s.volume_initialization_rate_mibps, s.pin_to_volume_az) == (0, None, True)
+    with pytest.raises(ValueError, match=r"'volume_initialization_rate_mibps': got 500; allowed: an integer \(MiB/s\), or none from 100 to 300"):
+        settings_from_app_context(volume_initialization_rate_mibps=500)
+    with pytest.raises(ValueError, match=r"'snapshot_interval_minutes': got -5"):
+        settings_from_app_context(snapshot_interval_minutes=-5)

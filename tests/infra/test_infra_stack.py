@@ -461,3 +461,28 @@ def test_existing_vpc_by_id_and_fixed_image(tmp_path: Path) -> None:
     (fleet,) = synth.resources("AWS::EC2::SpotFleet").values()
     overrides = fleet["Properties"]["SpotFleetRequestConfigData"]["LaunchTemplateConfigs"][0]["Overrides"]
     assert len(overrides) == 3 * 2 and all(isinstance(o["SubnetId"], str) for o in overrides)
+
+
+def test_move_settings_reach_the_node_config(default_synth: Synth) -> None:
+    from bootstrap.config import parse_config
+
+    config = extract_config(_user_data(default_synth, PSEUDO))
+    assert (config["volume"]["snapshot_interval_s"], config["volume"]["initialization_rate_mibps"]) == (3600, 300)
+    volume = parse_config(config).volume
+    assert (volume.snapshot_interval_s, volume.initialization_rate_mibps) == (3600, 300)
+
+
+def test_pin_to_volume_az_keeps_the_fleet_in_the_volume_az(tmp_path: Path) -> None:
+    from infra_helpers import synth_stack
+
+    from infra.config import StackSettings
+
+    synth = synth_stack(tmp_path, StackSettings.from_mapping({"pin_to_volume_az": True,
+                                                               "availability_zones": ["us-east-1a", "us-east-1b"]}))
+    (volume,) = synth.resources("AWS::EC2::Volume").values()
+    subnets = synth.resources("AWS::EC2::Subnet")
+    (fleet,) = synth.resources("AWS::EC2::SpotFleet").values()
+    overrides = fleet["Properties"]["SpotFleetRequestConfigData"]["LaunchTemplateConfigs"][0]["Overrides"]
+    zones = {subnets[o["SubnetId"]["Ref"]]["Properties"]["AvailabilityZone"] for o in overrides}
+    assert zones == {volume["Properties"]["AvailabilityZone"]} == {"us-east-1a"}
+    assert len(overrides) == 3  # every default type, one subnet
