@@ -13,6 +13,7 @@ _EXPORTS = {
     "AllocationStrategy": "fleet",
     "SpotTrainingFleet": "fleet",
     "DEFAULT_INSTANCE_TYPES": "fleet",
+    "SpotInterruptionDrill": "fis",
     "TrainingVolume": "volume",
     "SharedFileSystem": "filesystem",
     "TrainingNodeRole": "roles",

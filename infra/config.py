@@ -96,6 +96,7 @@ CONTEXT_KEYS: tuple[ContextKey, ...] = (
     ContextKey("cancel_fleet_on_success", True, "bool", "the agent cancels the fleet when training completes"),
     ContextKey("efs", False, "bool", "add an encrypted EFS file system (with access point) mounted at /mnt/efs"),
     ContextKey("retain_data", False, "bool", "keep the data volume and snapshots on `cdk destroy`"),
+    ContextKey("fis_drill", False, "bool", "add an AWS FIS experiment template (and its role) that sends a spot interruption notice to the stack's running instance, for `spot-train drill --aws`"),
     ContextKey("imds_endpoint", None, "URL", "instance metadata endpoint for the agent; default: http://169.254.169.254 (local mode sets its emulator)"),
 )
 _KEY_NAMES = tuple(k.name for k in CONTEXT_KEYS)
@@ -216,6 +217,7 @@ class StackSettings:
     cancel_fleet_on_success: bool = True
     efs: bool = False
     retain_data: bool = False
+    fis_drill: bool = False
     imds_endpoint: str | None = None
 
     @classmethod
@@ -354,7 +356,7 @@ class StackSettings:
             out["volume_initialization_rate_mibps"] = None
         else:
             out["volume_initialization_rate_mibps"] = _as_int("volume_initialization_rate_mibps", rate, 100, 300, "(MiB/s), or none")
-        for key in ("cancel_fleet_on_success", "efs", "retain_data", "pin_to_volume_az"):
+        for key in ("cancel_fleet_on_success", "efs", "retain_data", "pin_to_volume_az", "fis_drill"):
             if v[key] is not None:
                 out[key] = _as_bool(key, v[key])
         out["imds_endpoint"] = _as_optional_str(

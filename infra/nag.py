@@ -15,6 +15,7 @@ import constructs
 from .cleanup import DataCleanup
 from .cluster import ParameterServerCluster
 from .cluster_stack import DistributedTrainingStack
+from .fis import SpotInterruptionDrill
 from .roles import SpotFleetRole, TrainingNodeRole
 from .stack import SpotTrainingStack
 
@@ -97,6 +98,20 @@ ACKNOWLEDGEMENTS: tuple[tuple[type, str, list[object], str], ...] = (
         [cdk_nag.RegexAppliesTo(regex=r"/^Resource::<DataCleanupHandler[A-Za-z0-9]*\.Arn>:\*$/g")],
         "custom_resources.Provider lets its framework function invoke every version of the handler "
         "(aws-cdk-lib's own grant).",
+    ),
+    (
+        SpotInterruptionDrill,
+        "AwsSolutions-IAM5",
+        ["Resource::*"],
+        "FIS resolves the experiment's targets with ec2:DescribeInstances, which supports no resource-level "
+        "permissions (AWS's own FIS spot interruption sample grants it on *).",
+    ),
+    (
+        SpotInterruptionDrill,
+        "AwsSolutions-IAM5",
+        [_EC2_TAG_SCOPED],
+        "ec2:SendSpotInstanceInterruptions on the instances the fleet launches at run time, conditioned on "
+        "aws:ResourceTag/spot-training:stack; only with -c fis_drill=true.",
     ),
     (
         ParameterServerCluster,

@@ -16,6 +16,7 @@ from .asset import BOTO3_REQUIREMENT, BootstrapAsset
 from .cleanup import DataCleanup
 from .config import StackSettings
 from .filesystem import SharedFileSystem
+from .fis import SpotInterruptionDrill
 from .fleet import SpotTrainingFleet
 from .roles import TrainingNodeRole
 from .tags import STACK_TAG_KEY
@@ -251,6 +252,12 @@ class SpotTrainingStack(SettingsStack):
             ),
             description="Where the logs go",
         )
+        self.interruption_drill: SpotInterruptionDrill | None = None
+        if settings.fis_drill:
+            # Only on request: a standing permission to interrupt the stack's instances (spot-train drill --aws).
+            self.interruption_drill = SpotInterruptionDrill(self, "SpotInterruptionDrill", stack_tag_value=tag_value)
+            cdk.CfnOutput(self, "FisExperimentTemplateId", value=self.interruption_drill.experiment_template_id,
+                          description="aws fis start-experiment --experiment-template-id <this>: one spot interruption")
         if self.file_system is not None:
             cdk.CfnOutput(self, "FileSystemId", value=self.file_system.file_system_id)
             cdk.CfnOutput(self, "AccessPointId", value=self.file_system.access_point_id)

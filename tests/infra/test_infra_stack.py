@@ -486,3 +486,39 @@ def test_pin_to_volume_az_keeps_the_fleet_in_the_volume_az(tmp_path: Path) -> No
     zones = {subnets[o["SubnetId"]["Ref"]]["Properties"]["AvailabilityZone"] for o in overrides}
     assert zones == {volume["Properties"]["AvailabilityZone"]} == {"us-east-1a"}
     assert len(overrides) == 3  # every default type, one subnet
+
+
+# ---- FIS drill (spot-train drill --aws) ----------------------------------------------------------
+
+
+def test_fis_experiment_template_only_with_fis_drill(default_synth: Synth, tmp_path: Path) -> None:
+    from infra_helpers import synth_stack
+
+    from infra.config import StackSettings
+
+    default_synth.template.resource_count_is("AWS::FIS::ExperimentTemplate", 0)
+    assert "FisExperimentTemplateId" not in default_synth.data["Outputs"]
+    assert not [r for r in default_synth.resources("AWS::IAM::Role").values()
+                if "fis.amazonaws.com" in json.dumps(r["Properties"]["AssumeRolePolicyDocument"])]
+
+    synth = synth_stack(tmp_path, StackSettings.from_mapping({"fis_drill": True}))
+    assert cfn_lint_errors(synth.template_file) == []
+    assert synth.nag_errors == []
+    (template_id, template), = synth.resources("AWS::FIS::ExperimentTemplate").items()
+    props = template["Properties"]
+    (action,) = props["Actions"].values()
+    assert action["ActionId"] == "aws:ec2:send-spot-instance-interruptions"
+    assert action["Parameters"] == {"durationBeforeInterruption": "PT2M"}
+    target = props["Targets"][action["Targets"]["SpotInstances"]]
+    assert target["ResourceType"] == "aws:ec2:spot-instance" and target["SelectionMode"] == "COUNT(1)"
+    assert target["ResourceTags"] == {STACK_TAG_KEY: "SpotTraining"}
+    assert target["Filters"] == [{"Path": "State.Name", "Values": ["running"]}]
+    assert props["StopConditions"] == [{"Source": "none"}]
+    role_id = props["RoleArn"]["Fn::GetAtt"][0]
+    role = synth.data["Resources"][role_id]
+    assert role["Properties"]["AssumeRolePolicyDocument"]["Statement"][0]["Principal"] == {"Service": "fis.amazonaws.com"}
+    statements = [s for p in synth.resources("AWS::IAM::Policy").values()
+                  if {"Ref": role_id} in p["Properties"]["Roles"] for s in p["Properties"]["PolicyDocument"]["Statement"]]
+    (interrupt,) = [s for s in statements if s["Action"] == "ec2:SendSpotInstanceInterruptions"]
+    assert interrupt["Condition"] == {"StringEquals": {f"aws:ResourceTag/{STACK_TAG_KEY}": "SpotTraining"}}
+    assert synth.data["Outputs"]["FisExperimentTemplateId"]["Value"] == {"Ref": template_id}
