@@ -5,6 +5,8 @@
     spot-train local up    [--work-dir out/local]     # moto server + cdk bootstrap + cdk deploy; stays up
     spot-train local down  [--work-dir out/local]     # cdk destroy, orphan check, server stopped by PID
     spot-train status      [--work-dir DIR]           # the live stack (after `up`) or the last drill's report
+    spot-train drill --aws --region R [--instance-types ...] [--keep-stack] [--yes]
+                                                      # a real account: deploy, FIS interruption, resume, destroy (infra/aws_drill.py)
     spot-train preflight   [--stack single|cluster] [-c key=value ...] [--region R] [--json]
                                                       # a real account before `cdk deploy` (infra/preflight.py)
 
@@ -405,6 +407,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
     preflight_module.add_arguments(preflight)
     preflight.set_defaults(handler=preflight_module.run)
+
+    aws_drill = sub.add_parser("drill", help="the drill on a real AWS account (--aws --region R --yes): preflight, deploy, "
+                               "one FIS spot interruption, resume check, destroy, orphans, cost; exit 0 passed, 1 failed, 2 plan only")
+    from infra import aws_drill as aws_drill_module  # boto3 only until it runs
+
+    aws_drill_module.add_arguments(aws_drill)
+    aws_drill.set_defaults(handler=aws_drill_module.run)
 
     status = sub.add_parser("status", help="the live local stack, or the last drill's report")
     status.add_argument("--work-dir", type=Path, default=None, help="default: out/local, then out/demo")
