@@ -67,7 +67,7 @@ def validate_instance_type(value: object, *, prop: str = "instance_types") -> st
     """
     if not isinstance(value, str) or not _INSTANCE_TYPE_RE.match(value):
         raise ValueError(
-            f"{prop}: {value!r} is not an EC2 instance type; allowed: FAMILY.SIZE such as g5.xlarge, p3.2xlarge, g4dn.12xlarge"
+            f"{prop}: {value!r} is not an EC2 instance type; allowed: FAMILY.SIZE such as g5.xlarge, g6.xlarge, g4dn.12xlarge"
         )
     return value
 
