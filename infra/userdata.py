@@ -254,7 +254,7 @@ def efs_utils_install_commands(*, ref: str = EFS_UTILS_REF, attempts: int = EFS_
                                retry_delay_s: int = 15) -> list[str]:
     """User-data lines that build and install amazon-efs-utils unless ``mount.efs`` is already there.
 
-    Retried ``attempts`` times, ``retry_delay_s`` x attempt seconds apart; every line returns 0 under
+    Skipped in local mode (``SPOT_TRAINING_BLOCKDEV_DIR`` set, the switch the agent reads too). Retried ``attempts`` times, ``retry_delay_s`` x attempt seconds apart; every line returns 0 under
     ``set -euo pipefail`` whatever happens, so a failed install does not end the user data: the agent
     then stops with exit 78 and a message naming ``mount.efs`` (there is no anonymous NFS fallback).
 
@@ -269,6 +269,8 @@ def efs_utils_install_commands(*, ref: str = EFS_UTILS_REF, attempts: int = EFS_
     return [
         "spot_training_install_efs_utils() {",
         "  command -v mount.efs >/dev/null 2>&1 && return 0",
+        # Local mode's explicit switch (the agent's too): its EFS is a directory, nothing to install.
+        "  [ -n \"${SPOT_TRAINING_BLOCKDEV_DIR:-}\" ] && return 0",
         f"  rm -rf {work}",
         "  DEBIAN_FRONTEND=noninteractive apt-get update -q"
         " && DEBIAN_FRONTEND=noninteractive apt-get -y -q install git binutils"
@@ -281,6 +283,6 @@ def efs_utils_install_commands(*, ref: str = EFS_UTILS_REF, attempts: int = EFS_
         f"  echo \"spot-training: amazon-efs-utils install attempt $attempt of {attempts} failed\" >&2",
         f"  if [ \"$attempt\" -lt {attempts} ]; then sleep $((attempt * {retry_delay_s})); fi",
         "done",
-        "if ! command -v mount.efs >/dev/null 2>&1; then"
+        "if [ -z \"${SPOT_TRAINING_BLOCKDEV_DIR:-}\" ] && ! command -v mount.efs >/dev/null 2>&1; then"
         " echo 'spot-training: amazon-efs-utils (mount.efs) is not installed; the agent will exit 78' >&2; fi",
     ]

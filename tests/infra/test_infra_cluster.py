@@ -528,3 +528,18 @@ def test_docs_cluster_example_synthesizes_clean(tmp_path: Any) -> None:
     (fleet,) = [r for r in data["Resources"].values() if r["Type"] == "AWS::EC2::SpotFleet"]
     assert fleet["Properties"]["SpotFleetRequestConfigData"]["TargetCapacity"] == 4
     assert namespace["cluster"].node_configs["scheduler"]["training"]["command"][-1] == "--scale-lr"
+
+
+def test_every_role_builds_efs_utils_before_its_agent_and_may_mount_over_tls_with_iam(cluster_synth: Synth) -> None:
+    for role, lt in _launch_templates(cluster_synth).items():
+        text = _user_data(lt)
+        assert "./build-deb.sh" in text, role
+        assert text.index("spot_training_install_efs_utils") < text.index("systemctl enable --now spot-training-agent.service")
+    (fs,) = cluster_synth.resources("AWS::EFS::FileSystem").values()
+    statements = fs["Properties"]["FileSystemPolicy"]["Statement"]
+    grants = [s for s in statements if s.get("Sid", "").startswith("MountAndWrite")]
+    roles = {k for k in cluster_synth.resources("AWS::IAM::Role") if k.startswith(("ClusterNodeRole", "ClusterWorkerRole"))}
+    assert {g["Principal"]["AWS"]["Fn::GetAtt"][0] for g in grants} == roles and len(roles) == 2
+    for grant in grants:
+        assert grant["Condition"]["Bool"]["aws:SecureTransport"] == "true"
+    assert [s["Sid"] for s in statements if s["Effect"] == "Deny"] == ["DenyWithoutTls"]

@@ -85,7 +85,8 @@ def test_boto3_requirement_matches_requirements_agent() -> None:
     assert BOTO3_REQUIREMENT in lines
 
 
-def _efs_utils_script(tmp_path: Path, *, helper_present: bool, apt_fails: bool) -> tuple[subprocess.CompletedProcess, list[str]]:
+def _efs_utils_script(tmp_path: Path, *, helper_present: bool, apt_fails: bool,
+                      local_mode: bool = False) -> tuple[subprocess.CompletedProcess, list[str]]:
     """Run the efs-utils step with real bash under set -euo pipefail; apt-get, git, sleep are stubs
     that log their calls (nothing is installed or downloaded)."""
     from infra.userdata import efs_utils_install_commands
@@ -100,7 +101,7 @@ def _efs_utils_script(tmp_path: Path, *, helper_present: bool, apt_fails: bool) 
         (bin_dir / name).write_text(f"#!/bin/bash\n{body}\n")
         (bin_dir / name).chmod(0o755)
     script = "\n".join(efs_utils_install_commands())
-    env = {"PATH": f"{bin_dir}:/usr/bin:/bin"}
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", **({"SPOT_TRAINING_BLOCKDEV_DIR": str(tmp_path / "volumes")} if local_mode else {})}
     result = subprocess.run(["bash", "-euo", "pipefail", "-c", script + "\necho user-data-goes-on"], env=env,
                             capture_output=True, text=True, timeout=60)
     return result, (log.read_text().splitlines() if log.exists() else [])
@@ -133,3 +134,10 @@ def test_efs_utils_step_builds_the_pinned_release_as_the_readme_says(tmp_path: P
     assert "./build-deb.sh" in text and "build/amazon-efs-utils*deb" in text
     with pytest.raises(ValueError, match="git tag"):
         efs_utils_install_commands(ref="v1; rm -rf /")
+
+
+def test_efs_utils_step_is_skipped_in_local_mode(tmp_path: Path) -> None:
+    """Local mode's switch (SPOT_TRAINING_BLOCKDEV_DIR): its EFS is a directory; nothing is installed."""
+    result, calls = _efs_utils_script(tmp_path, helper_present=False, apt_fails=True, local_mode=True)
+    assert result.returncode == 0 and "user-data-goes-on" in result.stdout
+    assert calls == [] and "exit 78" not in result.stderr

@@ -126,3 +126,13 @@ def test_exit_codes() -> None:
     assert preflight.exit_code([C("a", "pass", ""), C("b", "warn", "")]) == 0
     assert preflight.exit_code([C("a", "unknown", ""), C("b", "fail", "")]) == 1
     assert preflight.exit_code([C("a", "unknown", ""), C("b", "pass", "")]) == 3
+
+
+def test_cluster_target_is_the_worker_fleet_at_its_largest() -> None:
+    context = json.loads((ROOT / "cdk.json").read_text())["context"]
+    target = preflight.target_from_context({**context, "cluster_max_workers": "6"}, stack="cluster", region=REGION)
+    assert target.instance_types == ("g6.xlarge", "g5.xlarge", "g4dn.xlarge")
+    assert target.target_capacity == 6  # the quota must allow the most workers the fleet may be raised to
+    single = preflight.target_from_context(context, stack="single", region=REGION)
+    assert (single.target_capacity, single.image_id) == (1, None)
+    assert single.ami_ssm_parameter.endswith("/base-oss-nvidia-driver-gpu-ubuntu-22.04/latest/ami-id")
