@@ -22,7 +22,9 @@ CONTRACT_EXAMPLE = json.loads(r'''{
     "device_name": "/dev/sdf",
     "mount_point": "/dltraining",
     "fs_type": "xfs",
-    "keep_snapshots": 2
+    "keep_snapshots": 2,
+    "snapshot_interval_s": 3600,
+    "initialization_rate_mibps": 300
   },
   "efs": null,
   "training": {
@@ -67,6 +69,7 @@ def test_the_contract_example_is_valid():
     config = parse_config(CONTRACT_EXAMPLE)
     assert isinstance(config, AgentConfig)
     assert config.volume.mount_point == Path("/dltraining") and config.volume.keep_snapshots == 2
+    assert (config.volume.snapshot_interval_s, config.volume.initialization_rate_mibps) == (3600, 300)
     assert config.training.argv() == ["/opt/conda/envs/tensorflow/bin/python", "training/examples/keras_resnet.py"]
     assert config.training.code.type == "asset" and config.training.code.path == Path("/opt/spot-training/code")
     assert config.efs is None and config.imds_endpoint is None and config.cleanup.cancel_fleet_on_success is True

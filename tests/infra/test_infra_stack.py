@@ -293,6 +293,8 @@ def test_extract_config_reads_the_contract_config_from_user_data(default_synth: 
             "mount_point": "/dltraining",
             "fs_type": "xfs",
             "keep_snapshots": 2,
+            "snapshot_interval_s": 3600,
+            "initialization_rate_mibps": 300,
         },
         "efs": None,
         "training": {
