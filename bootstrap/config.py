@@ -37,7 +37,10 @@ MIN_SNAPSHOT_INTERVAL_S = 60
 INITIALIZATION_RATE_MIBPS = (100, 300)
 
 NODE_ROLES = ("single", "scheduler", "server", "worker")
-FRAMEWORKS = ("tensorflow", "mxnet")
+#: ``training.framework`` values; parameter-server cluster nodes (``node_role`` other than ``single``)
+#: run only :data:`CLUSTER_FRAMEWORKS` (PyTorch trains on single nodes).
+FRAMEWORKS = ("tensorflow", "mxnet", "pytorch")
+CLUSTER_FRAMEWORKS = ("tensorflow", "mxnet")
 FS_TYPES = ("xfs", "ext4")
 CODE_TYPES = ("asset", "git")
 #: Instance-metadata poll interval for notices, seconds: AWS recommends checking every 5 s
@@ -102,7 +105,7 @@ class CodeConfig:
 
 @dataclass(frozen=True)
 class TrainingConfig:
-    """The trainer: ``framework`` (``tensorflow``/``mxnet``), its interpreter ``python`` (absolute path),
+    """The trainer: ``framework`` (``tensorflow``/``mxnet``/``pytorch``), its interpreter ``python`` (absolute path),
     ``command`` (argv; ``{python}`` is replaced by ``python``), the Unix ``user`` it runs as, and the
     dataset, checkpoint and log directories (absolute paths) handed over in the environment."""
 
@@ -214,6 +217,9 @@ def parse_config(data: Any) -> AgentConfig:
     volume = _volume(v, root, stack_name)
     efs = _efs(v, root)
     training = _training(v, root)
+    if training is not None and node_role not in (None, "single") and training.framework not in CLUSTER_FRAMEWORKS:
+        v.problem("training.framework", training.framework,
+                  f"one of {', '.join(repr(f) for f in CLUSTER_FRAMEWORKS)} on a cluster node (node_role {node_role!r})")
     cleanup = _cleanup(v, root)
     imds_endpoint = None
     if root.get("imds_endpoint") is not None:

@@ -28,7 +28,7 @@ from aws_cdk import aws_autoscaling as autoscaling
 from aws_cdk import aws_ec2 as ec2
 
 from .asset import BootstrapAsset
-from .config import DEFAULT_TRAINING_PYTHON, FRAMEWORK_CPU_REQUIREMENTS, FRAMEWORK_REQUIREMENTS
+from .config import DEFAULT_TRAINING_PYTHON, FRAMEWORK_CPU_REQUIREMENTS, FRAMEWORK_REQUIREMENTS, FRAMEWORKS
 from .config import training_requirements as checked_requirements
 from .filesystem import SharedFileSystem
 from .fleet import DEFAULT_INSTANCE_TYPES, AllocationStrategy, SpotTrainingFleet, validate_instance_type
@@ -61,10 +61,9 @@ class Framework(enum.Enum):
 
 
 #: The trainer each framework runs (on MXNet workers, on the TensorFlow chief); ``{python}`` is
-#: replaced by the training interpreter on the node.
+#: replaced by the training interpreter on the node. From the per-framework table, infra.config.FRAMEWORKS.
 DEFAULT_TRAINING_COMMANDS: dict[Framework, tuple[str, ...]] = {
-    Framework.MXNET: ("{python}", "-m", "training.distributed.mxnet_dist"),
-    Framework.TENSORFLOW: ("{python}", "-m", "training.distributed.tf_pss"),
+    f: FRAMEWORKS[f.value].cluster_training_command for f in Framework  # type: ignore[misc]
 }
 
 

@@ -64,8 +64,8 @@ CLUSTER_CONTEXT_KEYS: tuple[ContextKey, ...] = (
     ContextKey("cluster_training_python", None, "-", f"trainer's interpreter on every node; default: {DEFAULT_TRAINING_PYTHON} with `cluster_training_requirements` installed at boot"),
     ContextKey("cluster_training_requirements", None, "list", "pip requirements installed at boot on every node; default when "
                "`cluster_training_python` is not set: the framework's GPU build on workers ("
-               + "; ".join(f"{k}: {', '.join(v)}" for k, v in FRAMEWORK_REQUIREMENTS.items()) + "), its CPU build on scheduler and servers ("
-               + "; ".join(f"{k}: {', '.join(v)}" for k, v in FRAMEWORK_CPU_REQUIREMENTS.items()) + "); else none; `[]`: none"),
+               + "; ".join(f"{f.value}: {', '.join(FRAMEWORK_REQUIREMENTS[f.value])}" for f in Framework) + "), its CPU build on scheduler and servers ("
+               + "; ".join(f"{f.value}: {', '.join(FRAMEWORK_CPU_REQUIREMENTS[f.value])}" for f in Framework) + "); else none; `[]`: none"),
 )
 _CLUSTER_KEY_NAMES = tuple(k.name for k in CLUSTER_CONTEXT_KEYS)
 

@@ -21,24 +21,67 @@ from .fleet import DEFAULT_INSTANCE_TYPES, AllocationStrategy, validate_instance
 #: Base AMI (Ubuntu 22.04) documents ``python_location: /usr/bin/python3.10`` in its release notes
 #: and ships no framework, so the node installs :data:`FRAMEWORK_REQUIREMENTS` into it at boot.
 DEFAULT_TRAINING_PYTHON = "/usr/bin/python3"
-#: Frameworks the node agent can run, with the pip requirements installed into the default
-#: interpreter at boot (GPU builds; TensorFlow 2.17 is what the training library is tested with,
-#: MXNet 1.9.1 needs numpy<1.24). Not installed when ``training_python`` names another interpreter.
-FRAMEWORK_REQUIREMENTS: dict[str, tuple[str, ...]] = {
-    "tensorflow": ("tensorflow[and-cuda]>=2.17,<2.18",),
-    "mxnet": ("mxnet-cu112==1.9.1", "numpy<1.24"),
+
+
+@dataclasses.dataclass(frozen=True)
+class FrameworkDefaults:
+    """What a framework brings by default: the one place the stacks derive these from.
+
+    Attributes:
+        training_command: the single-node trainer (context key ``training_command`` when not set);
+            ``{python}`` is replaced by the training interpreter on the node.
+        requirements: pip requirements of its GPU build, installed into the default interpreter at
+            boot (``training_requirements`` / the cluster's workers when not set).
+        cpu_requirements: its CPU build for nodes without a GPU (the cluster's on-demand scheduler
+            and parameter servers), or None where the framework has no cluster mode.
+        cluster_training_command: the cluster trainer (``cluster_training_command`` when not set),
+            or None where the framework has no cluster mode.
+    """
+
+    training_command: tuple[str, ...]
+    requirements: tuple[str, ...]
+    cpu_requirements: tuple[str, ...] | None = None
+    cluster_training_command: tuple[str, ...] | None = None
+
+
+#: Every framework a node can run, with its defaults (GPU builds; TensorFlow 2.17 is what the
+#: training library is tested with; MXNet 1.9.1 needs numpy<1.24; the CPU builds download no CUDA
+#: libraries, ``tensorflow[and-cuda]`` pulls several GiB of them). PyTorch: the Linux x86_64 wheels
+#: of ``torch`` on PyPI are its CUDA builds, declaring the CUDA libraries as ``nvidia-*`` wheel
+#: dependencies (pytorch/pytorch issue 100974), so no extra index is needed; numpy is for the
+#: examples' data (training/datasets.py). PyTorch has no parameter-server cluster mode here. The
+#: tables below are derived from this one; the stacks read no other per-framework default.
+FRAMEWORKS: dict[str, FrameworkDefaults] = {
+    "tensorflow": FrameworkDefaults(
+        training_command=("{python}", "training/examples/keras_resnet.py"),
+        requirements=("tensorflow[and-cuda]>=2.17,<2.18",),
+        cpu_requirements=("tensorflow-cpu>=2.17,<2.18",),
+        cluster_training_command=("{python}", "-m", "training.distributed.tf_pss"),
+    ),
+    "mxnet": FrameworkDefaults(
+        training_command=("{python}", "training/examples/gluon_resnet.py"),
+        requirements=("mxnet-cu112==1.9.1", "numpy<1.24"),
+        cpu_requirements=("mxnet==1.9.1", "numpy<1.24"),
+        cluster_training_command=("{python}", "-m", "training.distributed.mxnet_dist"),
+    ),
+    "pytorch": FrameworkDefaults(
+        training_command=("{python}", "training/examples/torch_resnet.py"),
+        requirements=("torch>=2.5,<3", "numpy>=1.26"),
+    ),
 }
-#: CPU builds of the same versions, for nodes without a GPU (the cluster's on-demand scheduler and
-#: parameter servers): no CUDA libraries to download at boot (``tensorflow[and-cuda]`` pulls
-#: several GiB of them).
+#: The framework when context key ``framework`` is not set.
+DEFAULT_FRAMEWORK = "tensorflow"
+#: Pip requirements of each framework's GPU build (from :data:`FRAMEWORKS`). Not installed when
+#: ``training_python`` names another interpreter.
+FRAMEWORK_REQUIREMENTS: dict[str, tuple[str, ...]] = {name: f.requirements for name, f in FRAMEWORKS.items()}
+#: CPU builds of the frameworks that have a cluster mode (from :data:`FRAMEWORKS`).
 FRAMEWORK_CPU_REQUIREMENTS: dict[str, tuple[str, ...]] = {
-    "tensorflow": ("tensorflow-cpu>=2.17,<2.18",),
-    "mxnet": ("mxnet==1.9.1", "numpy<1.24"),
+    name: f.cpu_requirements for name, f in FRAMEWORKS.items() if f.cpu_requirements is not None
 }
 #: Kept for callers of the first version: frameworks and their default interpreter.
-FRAMEWORK_PYTHON = {name: DEFAULT_TRAINING_PYTHON for name in FRAMEWORK_REQUIREMENTS}
-#: Default training command; ``{python}`` is replaced by ``training_python`` on the node.
-DEFAULT_TRAINING_COMMAND = ("{python}", "training/examples/keras_resnet.py")
+FRAMEWORK_PYTHON = {name: DEFAULT_TRAINING_PYTHON for name in FRAMEWORKS}
+#: Kept for callers of the first version: the default framework's training command.
+DEFAULT_TRAINING_COMMAND = FRAMEWORKS[DEFAULT_FRAMEWORK].training_command
 #: Public SSM parameter of the AWS Deep Learning Base AMI (x86_64, NVIDIA driver, Ubuntu 22.04).
 DEFAULT_AMI_SSM_PARAMETER = "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-ubuntu-22.04/latest/ami-id"
 
@@ -80,11 +123,13 @@ CONTEXT_KEYS: tuple[ContextKey, ...] = (
     ContextKey("root_volume_size_gib", 150, "GiB", "encrypted gp3 root volume of each instance"),
     ContextKey("image_id", None, "-", "AMI id; default: the Deep Learning AMI from `ami_ssm_parameter`"),
     ContextKey("ami_ssm_parameter", DEFAULT_AMI_SSM_PARAMETER, "-", "public SSM parameter resolved to the AMI id at deploy time"),
-    ContextKey("framework", "tensorflow", "-", "one of " + ", ".join(FRAMEWORK_PYTHON)),
+    ContextKey("framework", DEFAULT_FRAMEWORK, "-", "one of " + ", ".join(FRAMEWORKS)
+               + "; picks the default `training_command` and `training_requirements`"),
     ContextKey("training_python", None, "-", f"trainer's interpreter; default: {DEFAULT_TRAINING_PYTHON} (the Base AMI's Python) with `training_requirements` installed at boot"),
     ContextKey("training_requirements", None, "list", "pip requirements installed into `training_python` at boot; default: the framework's ("
                + "; ".join(f"{k}: {', '.join(v)}" for k, v in FRAMEWORK_REQUIREMENTS.items()) + ") when `training_python` is not set, else none; `[]`: none"),
-    ContextKey("training_command", list(DEFAULT_TRAINING_COMMAND), "list", "trainer command; `{python}` becomes `training_python`"),
+    ContextKey("training_command", None, "list", "trainer command; `{python}` becomes `training_python`; default: the framework's ("
+               + "; ".join(f"{k}: {' '.join(f.training_command)}" for k, f in FRAMEWORKS.items()) + ")"),
     ContextKey("training_user", "ubuntu", "-", "OS user that runs the trainer"),
     ContextKey("code_git_url", None, "-", "clone the training code from this git URL instead of using the bootstrap asset"),
     ContextKey("code_git_ref", None, "-", "commit or tag to check out (required with `code_git_url`)"),
@@ -183,7 +228,15 @@ def training_requirements(value: Any, *, framework: str, python_given: bool, key
 
 @dataclasses.dataclass(frozen=True)
 class StackSettings:
-    """Validated settings of :class:`infra.stack.SpotTrainingStack` (see :data:`CONTEXT_KEYS` for units)."""
+    """Validated settings of :class:`infra.stack.SpotTrainingStack` (see :data:`CONTEXT_KEYS` for units).
+
+    ``training_command`` and ``training_requirements`` left at ``None`` become the ``framework``'s
+    (:data:`FRAMEWORKS`; requirements only for the default ``training_python``, else none), so
+    ``StackSettings(framework="mxnet")`` runs the Gluon example as ``-c framework=mxnet`` does.
+
+    Raises:
+        ValueError: ``framework`` is not one of :data:`FRAMEWORKS` (naming the value and the allowed ones).
+    """
 
     stack_name: str = "SpotTraining"
     account: str | None = None
@@ -202,10 +255,12 @@ class StackSettings:
     root_volume_size_gib: int = 150
     image_id: str | None = None
     ami_ssm_parameter: str = DEFAULT_AMI_SSM_PARAMETER
-    framework: str = "tensorflow"
+    framework: str = DEFAULT_FRAMEWORK
     training_python: str = DEFAULT_TRAINING_PYTHON
-    training_requirements: tuple[str, ...] = FRAMEWORK_REQUIREMENTS["tensorflow"]
-    training_command: tuple[str, ...] = DEFAULT_TRAINING_COMMAND
+    #: None: the framework's (see the class docstring); set after construction.
+    training_requirements: tuple[str, ...] = None  # type: ignore[assignment]
+    #: None: the framework's (see the class docstring); set after construction.
+    training_command: tuple[str, ...] = None  # type: ignore[assignment]
     training_user: str = "ubuntu"
     code_git_url: str | None = None
     code_git_ref: str | None = None
@@ -219,6 +274,16 @@ class StackSettings:
     retain_data: bool = False
     fis_drill: bool = False
     imds_endpoint: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.framework not in FRAMEWORKS:
+            raise _bad("framework", self.framework, "one of " + ", ".join(FRAMEWORKS))
+        defaults = FRAMEWORKS[self.framework]
+        if self.training_command is None:
+            object.__setattr__(self, "training_command", defaults.training_command)
+        if self.training_requirements is None:
+            own_python = self.training_python != DEFAULT_TRAINING_PYTHON
+            object.__setattr__(self, "training_requirements", () if own_python else defaults.requirements)
 
     @classmethod
     def from_context(cls, get: Callable[[str], Any]) -> StackSettings:
@@ -315,9 +380,9 @@ class StackSettings:
                 raise _bad("ami_ssm_parameter", v["ami_ssm_parameter"], "an SSM parameter name starting with /")
             out["ami_ssm_parameter"] = v["ami_ssm_parameter"]
 
-        framework = v["framework"] if v["framework"] is not None else "tensorflow"
-        if framework not in FRAMEWORK_PYTHON:
-            raise _bad("framework", framework, "one of " + ", ".join(FRAMEWORK_PYTHON))
+        framework = v["framework"] if v["framework"] is not None else DEFAULT_FRAMEWORK
+        if framework not in FRAMEWORKS:
+            raise _bad("framework", framework, "one of " + ", ".join(FRAMEWORKS))
         out["framework"] = framework
         python = v["training_python"] if v["training_python"] is not None else DEFAULT_TRAINING_PYTHON
         if not isinstance(python, str) or not re.fullmatch(r"(/[A-Za-z0-9._+-]+)+", python):

@@ -109,7 +109,7 @@ def test_notice_poll_interval_is_read():
     ("volume.fs_type", "ntfs", "volume.fs_type: got \"ntfs\"; expected one of 'xfs', 'ext4'"),
     ("volume.tags", {}, "volume.tags: got {}; expected a non-empty object"),
     ("volume.tags", {"Name": "data"}, "expected a map that includes 'spot-training:stack'"),
-    ("training.framework", "pytorch", "training.framework: got \"pytorch\"; expected one of 'tensorflow', 'mxnet'"),
+    ("training.framework", "jax", "training.framework: got \"jax\"; expected one of 'tensorflow', 'mxnet', 'pytorch'"),
     ("training.python", "python3", 'training.python: got "python3"; expected an absolute path'),
     ("training.command", [], "training.command: got []; expected a non-empty list of strings"),
     ("training.command", ["{python}", 3], "training.command[1]: got 3; expected a non-empty string"),
@@ -149,6 +149,16 @@ def test_all_problems_are_reported_together():
     assert len(problems) == 3
     message = str(ConfigError(problems=problems))
     assert "region" in message and "training.framework" in message and "volume.mount_point" in message
+
+
+def test_pytorch_runs_on_single_nodes_not_on_cluster_nodes():
+    config = parse_config(_set("training.framework", "pytorch"))
+    assert config.training.framework == "pytorch"
+    data = _set("training.framework", "pytorch")
+    data["node_role"] = "worker"
+    problems = _problems(data)
+    assert any("training.framework: got \"pytorch\"; expected one of 'tensorflow', 'mxnet' on a cluster node "
+               "(node_role 'worker')" in p for p in problems), problems
 
 
 def test_root_must_be_an_object():

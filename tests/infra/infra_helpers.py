@@ -71,3 +71,34 @@ def cfn_lint_errors(template_file: Path) -> list[str]:
 
     return [f"{m.rule.id} {m.message} ({getattr(m, 'path_string', None) or getattr(m, 'path', '')})"
             for m in lint_file(template_file) if m.rule.id.startswith("E")]
+
+
+#: Values for the pseudo parameters in rendered user data.
+PSEUDO_PARAMETERS = {"AWS::Region": "us-east-1", "AWS::AccountId": "123456789012", "AWS::URLSuffix": "amazonaws.com",
+                     "AWS::Partition": "aws"}
+
+
+def render_intrinsics(value: Any, pseudo: dict[str, str] = PSEUDO_PARAMETERS) -> str:
+    """Render the intrinsics a single-node stack's user data uses (Fn::Join, Fn::Sub, Ref to pseudo
+    parameters; any other Ref stands for a physical id ``<logical id>-id``)."""
+    if isinstance(value, str):
+        return value
+    ((fn, arg),) = value.items()
+    if fn == "Fn::Join":
+        return arg[0].join(render_intrinsics(v, pseudo) for v in arg[1])
+    if fn == "Fn::Sub":
+        for name, v in pseudo.items():
+            arg = arg.replace("${" + name + "}", v)
+        return arg
+    if fn == "Ref":
+        return pseudo.get(arg, f"{arg}-id")
+    raise AssertionError(f"unexpected intrinsic {fn} {arg!r} in user data")
+
+
+def launch_template_user_data(template: assertions.Template) -> str:
+    """The user data text of the one launch template in ``template`` (found with aws_cdk.assertions)."""
+    found = template.find_resources("AWS::EC2::LaunchTemplate",
+                                    {"Properties": {"LaunchTemplateData": {"UserData": assertions.Match.any_value()}}})
+    assert len(found) == 1, f"expected one launch template with user data, found {sorted(found)}"
+    (lt,) = found.values()
+    return render_intrinsics(lt["Properties"]["LaunchTemplateData"]["UserData"]["Fn::Base64"])

@@ -100,6 +100,30 @@ def test_cli_synth_fails_on_a_bad_context_value(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+def test_cli_synth_with_framework_mxnet_runs_the_gluon_example(tmp_path: Path) -> None:
+    """`cdk synth -c framework=mxnet` over cdk.json: the node runs the Gluon example (issue 14's bug:
+    it kept the Keras command that cdk.json pinned)."""
+    from aws_cdk import assertions
+    from infra_helpers import launch_template_user_data
+
+    from infra.userdata import extract_config
+
+    result = _cdk_synth(tmp_path, "framework=mxnet")
+    assert result.returncode == 0, result.stderr[-3000:]
+    template = assertions.Template.from_json(json.loads((tmp_path / "SpotTraining.template.json").read_text()))
+    training = extract_config(launch_template_user_data(template))["training"]
+    assert (training["framework"], training["command"]) == ("mxnet", ["{python}", "training/examples/gluon_resnet.py"])
+
+
+@pytest.mark.slow
+def test_cli_synth_fails_on_an_unknown_framework(tmp_path: Path) -> None:
+    result = _cdk_synth(tmp_path, "framework=jax")
+    assert result.returncode != 0
+    assert "context key 'framework': got 'jax'; allowed: one of tensorflow, mxnet, pytorch" in result.stderr
+    assert not (tmp_path / "SpotTraining.template.json").exists()
+
+
+@pytest.mark.slow
 def test_docs_import_example_synthesizes(tmp_path: Path) -> None:
     """The "import them into your own CDK app" example of docs/infra.md runs as written."""
     import re

@@ -49,8 +49,8 @@ def test_fails_when_instance_type_list_is_empty(types: object) -> None:
 
 
 def test_fails_when_framework_is_unknown() -> None:
-    with pytest.raises(ValueError, match=r"'framework': got 'pytorch'; allowed: one of tensorflow, mxnet"):
-        settings_from_app_context(framework="pytorch")
+    with pytest.raises(ValueError, match=r"'framework': got 'caffe'; allowed: one of tensorflow, mxnet, pytorch"):
+        settings_from_app_context(framework="caffe")
 
 
 def test_fails_when_allocation_strategy_is_unknown() -> None:
