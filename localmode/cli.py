@@ -2,6 +2,7 @@
 
     spot-train local drill [--work-dir out/demo] [--interruptions 3] [--az-moves 1] [--random-az]
                            [--epochs 30] [--seed 0] [--no-baseline] [--timeout 900]
+                           [--framework tensorflow|mxnet|pytorch]
     spot-train local up    [--work-dir out/local]     # moto server + cdk bootstrap + cdk deploy; stays up
     spot-train local down  [--work-dir out/local]     # cdk destroy, orphan check, server stopped by PID
     spot-train status      [--work-dir DIR]           # the live stack (after `up`) or the last drill's report
@@ -154,6 +155,8 @@ def format_report(report: dict[str, Any]) -> str:
     keys = ["passed", "completed", "steps_total", "steps_executed", "lost_steps", "interruptions", "az_moves",
             "test_accuracy", "baseline_test_accuracy", "matches_uninterrupted_baseline", "orphans_after_destroy",
             "wall_s"]
+    if "framework" in report:  # reports before --framework have none
+        keys.insert(1, "framework")
     rows = [(key, fmt(report.get(key))) for key in keys]
     rows += [(f"phase {name} (s)", fmt(value)) for name, value in report.get("phases_s", {}).items()]
     if report.get("error"):
@@ -224,6 +227,10 @@ def cmd_cluster_drill(args: argparse.Namespace) -> int:
 
 def cmd_drill(args: argparse.Namespace) -> int:
     if args.cluster:
+        if args.framework is not None:
+            print(f"spot-train: error: --framework {args.framework}: the single-node drill's option; "
+                  "the cluster drill (--cluster) runs MXNet", file=sys.stderr)
+            return 2
         return cmd_cluster_drill(args)
     from localmode.drill import DrillOptions, run_drill
 
@@ -232,7 +239,8 @@ def cmd_drill(args: argparse.Namespace) -> int:
     args.timeout = args.timeout if args.timeout is not None else 900.0
     options = DrillOptions(work_dir=args.work_dir, interruptions=args.interruptions, az_moves=args.az_moves,
                            random_az=args.random_az, epochs=args.epochs, seed=args.seed,
-                           baseline=not args.no_baseline, timeout_s=args.timeout, stack=args.stack)
+                           baseline=not args.no_baseline, timeout_s=args.timeout, stack=args.stack,
+                           framework=args.framework if args.framework is not None else DrillOptions.framework)
     report = _run_reported(options, run_drill)
     if isinstance(report, int):
         return report
@@ -390,6 +398,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     drill.add_argument("--seed", type=int, default=0, help="trainer and AZ seed (default 0)")
     drill.add_argument("--no-baseline", action="store_true", help="skip the uninterrupted baseline comparison")
     drill.add_argument("--timeout", type=float, default=None, help="seconds the training phase may take (default 900, with --cluster 480)")
+    drill.add_argument("--framework", choices=("tensorflow", "mxnet", "pytorch"), default=None,
+                       help="the single-node drill's framework: deployed with -c framework=..., its example runs on the "
+                            "nodes (default tensorflow; pytorch trains with .venv-torch)")
     drill.add_argument("--steps", type=int, default=800, help="--cluster: total optimizer steps (default 800)")
     drill.add_argument("--workers", type=int, default=2, help="--cluster: workers at the start; one more joins (default 2)")
     drill.set_defaults(handler=cmd_drill)

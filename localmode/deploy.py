@@ -67,8 +67,8 @@ def local_context(
     Args:
         availability_zones: pinned AZs (no lookup); default us-east-1a and us-east-1b.
         training_command: the trainer command (``{python}`` is the node's Python); default: the
-            stack's (``training/examples/keras_resnet.py``).
-        framework: ``tensorflow`` (default) or ``mxnet``.
+            stack's for ``framework`` (``infra.config.FRAMEWORKS``).
+        framework: ``tensorflow`` (default), ``mxnet`` or ``pytorch``.
         extra: more context keys (see ``infra/config.py``), strings as ``-c`` passes them.
 
     Returns:

@@ -42,8 +42,38 @@ from localmode.moto_server import MotoServer
 from localmode.nodes import NodeRunner
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-TRAINER = "training/examples/keras_resnet.py"
 FINAL_WEIGHTS = "final_weights.npz"
+
+
+@dataclasses.dataclass(frozen=True)
+class DrillFramework:
+    """What the drill runs and compares for one framework (``spot-train local drill --framework``).
+
+    The trainer is the stack's default for the framework (``infra.config.FRAMEWORKS``, the command
+    ``-c framework=<name>`` deploys); this table adds only what is local.
+
+    Attributes:
+        python: the local interpreter of the trainer on the nodes and of the baseline, relative to
+            the repository root; None: the drill's own interpreter (``.venv``, which holds
+            TensorFlow and MXNet; the two never share a process). PyTorch has its own environment,
+            ``.venv-torch`` (``make setup`` makes it).
+        final_weights_option: the example's option that writes its final state to an ``.npz``
+            (compared bitwise with :func:`weights_match`).
+        compared: what that file holds, in words (for the docs and the report).
+    """
+
+    python: str | None
+    final_weights_option: str
+    compared: str
+
+
+#: The frameworks the single-node drill runs, with what it compares (default: tensorflow, ``make demo``).
+DRILL_FRAMEWORKS: dict[str, DrillFramework] = {
+    "tensorflow": DrillFramework(None, "--save-final-weights", "Keras weights and optimizer variables"),
+    "mxnet": DrillFramework(None, "--save-final-params", "Gluon parameters"),
+    "pytorch": DrillFramework(".venv-torch/bin/python", "--save-final-weights",
+                              "the model's state dict (BatchNorm buffers included) and AdamW's state"),
+}
 #: The stack's mount point (infra default); the trainer command's paths are written under it.
 MOUNT_POINT = "/dltraining"
 #: Digits training examples and the trainer's default batch (for planning the interruption steps).
@@ -68,6 +98,9 @@ class DrillOptions:
         save_every_steps: trainer checkpoint cadence in steps (default 50).
         baseline: run the uninterrupted baseline and compare weights (default True).
         timeout_s: the longest the training phase may take (default 900 s).
+        framework: ``tensorflow`` (default), ``mxnet`` or ``pytorch``: deployed with
+            ``-c framework=...``; the nodes and the baseline run the framework's example with its
+            local interpreter (:data:`DRILL_FRAMEWORKS`).
     """
 
     work_dir: Path = Path("out/demo")
@@ -81,6 +114,7 @@ class DrillOptions:
     save_every_steps: int = 50
     baseline: bool = True
     timeout_s: float = 900.0
+    framework: str = "tensorflow"
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming the bad option, its value and what is allowed."""
@@ -98,6 +132,18 @@ class DrillOptions:
             raise ValueError(f"timeout_s must be > 0 seconds, got {self.timeout_s!r}")
         if not re.fullmatch(r"[A-Za-z][A-Za-z0-9-]{0,127}", self.stack):
             raise ValueError(f"stack must be a CloudFormation stack name (letters, digits, -), got {self.stack!r}")
+        if self.framework not in DRILL_FRAMEWORKS:
+            raise ValueError(f"framework must be one of {', '.join(DRILL_FRAMEWORKS)}, got {self.framework!r}")
+        python = self.trainer_python
+        if not (os.path.isfile(python) and os.access(python, os.X_OK)):
+            raise ValueError(f"framework {self.framework!r} trains with {python}, which does not exist; "
+                             "`make setup` makes it")
+
+    @property
+    def trainer_python(self) -> str:
+        """The local interpreter of the trainer (nodes and baseline), an absolute path."""
+        relative = DRILL_FRAMEWORKS[self.framework].python
+        return str(REPO_ROOT / relative) if relative is not None else sys.executable
 
     @property
     def steps_per_epoch(self) -> int:
@@ -108,9 +154,14 @@ class DrillOptions:
         return self.steps_per_epoch * self.epochs
 
     def trainer_args(self, root: str = MOUNT_POINT) -> list[str]:
-        """The trainer's arguments (paths under ``root``)."""
-        return [TRAINER, "--epochs", str(self.epochs), "--batch-size", str(self.batch_size), "--seed", str(self.seed),
-                "--save-every-steps", str(self.save_every_steps), "--save-final-weights", f"{root}/{FINAL_WEIGHTS}"]
+        """The trainer's arguments (paths under ``root``): the framework's default command of the
+        stack (``infra.config.FRAMEWORKS``) without ``{python}``, then the drill's options."""
+        from infra.config import FRAMEWORKS
+
+        script = list(FRAMEWORKS[self.framework].training_command[1:])
+        return [*script, "--epochs", str(self.epochs), "--batch-size", str(self.batch_size), "--seed", str(self.seed),
+                "--save-every-steps", str(self.save_every_steps),
+                DRILL_FRAMEWORKS[self.framework].final_weights_option, f"{root}/{FINAL_WEIGHTS}"]
 
 
 class DrillError(RuntimeError):
@@ -214,7 +265,7 @@ def _start_baseline(options: DrillOptions, work_dir: Path) -> subprocess.Popen[b
                 "PYTHONDONTWRITEBYTECODE": "1", "HOME": str(root / "home")})
     (root / "home").mkdir()
     with open(root / "trainer.log", "ab") as log:
-        return subprocess.Popen([sys.executable, *options.trainer_args(str(root))], cwd=REPO_ROOT, env=env,
+        return subprocess.Popen([options.trainer_python, *options.trainer_args(str(root))], cwd=REPO_ROOT, env=env,
                                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
 
 
@@ -263,7 +314,7 @@ def run_drill(options: DrillOptions, *, on_event: Callable[[dict[str, Any]], Non
     work_dir = fresh_work_dir(options.work_dir)
     record = EventLog(started, on_event)
     report: dict[str, Any] = {
-        "stack": options.stack, "work_dir": str(work_dir), "completed": False, "steps_total": 0,
+        "stack": options.stack, "framework": options.framework, "work_dir": str(work_dir), "completed": False, "steps_total": 0,
         "steps_executed": 0, "lost_steps": None, "interruptions": 0, "az_moves": 0, "interruption_events": [],
         "test_accuracy": None, "baseline_test_accuracy": None, "matches_uninterrupted_baseline": False,
         "orphans_after_destroy": None, "wall_s": 0.0, "phases_s": {}, "options": options_dict(options),
@@ -274,7 +325,8 @@ def run_drill(options: DrillOptions, *, on_event: Callable[[dict[str, Any]], Non
     server = MotoServer(work_dir / "moto")
     runner: NodeRunner | None = None
     cdk: CdkCli | None = None
-    context = local_context(training_command=["{python}", *options.trainer_args()])
+    context = local_context(training_command=["{python}", *options.trainer_args()], framework=options.framework,
+                            extra={"training_python": options.trainer_python})
     interruptions: list[Interruption] = []
     try:
         record({"event": "phase", "phase": "moto", "message": "starting the moto server on 127.0.0.1"})
@@ -288,7 +340,7 @@ def run_drill(options: DrillOptions, *, on_event: Callable[[dict[str, Any]], Non
                 "data_volume_id": stack.data_volume_id, "availability_zones": sorted(stack.subnets)})
 
         runner = NodeRunner(aws=aws, endpoint_url=server.endpoint_url, volumes_dir=server.volumes_dir, stack=stack,
-                            work_dir=work_dir, on_event=record)
+                            work_dir=work_dir, trainer_python=options.trainer_python, on_event=record)
         _put_dataset(server.volumes_dir / stack.data_volume_id, runner.deployed_config())
         record({"event": "phase", "phase": "data", "message": f"digits written onto {stack.data_volume_id}"})
 

@@ -5,7 +5,8 @@ A local node is what a spot instance of the stack would run, on this machine:
 - its **config** is the one the deployed launch template carries (read back with
   ``infra.userdata.extract_config`` from the template's user data), with only local paths rewritten:
   the mount point (``/dltraining`` -> ``<work_dir>/nodes/<instance-id>/dltraining``, and every path
-  or command argument under it), ``training.python`` (this interpreter) and ``training.code`` (the
+  or command argument under it), ``training.python`` (this interpreter, or the runner's
+  ``trainer_python`` for a framework with an environment of its own) and ``training.code`` (the
   node's unpacked copy of the deployed bootstrap asset), and ``imds_endpoint`` (the node's emulator);
   ``notice_poll_interval_s`` is set to 1 s (:data:`LOCAL_NOTICE_POLL_INTERVAL_S`);
 - its **code** is the bootstrap asset the user data downloads: the zip ``cdk deploy`` uploaded to the
@@ -279,11 +280,13 @@ class NodeRunner:
         stack: the deployed stack (fleet, launch template, subnets).
         work_dir: nodes live in ``<work_dir>/nodes/<instance-id>/``.
         python: the interpreter for agents and trainers (default: this one).
+        trainer_python: the trainer's interpreter when it is not ``python`` (a framework with an
+            environment of its own, such as ``.venv-torch``); default: ``python``.
         on_event: called with a dict for each thing that happens (``{"event": "node-started", ...}``).
     """
 
     def __init__(self, *, aws: Clients, endpoint_url: str, volumes_dir: Path, stack: DeployedStack,
-                 work_dir: Path, python: str = sys.executable,
+                 work_dir: Path, python: str = sys.executable, trainer_python: str | None = None,
                  on_event: Callable[[dict[str, Any]], None] | None = None) -> None:
         self.aws = aws
         self.endpoint_url = endpoint_url
@@ -291,6 +294,7 @@ class NodeRunner:
         self.stack = stack
         self.work_dir = Path(work_dir)
         self.python = python
+        self.trainer_python = trainer_python or python
         self.on_event = on_event or (lambda event: None)
         self.nodes: dict[str, LocalNode] = {}
         self.launched_for_fleet: list[str] = []
@@ -340,7 +344,7 @@ class NodeRunner:
         code_dir = unpack_asset(self._asset(), node_dir / "code")
         imds = ImdsEmulator.from_moto(self.aws.ec2, instance_id).start()
         config = local_node_config(self.deployed_config(), node_dir=node_dir, code_dir=code_dir,
-                                   imds_endpoint=imds.endpoint, python=self.python)
+                                   imds_endpoint=imds.endpoint, python=self.trainer_python)
         process = start_agent(config, node_dir=node_dir, code_dir=code_dir, python=self.python,
                               endpoint_url=self.endpoint_url, volumes_dir=self.volumes_dir)
         node = LocalNode(instance_id=instance_id, availability_zone=imds.availability_zone, node_dir=node_dir,

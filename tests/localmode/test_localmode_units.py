@@ -212,3 +212,58 @@ def test_status_fails_when_there_is_nothing(tmp_path, capsys):
 def test_down_fails_when_nothing_is_up(tmp_path, capsys):
     assert main(["local", "down", "--work-dir", str(tmp_path)]) == 1
     assert "nothing is up" in capsys.readouterr().err
+
+
+# ---- spot-train local drill --framework ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("framework, script, option", [
+    ("tensorflow", "training/examples/keras_resnet.py", "--save-final-weights"),
+    ("mxnet", "training/examples/gluon_resnet.py", "--save-final-params"),
+    ("pytorch", "training/examples/torch_resnet.py", "--save-final-weights"),
+])
+def test_drill_runs_the_command_the_stack_derives_from_the_framework(framework, script, option):
+    from infra.config import StackSettings
+
+    options = DrillOptions(framework=framework, epochs=3, seed=4)
+    args = options.trainer_args()
+    # The same script `-c framework=...` deploys by default, then the drill's options.
+    assert ["{python}", args[0]] == list(StackSettings(framework=framework).training_command) == ["{python}", script]
+    assert args[1:] == ["--epochs", "3", "--batch-size", "32", "--seed", "4", "--save-every-steps", "50",
+                        option, "/dltraining/final_weights.npz"]
+
+
+def test_drill_trainer_python_per_framework():
+    import sys
+
+    from localmode.drill import REPO_ROOT
+
+    assert DrillOptions().trainer_python == DrillOptions(framework="mxnet").trainer_python == sys.executable
+    assert DrillOptions(framework="pytorch").trainer_python == str(REPO_ROOT / ".venv-torch" / "bin" / "python")
+
+
+def test_drill_refuses_an_unknown_framework_and_a_missing_environment(monkeypatch, tmp_path):
+    import localmode.drill as drill
+
+    with pytest.raises(ValueError, match="framework must be one of tensorflow, mxnet, pytorch, got 'jax'"):
+        DrillOptions(framework="jax").validate()
+    monkeypatch.setitem(drill.DRILL_FRAMEWORKS, "pytorch",
+                        drill.DrillFramework(str(tmp_path / "absent" / "python"), "--save-final-weights", "x"))
+    with pytest.raises(ValueError, match=r"framework 'pytorch' trains with .*absent/python, which does not exist; "
+                                         r"`make setup` makes it"):
+        DrillOptions(framework="pytorch").validate()
+
+
+def test_cli_drill_framework_is_checked_before_anything_starts(capsys, tmp_path):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["local", "drill", "--framework", "jax", "--work-dir", str(tmp_path / "w")])
+    assert exit_info.value.code == 2
+    assert "invalid choice: 'jax'" in capsys.readouterr().err
+    assert main(["local", "drill", "--cluster", "--framework", "pytorch", "--work-dir", str(tmp_path / "c")]) == 2
+    assert "--framework pytorch: the single-node drill's option; the cluster drill (--cluster) runs MXNet" in capsys.readouterr().err
+    assert not (tmp_path / "w").exists() and not (tmp_path / "c").exists()
+
+
+def test_report_table_names_the_framework():
+    assert "framework                       pytorch" in format_report(_report(framework="pytorch"))
+    assert "framework" not in format_report(_report())
