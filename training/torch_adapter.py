@@ -133,10 +133,11 @@ def _flatten(value: Any, path: str, tensors: dict[str, torch.Tensor]) -> Any:
     return {"__pickle__": base64.b64encode(pickle.dumps(value)).decode("ascii")}
 
 
-def _unflatten(value: Any, tensors: Mapping[str, torch.Tensor]) -> Any:
+def _unflatten(value: Any, tensors: Mapping[str, torch.Tensor] | None) -> Any:
+    """The inverse of :func:`_flatten` (``tensors`` None: tensor references stay ``{"__tensor__": key}``)."""
     if isinstance(value, dict):
         if "__tensor__" in value:
-            return tensors[value["__tensor__"]]
+            return value if tensors is None else tensors[value["__tensor__"]]
         if "__items__" in value:
             return {_unflatten(k, tensors): _unflatten(v, tensors) for k, v in value["__items__"]}
         if "__tuple__" in value:
@@ -421,14 +422,14 @@ class TorchAdapter(StateAdapter):
             self._check_optimizer(where, state["optimizer"], entries)
 
     def _check_optimizer(self, where: str, saved: dict, entries: dict) -> None:
-        groups = _unflatten(saved.get("param_groups", []), {})
+        groups = _unflatten(saved.get("param_groups", []), None)
         live_groups = self.optimizer.param_groups
         if [len(g["params"]) for g in groups] != [len(g["params"]) for g in live_groups]:
             raise ShapeMismatchError(
                 f"{where}: optimizer parameter groups hold {[len(g['params']) for g in groups]} parameters, "
                 f"this optimizer {[len(g['params']) for g in live_groups]}; the model or optimizer changed")
         params = {i: p for g_saved, g in zip(groups, live_groups) for i, p in zip(g_saved["params"], g["params"])}
-        for pid, slots in _unflatten(saved.get("state", {}), {}).items():
+        for pid, slots in _unflatten(saved.get("state", {}), None).items():
             if pid not in params or not isinstance(slots, dict):
                 continue
             for slot, ref in slots.items():
