@@ -47,6 +47,11 @@ import numpy as np
 
 from training.datasets import default_data_dir, default_log_dir, load_digits, steps_per_epoch
 
+#: Exit status when the checkpoint directory or its content cannot serve this run (a file instead of
+#: a directory, read-only, full, another framework's or another model's checkpoint): restarting
+#: cannot help, so the script says why (naming the path) and exits with 78 (EX_CONFIG, as the node
+#: agent's "bad config"); nothing in the directory is changed or deleted.
+EXIT_CHECKPOINT_ERROR = 78
 LOG_FIELDS = ("step", "epoch", "loss", "accuracy", "wall_time")
 LOG_NAME = "training_log.csv"
 
@@ -147,6 +152,17 @@ def state_arrays(model, optimizer) -> dict[str, np.ndarray]:
 
 
 def main(argv=None) -> int:
+    from training.store import CheckpointError
+
+    try:
+        return train(argv)
+    except CheckpointError as err:
+        logging.error("checkpoint error (exit %d, restarting will not help): %s", EXIT_CHECKPOINT_ERROR, err)
+        return EXIT_CHECKPOINT_ERROR
+
+
+def train(argv=None) -> int:
+    """Parse ``argv``, train (resuming from the newest checkpoint), return 0; SIGTERM: SystemExit(0)."""
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # Before importing torch (a few seconds): a SIGTERM in that window must not kill us half-way.
