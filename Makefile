@@ -6,6 +6,10 @@ VENV := .venv
 BIN := $(VENV)/bin
 CDK := node_modules/.bin/cdk
 STAMP := $(VENV)/.installed
+# PyTorch lives in a virtual environment of its own (TensorFlow, MXNet and PyTorch never share a process).
+TORCH_VENV := .venv-torch
+TORCH_STAMP := $(TORCH_VENV)/.installed
+TORCH_PYTEST := $(TORCH_VENV)/bin/python -m pytest --confcutdir=tests/torch
 DEB_PACKAGES := iproute2 procps
 export PATH := $(CURDIR)/$(BIN):$(CURDIR)/node_modules/.bin:$(PATH)
 export TF_CPP_MIN_LOG_LEVEL := 2
@@ -19,7 +23,7 @@ PYTEST := $(BIN)/python -m pytest
 
 .PHONY: setup system-deps test test-fast demo synth bench-synth bench-checkpoint bench-agent bench-elastic clean
 
-setup: system-deps $(STAMP) $(CDK)
+setup: system-deps $(STAMP) $(TORCH_STAMP) $(CDK)
 
 system-deps:
 	@scripts/install-system-deps.sh $(DEB_PACKAGES)
@@ -31,18 +35,29 @@ $(STAMP): requirements.txt requirements-agent.txt requirements-dev.txt requireme
 	$(BIN)/python -m pip install -q --no-deps -e .
 	touch $@
 
+# The torch wheel from PyPI carries the CUDA libraries (several GB): installed once, pip's cache reused.
+$(TORCH_STAMP): requirements-torch.txt pyproject.toml
+	test -x $(TORCH_VENV)/bin/python || $(PYTHON) -m venv $(TORCH_VENV)
+	$(TORCH_VENV)/bin/python -m pip install -q --upgrade pip
+	$(TORCH_VENV)/bin/python -m pip install -q -r requirements-torch.txt
+	$(TORCH_VENV)/bin/python -m pip install -q --no-deps -e .
+	touch $@
+
 $(CDK): package.json package-lock.json
 	npm ci --no-audit --no-fund --loglevel=error
 	touch $@
 
-# TensorFlow and MXNet never share a process: the MXNet tests run in a pytest of their own.
+# TensorFlow, MXNet and PyTorch never share a process: the MXNet tests run in a pytest of their
+# own, the PyTorch tests in one of the PyTorch environment (--confcutdir: tests/conftest.py needs boto3).
 test: setup
-	$(PYTEST) tests --ignore=tests/mxnet
+	$(PYTEST) tests --ignore=tests/mxnet --ignore=tests/torch
 	$(PYTEST) tests/mxnet
+	$(TORCH_PYTEST) tests/torch
 
 test-fast: setup
-	$(PYTEST) tests --ignore=tests/mxnet -m "not slow"
+	$(PYTEST) tests --ignore=tests/mxnet --ignore=tests/torch -m "not slow"
 	$(PYTEST) tests/mxnet -m "not slow"
+	$(TORCH_PYTEST) tests/torch -m "not slow"
 
 synth: setup
 	$(CDK) synth $(CDK_FLAGS) --quiet

@@ -1,6 +1,6 @@
 """Checkpoint cost and lost work for TensorFlow/Keras (and MXNet Gluon), every figure measured in this one run.
 
-    .venv/bin/python bench/bench_checkpoint.py [--pairs 40] [--kills 2] [--threads 1] [--no-mxnet]
+    .venv/bin/python bench/bench_checkpoint.py [--pairs 40] [--kills 2] [--threads 1] [--no-mxnet] [--no-torch]
     (make bench-checkpoint)
 
 Model: an MLP (64 -> 2048 -> 2048 -> 512 -> 10, about 5.4 M parameters, the same as the MXNet
@@ -40,6 +40,8 @@ one TensorFlow intra-op thread (as the examples run; design.md: fastest on small
    began: computed for the same kill steps with this epoch of 100 steps.
 4. MXNet: runs bench/bench_checkpoint_mxnet.py in a subprocess (never in this process, which has
    TensorFlow) when it exists, and merges its last JSON line under ``"mxnet"``.
+5. PyTorch: runs bench/bench_checkpoint_torch.py with ``.venv-torch/bin/python`` (its own
+   environment and process) and merges its last JSON line under ``"pytorch"``.
 
 Prints a table, then a LAST LINE of JSON.
 """
@@ -174,6 +176,24 @@ def run_mxnet_part() -> dict | None:
     return json.loads(lines[-1])
 
 
+def run_torch_part(pairs: int, kills: int) -> dict | None:
+    """bench/bench_checkpoint_torch.py in the PyTorch environment (TF and PyTorch never share a process)."""
+    script = REPO / "bench" / "bench_checkpoint_torch.py"
+    python = REPO / ".venv-torch" / "bin" / "python"
+    if not script.exists():
+        return None
+    if not python.exists():
+        return {"error": f"{python} not found; run `make setup`"}
+    proc = subprocess.run([str(python), str(script), "--pairs", str(pairs), "--kills", str(kills)],
+                          capture_output=True, text=True, cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO)),
+                          timeout=900)
+    lines = proc.stdout.strip().splitlines()
+    print("\n".join(lines[:-1]), flush=True)  # its table; its last line (JSON) is merged below
+    if proc.returncode != 0 or not lines:
+        return {"error": f"bench_checkpoint_torch.py exited {proc.returncode}", "stderr_tail": proc.stderr[-2000:]}
+    return json.loads(lines[-1])
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pairs", type=int, default=40,
@@ -181,6 +201,7 @@ def main() -> int:
     parser.add_argument("--kills", type=int, default=2, help="SIGKILL trials (default 2)")
     parser.add_argument("--threads", type=int, default=1, help="TensorFlow intra-op threads (default 1)")
     parser.add_argument("--no-mxnet", action="store_true", help="skip the MXNet part")
+    parser.add_argument("--no-torch", action="store_true", help="skip the PyTorch part")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--checkpoint-dir", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -406,15 +427,25 @@ def main() -> int:
             mxnet = run_mxnet_part()
             if mxnet is not None:
                 output["mxnet"] = mxnet
+        if not args.no_torch:
+            pytorch = run_torch_part(args.pairs, args.kills)
+            if pytorch is not None:
+                output["pytorch"] = pytorch
         backgrounds = {"tensorflow": result["overhead_pct"]["background"]}
         upper = {"tensorflow": round(backgrounds["tensorflow"] + result["overhead_pct_ci95"]["background"], 2)}
         mx_result = output.get("mxnet") if isinstance(output.get("mxnet"), dict) else {}
         if "overhead_pct" in mx_result:
             backgrounds["mxnet"] = mx_result["overhead_pct"]["background"]
             upper["mxnet"] = round(backgrounds["mxnet"] + mx_result["overhead_pct_ci95"]["background"], 2)
+        pt_result = output.get("pytorch") if isinstance(output.get("pytorch"), dict) else {}
+        if "overhead_pct" in pt_result:
+            backgrounds["pytorch"] = pt_result["overhead_pct"]["background"]
+            upper["pytorch"] = round(backgrounds["pytorch"] + pt_result["overhead_pct_ci95"]["background"], 2)
         sigterm_lost = {"tensorflow": result["lost_steps"]["sigterm"]}
         if "lost_steps" in mx_result:
             sigterm_lost["mxnet"] = mx_result["lost_steps"]["sigterm"]
+        if "lost_steps" in pt_result:
+            sigterm_lost["pytorch"] = pt_result["lost_steps"]["sigterm"]
         output["goals"] = {
             "background_overhead_pct": backgrounds,
             "background_overhead_pct_upper95": upper,

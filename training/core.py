@@ -213,6 +213,11 @@ class StateAdapter:
     def after_restore(self, ckpt: Checkpoint | None) -> None:
         """Called on every rank after restore (``ckpt`` None: fresh start), e.g. a broadcast."""
 
+    def before_save(self) -> None:
+        """Called on every rank (writer or not) when a checkpoint is about to be taken, before
+        :meth:`snapshot` runs on the writer: a distributed job gathers per-rank state (e.g. each
+        rank's random-number generator states) to the writer here. Default: nothing."""
+
     def agree(self, stop: bool, checkpoint: bool) -> tuple[bool, bool]:
         """Distributed jobs: combine every rank's stop and checkpoint requests (logical OR) so all
         ranks save and stop at the same step. Called after every step; single process: identity."""
@@ -408,6 +413,7 @@ class CheckpointDriver:
             return self.saver.wait() if (wait and self.saver is not None) else None
         step, epoch = self.step, self.epoch_of(self.step)
         ckpt = None
+        self.adapter.before_save()
         if self.adapter.is_writer:
             try:
                 ckpt = self._write(step, epoch, wait)
