@@ -200,11 +200,12 @@ def _is_mounted(devices: Any, mount_point: Path, *, device: str | None = None) -
     return lambda: devices.mounted_source(str(mount_point)) == device
 
 
-def _supervise(config: AgentConfig, imds: Any, is_mounted: Callable[[], bool]):
+def _supervise(config: AgentConfig, imds: Any, is_mounted: Callable[[], bool], publisher: Any = None):
     from bootstrap.interruption import InterruptionWatcher, imds_monitors
     from bootstrap.supervisor import Supervisor
 
-    supervisor = Supervisor(config, is_mounted=is_mounted, run_as_current_user_if_missing=_local_mode())
+    supervisor = Supervisor(config, is_mounted=is_mounted, run_as_current_user_if_missing=_local_mode(),
+                            output=publisher.add_line if publisher is not None else None)
     watcher = InterruptionWatcher(imds_monitors(imds), supervisor, poll_interval_s=config.notice_poll_interval_s)
     previous = {sig: signal.signal(sig, lambda *_: supervisor.request_stop()) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
@@ -215,6 +216,28 @@ def _supervise(config: AgentConfig, imds: Any, is_mounted: Callable[[], bool]):
     log.info("supervision ended", extra={"outcome": outcome.value, "starts": supervisor.starts,
                                          "restarts": supervisor.restarts})
     return outcome
+
+
+def _start_publisher(config: AgentConfig, imds: Any, identity: Identity) -> Any:
+    """The CloudWatch publisher (bootstrap.publish) when ``monitoring.enabled``, else None. The
+    instance type and launch time come from IMDS; a failure there only leaves them unknown."""
+    if config.monitoring is None or not config.monitoring.enabled:
+        return None
+    import datetime as dt
+
+    from bootstrap.publish import start_publisher
+
+    instance_type, boot_time = "unknown", None
+    try:
+        document = imds.identity_document()
+        instance_type = document.get("instanceType") or instance_type
+        pending = document.get("pendingTime")
+        if pending:
+            boot_time = dt.datetime.fromisoformat(pending.replace("Z", "+00:00")).timestamp()
+    except Exception as exc:  # noqa: BLE001 - publishing is optional
+        log.warning("instance type and launch time unknown for publishing", extra={"error": str(exc)})
+    return start_publisher(config, instance_id=identity.instance_id, instance_type=instance_type,
+                           availability_zone=identity.availability_zone, boot_time=boot_time)
 
 
 def _cleanup(config: AgentConfig, ec2: Any, identity: Identity) -> None:
@@ -241,22 +264,28 @@ def cmd_run(config: AgentConfig) -> ExitCode:
         _mount_efs(config)
         run_node(config, imds, instance_id=identity.instance_id, local_mode=_local_mode())
         return ExitCode.OK
-    ec2 = _ec2(config)
-    blockdev = _block_devices()
-    mount_point = _attach_volume(config, ec2, identity, blockdev)
-    _mount_efs(config)
-    device = blockdev.mounted_source(str(mount_point))
-    from bootstrap.snapshots import PeriodicSnapshots
-
-    # Periodic snapshots while training (volume.snapshot_interval_s; 0: none), so a move copies little.
-    snapshots = PeriodicSnapshots(ec2=ec2, stack_name=config.stack_name, volume=config.volume,
-                                  instance_id=identity.instance_id, log=logging.getLogger("bootstrap.snapshots")).start()
+    publisher = _start_publisher(config, imds, identity)
     try:
-        outcome = _supervise(config, imds, _is_mounted(blockdev, mount_point, device=device))
+        ec2 = _ec2(config)
+        blockdev = _block_devices()
+        mount_point = _attach_volume(config, ec2, identity, blockdev)
+        _mount_efs(config)
+        device = blockdev.mounted_source(str(mount_point))
+        from bootstrap.snapshots import PeriodicSnapshots
+
+        # Periodic snapshots while training (volume.snapshot_interval_s; 0: none), so a move copies little.
+        snapshots = PeriodicSnapshots(ec2=ec2, stack_name=config.stack_name, volume=config.volume,
+                                      instance_id=identity.instance_id, log=logging.getLogger("bootstrap.snapshots")).start()
+        try:
+            outcome = _supervise(config, imds, _is_mounted(blockdev, mount_point, device=device), publisher)
+        finally:
+            snapshots.stop()
+        if outcome is Outcome.COMPLETED:
+            _cleanup(config, ec2, identity)
     finally:
-        snapshots.stop()
-    if outcome is Outcome.COMPLETED:
-        _cleanup(config, ec2, identity)
+        from bootstrap.publish import stop_publisher
+
+        stop_publisher(publisher)  # a last round: the notice->checkpoint figure, the last lines
     return ExitCode.OK
 
 

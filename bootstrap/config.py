@@ -57,6 +57,14 @@ _DEVICE_NAME_RE = re.compile(r"^/dev/(sd[b-z]|xvd[b-z]{1,2}|sd[b-z][1-9]?)$")
 _USER_RE = re.compile(r"^[a-z_][a-z0-9_-]{0,31}\$?$")
 _FS_ID_RE = re.compile(r"^fs-[0-9a-f]{8,40}$")
 _FSAP_ID_RE = re.compile(r"^fsap-[0-9a-f]{8,40}$")
+#: ``monitoring.interval_s`` (seconds between the publisher's rounds): default and allowed range.
+DEFAULT_MONITORING_INTERVAL_S = 10.0
+MIN_MONITORING_INTERVAL_S = 1.0
+MAX_MONITORING_INTERVAL_S = 300.0
+# CloudWatch Logs group names: 1-512 of letters, digits, '_-./#' (CreateLogGroup's pattern).
+_LOG_GROUP_RE = re.compile(r"^[.\-_/#A-Za-z0-9]{1,512}$")
+# CloudWatch namespaces: 1-255 of letters, digits, '.-_/#:' and space, not starting with ':' (PutMetricData).
+_NAMESPACE_RE = re.compile(r"^[.\-_/#A-Za-z0-9][.\-_/#:A-Za-z0-9 ]{0,254}$")
 # Keys outside the sections defined here that other layers may add (the cluster stack's plan
 # settings); kept verbatim in AgentConfig.extensions instead of being rejected.
 EXTENSION_KEYS = ("cluster",)
@@ -132,6 +140,19 @@ class CleanupConfig:
 
 
 @dataclass(frozen=True)
+class MonitoringConfig:
+    """Publishing to CloudWatch (bootstrap.publish): the agent's and the trainer's log lines to the
+    CloudWatch Logs group ``log_group`` (one stream per instance id) and metrics under the CloudWatch
+    namespace ``namespace`` (dimension ``Stack``), every ``interval_s`` seconds (1..300, default 10).
+    ``enabled`` false: nothing is published."""
+
+    enabled: bool
+    log_group: str
+    namespace: str
+    interval_s: float = DEFAULT_MONITORING_INTERVAL_S
+
+
+@dataclass(frozen=True)
 class AgentConfig:
     """The whole validated node config (docs/contracts.md). ``imds_endpoint`` is ``None`` on AWS
     (the agent then uses ``AWS_EC2_METADATA_SERVICE_ENDPOINT`` or ``http://169.254.169.254``)."""
@@ -149,6 +170,8 @@ class AgentConfig:
     #: recommendation. AWS recommends 5 s; local mode polls every second because its trainers run
     #: tiny models whose remaining steps can take less time than one 5 s round.
     notice_poll_interval_s: float = DEFAULT_NOTICE_POLL_INTERVAL_S
+    #: CloudWatch publishing; None (the key absent or null): nothing is published.
+    monitoring: MonitoringConfig | None = None
     extensions: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
 
 
@@ -199,7 +222,7 @@ def parse_config(data: Any) -> AgentConfig:
     if root is None:
         raise ConfigError(problems=v.problems)
     v.keys(root, "", required=("schema_version", "region", "stack_name", "node_role", "volume", "training"),
-           optional=("efs", "cleanup", "imds_endpoint", "notice_poll_interval_s") + EXTENSION_KEYS)
+           optional=("efs", "cleanup", "imds_endpoint", "notice_poll_interval_s", "monitoring") + EXTENSION_KEYS)
 
     schema_version = v.integer(root, "schema_version", "", minimum=1)
     if schema_version is not None and schema_version != SCHEMA_VERSION:
@@ -221,6 +244,7 @@ def parse_config(data: Any) -> AgentConfig:
         v.problem("training.framework", training.framework,
                   f"one of {', '.join(repr(f) for f in CLUSTER_FRAMEWORKS)} on a cluster node (node_role {node_role!r})")
     cleanup = _cleanup(v, root)
+    monitoring = _monitoring(v, root)
     imds_endpoint = None
     if root.get("imds_endpoint") is not None:
         imds_endpoint = v.string(root, "imds_endpoint", "")
@@ -246,7 +270,7 @@ def parse_config(data: Any) -> AgentConfig:
     extensions = {k: root[k] for k in EXTENSION_KEYS if k in root}
     return AgentConfig(schema_version=schema_version, region=region, stack_name=stack_name,
                        node_role=node_role, volume=volume, efs=efs, training=training, cleanup=cleanup,
-                       imds_endpoint=imds_endpoint, notice_poll_interval_s=float(poll),
+                       imds_endpoint=imds_endpoint, notice_poll_interval_s=float(poll), monitoring=monitoring,
                        extensions=MappingProxyType(extensions))
 
 
@@ -356,6 +380,35 @@ def _code(v: "_Validator", training: Mapping[str, Any]) -> CodeConfig | None:
             return None
         return CodeConfig(type="git", url=url, ref=ref)
     return None
+
+
+def _monitoring(v: "_Validator", root: Mapping[str, Any]) -> MonitoringConfig | None:
+    if root.get("monitoring") is None:
+        return None
+    section = v.object(root["monitoring"], "monitoring", allowed="null or an object")
+    if section is None:
+        return None
+    v.keys(section, "monitoring", required=("enabled", "log_group", "namespace"), optional=("interval_s",))
+    enabled = section.get("enabled")
+    if "enabled" in section and not isinstance(enabled, bool):
+        v.problem("monitoring.enabled", enabled, "true or false")
+        enabled = None
+    log_group = v.string(section, "log_group", "monitoring", pattern=_LOG_GROUP_RE,
+                         allowed="a CloudWatch Logs group name (1-512 of letters, digits, '_-./#'), e.g. '/spot-training/SpotTraining'")
+    namespace = v.string(section, "namespace", "monitoring", pattern=_NAMESPACE_RE,
+                         allowed="a CloudWatch namespace (1-255 of letters, digits, '.-_/#: '), e.g. 'SpotTraining'")
+    if namespace is not None and namespace.startswith("AWS/"):
+        v.problem("monitoring.namespace", namespace, "a namespace of our own; 'AWS/' is reserved for AWS services")
+        namespace = None
+    interval = section.get("interval_s", DEFAULT_MONITORING_INTERVAL_S)
+    if isinstance(interval, bool) or not isinstance(interval, (int, float)) or not (
+            MIN_MONITORING_INTERVAL_S <= interval <= MAX_MONITORING_INTERVAL_S):
+        v.problem("monitoring.interval_s", interval, f"a number of seconds from {MIN_MONITORING_INTERVAL_S:g} to "
+                  f"{MAX_MONITORING_INTERVAL_S:g} (default {DEFAULT_MONITORING_INTERVAL_S:g})")
+        interval = None
+    if enabled is None or log_group is None or namespace is None or interval is None:
+        return None
+    return MonitoringConfig(enabled=enabled, log_group=log_group, namespace=namespace, interval_s=float(interval))
 
 
 def _cleanup(v: "_Validator", root: Mapping[str, Any]) -> CleanupConfig:

@@ -177,7 +177,8 @@ class InterruptionWatcher:
                 return  # already stopping: an extra checkpoint would only compete with the final one
             requested = self.control.request_checkpoint()
             log.info("rebalance recommendation: asked the trainer for an extra checkpoint" if requested
-                     else "rebalance recommendation: no trainer running", extra={"event_id": event.id, **event.detail})
+                     else "rebalance recommendation: no trainer running",
+                     extra={"event": "rebalance_recommendation", "event_id": event.id, **event.detail})
         else:
             log.warning("ignoring an event of unknown kind", extra={"event_id": event.id, "kind": event.kind})
 
@@ -193,7 +194,7 @@ class InterruptionWatcher:
         self.interrupted = event
         timeout_s = self.stop_timeout_s(event)
         log.warning("spot interruption notice: stopping the trainer", extra={
-            "event_id": event.id, "timeout_s": round(timeout_s, 1), **event.detail})
+            "event": "spot_interruption_notice", "event_id": event.id, "timeout_s": round(timeout_s, 1), **event.detail})
         status = self.control.terminate(timeout_s=timeout_s, reason=event.id)
         if status is None:
             log.error("the trainer did not exit before the notice deadline minus the margin; syncing anyway",

@@ -35,9 +35,11 @@ import random
 import shutil
 import signal
 import subprocess
+import sys
+import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from bootstrap.config import AgentConfig
 from bootstrap.errors import AgentError, ConfigError, ExitCode, TemporaryError
@@ -98,6 +100,10 @@ class Supervisor:
             instead of raising ConfigError (local mode only; default False).
         environ: base environment for the trainer (default ``os.environ``).
         poll_s: how often the wait loop checks the trainer and ticks the watcher, seconds (0.2).
+        output: when given, the trainer's stdout and stderr go through a pipe: a thread copies every
+            line to the agent's stdout (as before, so the journal is unchanged) and passes it to
+            ``output`` (the CloudWatch publisher's ``add_line``; it must not block). Default None:
+            the trainer writes straight to the agent's stdout.
         clock, sleep, rng: injectable time sources.
     """
 
@@ -105,7 +111,8 @@ class Supervisor:
                  backoff_base_s: float = 2.0, backoff_max_s: float = 60.0, stable_after_s: float = 600.0,
                  stop_timeout_s: float = 90.0, checkpoint_request: str = "file",
                  run_as_current_user_if_missing: bool = False, environ: Mapping[str, str] | None = None,
-                 poll_s: float = 0.2, clock: Callable[[], float] = time.monotonic,
+                 poll_s: float = 0.2, output: Callable[[str], None] | None = None,
+                 clock: Callable[[], float] = time.monotonic,
                  sleep: Callable[[float], None] = time.sleep, rng: Callable[[], float] = random.random) -> None:
         if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
             raise ValueError(f"max_restarts must be an integer >= 0, got {max_restarts!r}")
@@ -125,6 +132,8 @@ class Supervisor:
         self.run_as_current_user_if_missing = run_as_current_user_if_missing
         self.environ = dict(os.environ if environ is None else environ)
         self.poll_s = poll_s
+        self.output = output
+        self._copier: threading.Thread | None = None
         self._clock, self._sleep, self._rng = clock, sleep, rng
         self._proc: subprocess.Popen | None = None
         self._stopped_by_us: str | None = None
@@ -243,6 +252,8 @@ class Supervisor:
         if account is not None:
             kwargs = {"user": account.pw_uid, "group": account.pw_gid,
                       "extra_groups": os.getgrouplist(account.pw_name, account.pw_gid)}
+        if self.output is not None:
+            kwargs.update(stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         try:
             proc = subprocess.Popen(argv, cwd=workdir, env=self.trainer_environment(), start_new_session=True,
                                     stdin=subprocess.DEVNULL, **kwargs)
@@ -252,6 +263,10 @@ class Supervisor:
                                   "executable (training.python for '{python}')") from None
             raise TemporaryError(f"starting the trainer failed: {exc}") from exc
         self.starts += 1
+        if self.output is not None:
+            self._copier = threading.Thread(target=_copy_output, args=(proc.stdout, self.output),
+                                            name="trainer-output", daemon=True)
+            self._copier.start()
         log.info("training started", extra={"pid": proc.pid, "argv": argv, "cwd": str(workdir),
                                              "user": account.pw_name if account else None, "start": self.starts})
         self._proc = proc
@@ -288,6 +303,8 @@ class Supervisor:
             started = self._clock()
             proc = self.start(workdir)
             status = self._wait(proc, watcher)
+            if self._copier is not None:
+                self._copier.join(5.0)  # the trainer's last lines reach stdout before we go on
             self.last_status = status
             ran_s = self._clock() - started
             self._proc = None
@@ -300,6 +317,8 @@ class Supervisor:
             crashes = 1 if ran_s >= self.stable_after_s else crashes + 1
             why = "exited 0 without writing COMPLETED" if status == 0 else f"exited with status {status}"
             if crashes > self.max_restarts:
+                log.error("the trainer keeps failing; giving up", extra={
+                    "event": "trainer_failed", "exit_status": status, "crashes": crashes})
                 raise TrainerFailedError(f"the trainer {why}; it failed {crashes} times in a row, more than "
                                          f"max_restarts={self.max_restarts}; giving up")
             delay = min(self.backoff_max_s, self.backoff_base_s * 2 ** (crashes - 1)) * (0.5 + self._rng() / 2)
@@ -372,6 +391,28 @@ class Supervisor:
         """Ask for a stop from a signal handler (the agent got SIGTERM): the wait loop sends SIGTERM to
         the trainer's group and returns :attr:`Outcome.STOPPED`. Only sets a flag."""
         self._stop_requested = True
+
+
+def _copy_output(pipe: Any, output: Callable[[str], None]) -> None:
+    """Copy the trainer's output from ``pipe`` to the agent's stdout, line by line, and hand each line
+    to ``output``; ends at EOF (the trainer and its children closed the pipe). A failing ``output``
+    never stops the copy: the trainer must never block on a full pipe."""
+    out = getattr(sys.stdout, "buffer", None)
+    for raw in iter(pipe.readline, b""):
+        try:
+            if out is not None:
+                out.write(raw)
+                out.flush()
+            else:
+                sys.stdout.write(raw.decode("utf-8", errors="replace"))
+                sys.stdout.flush()
+        except (OSError, ValueError):
+            pass  # the agent's stdout is gone; still drain the pipe
+        try:
+            output(raw.decode("utf-8", errors="replace"))
+        except Exception:  # noqa: BLE001 - publishing is optional
+            pass
+    pipe.close()
 
 
 def _git(args: list[str], *, cwd: Path | None, env: Mapping[str, str]) -> subprocess.CompletedProcess:
