@@ -92,6 +92,9 @@ _VPC_ID_RE = re.compile(r"^vpc-[0-9a-f]{8,17}$")
 _AMI_ID_RE = re.compile(r"^ami-[0-9a-f]{8,17}$")
 _STACK_NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9-]{0,127}$")
 _MAX_PRICE_RE = re.compile(r"^\d+(\.\d+)?$")
+_EMAIL_RE = re.compile(r"^[^@\s]+@[^@\s]+\.[^@\s]+$")
+#: Retention periods CloudWatch Logs accepts (PutRetentionPolicy), in days.
+LOG_RETENTION_DAYS = (1, 3, 5, 7, 14, 30, 60, 90, 120, 150, 180, 365, 400, 545, 731, 1096, 1827, 2192, 2557, 2922, 3288, 3653)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,6 +146,12 @@ CONTEXT_KEYS: tuple[ContextKey, ...] = (
     ContextKey("retain_data", False, "bool", "keep the data volume and snapshots on `cdk destroy`"),
     ContextKey("fis_drill", False, "bool", "add an AWS FIS experiment template (and its role) that sends a spot interruption notice to the stack's running instance, for `spot-train drill --aws`"),
     ContextKey("imds_endpoint", None, "URL", "instance metadata endpoint for the agent; default: http://169.254.169.254 (local mode sets its emulator)"),
+    ContextKey("monitoring", True, "bool", "the agents publish logs and metrics to CloudWatch; the stack adds the log group, dashboard and alarms"),
+    ContextKey("log_retention_days", 30, "days", "retention of the nodes' CloudWatch Logs group `/spot-training/<stack>`: one of " + ", ".join(map(str, LOG_RETENTION_DAYS))),
+    ContextKey("monitoring_interval_s", None, "seconds", "how often the agents publish, 1..300; default: the agent's (10 s)"),
+    ContextKey("alarm_no_progress_minutes", 30, "minutes", "no training step for this long while a node runs raises the hang alarm, 1..1440"),
+    ContextKey("alarm_no_capacity_minutes", 60, "minutes", "the fleet below its target capacity this long raises the capacity alarm, 5..1440 (5-minute steps)"),
+    ContextKey("notification_email", None, "-", "e-mail address told (SNS, encrypted topic) when training completes, fails, hangs or waits for capacity; default: no topic"),
 )
 _KEY_NAMES = tuple(k.name for k in CONTEXT_KEYS)
 
@@ -226,6 +235,39 @@ def training_requirements(value: Any, *, framework: str, python_given: bool, key
     return tuple(item.strip() for item in items)
 
 
+def monitoring_settings(v: Mapping[str, Any]) -> dict[str, Any]:
+    """Validated ``log_retention_days``, ``monitoring_interval_s``, ``alarm_no_progress_minutes``,
+    ``alarm_no_capacity_minutes`` and ``notification_email`` of ``v`` (keys whose value is None are
+    left out, so the dataclass default applies). Both stacks read them.
+
+    Raises:
+        ValueError: naming the key, the value and what is allowed.
+    """
+    out: dict[str, Any] = {}
+    if v.get("log_retention_days") is not None:
+        days = _as_int("log_retention_days", v["log_retention_days"], 1, 3653, "(days)")
+        if days not in LOG_RETENTION_DAYS:
+            raise _bad("log_retention_days", v["log_retention_days"], "one of " + ", ".join(map(str, LOG_RETENTION_DAYS)))
+        out["log_retention_days"] = days
+    if v.get("monitoring_interval_s") is not None:
+        raw = v["monitoring_interval_s"]
+        try:
+            interval = float(raw) if not isinstance(raw, bool) else None
+        except (TypeError, ValueError):
+            interval = None
+        if interval is None or not 1 <= interval <= 300:
+            raise _bad("monitoring_interval_s", raw, "a number of seconds from 1 to 300")
+        out["monitoring_interval_s"] = interval
+    if v.get("alarm_no_progress_minutes") is not None:
+        out["alarm_no_progress_minutes"] = _as_int("alarm_no_progress_minutes", v["alarm_no_progress_minutes"], 1, 1440, "(minutes)")
+    if v.get("alarm_no_capacity_minutes") is not None:
+        out["alarm_no_capacity_minutes"] = _as_int("alarm_no_capacity_minutes", v["alarm_no_capacity_minutes"], 5, 1440, "(minutes)")
+    out_email = _as_optional_str("notification_email", v.get("notification_email"), _EMAIL_RE, "an e-mail address such as ops@example.com")
+    if out_email:
+        out["notification_email"] = out_email
+    return out
+
+
 @dataclasses.dataclass(frozen=True)
 class StackSettings:
     """Validated settings of :class:`infra.stack.SpotTrainingStack` (see :data:`CONTEXT_KEYS` for units).
@@ -274,6 +316,12 @@ class StackSettings:
     retain_data: bool = False
     fis_drill: bool = False
     imds_endpoint: str | None = None
+    monitoring: bool = True
+    log_retention_days: int = 30
+    monitoring_interval_s: float | None = None
+    alarm_no_progress_minutes: int = 30
+    alarm_no_capacity_minutes: int = 60
+    notification_email: str | None = None
 
     def __post_init__(self) -> None:
         if self.framework not in FRAMEWORKS:
@@ -421,12 +469,13 @@ class StackSettings:
             out["volume_initialization_rate_mibps"] = None
         else:
             out["volume_initialization_rate_mibps"] = _as_int("volume_initialization_rate_mibps", rate, 100, 300, "(MiB/s), or none")
-        for key in ("cancel_fleet_on_success", "efs", "retain_data", "pin_to_volume_az", "fis_drill"):
+        for key in ("cancel_fleet_on_success", "efs", "retain_data", "pin_to_volume_az", "fis_drill", "monitoring"):
             if v[key] is not None:
                 out[key] = _as_bool(key, v[key])
         out["imds_endpoint"] = _as_optional_str(
             "imds_endpoint", v["imds_endpoint"], re.compile(r"^https?://[^\s/]+/?$"), "an http(s)://host[:port] URL"
         )
+        out.update(monitoring_settings(v))
         return cls(**out)
 
     def describe_defaults(self) -> dict[str, Any]:

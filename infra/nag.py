@@ -35,7 +35,9 @@ ACKNOWLEDGEMENTS: tuple[tuple[type, str, list[object], str], ...] = (
         "AwsSolutions-IAM5",
         ["Resource::*"],
         "Only the ec2:Describe* calls the agent needs (volumes, snapshots, instances, spot fleet requests, "
-        "AZs); EC2 supports no resource-level permissions for Describe actions.",
+        "AZs); EC2 supports no resource-level permissions for Describe actions. With monitoring, also "
+        "cloudwatch:PutMetricData, which has no resource-level permissions either and is conditioned on "
+        "cloudwatch:namespace = SpotTraining (a test asserts it).",
     ),
     (
         TrainingNodeRole,

@@ -18,6 +18,7 @@ from .config import StackSettings
 from .filesystem import SharedFileSystem
 from .fis import SpotInterruptionDrill
 from .fleet import SpotTrainingFleet
+from .monitoring import RETENTION_DAYS, TrainingMonitoring
 from .roles import TrainingNodeRole
 from .tags import STACK_TAG_KEY
 from .userdata import SERVICE_NAME, node_config
@@ -175,6 +176,23 @@ class SpotTrainingStack(SettingsStack):
                 "mount_point": EFS_MOUNT_POINT,
             }
 
+        # The log group must exist before any node writes to it; the alarms that need the fleet's id
+        # are added after the fleet (add_fleet_alarms).
+        self.monitoring: TrainingMonitoring | None = None
+        if settings.monitoring:
+            self.monitoring = TrainingMonitoring(
+                self,
+                "Monitoring",
+                stack_tag_value=tag_value,
+                log_retention=RETENTION_DAYS[settings.log_retention_days],
+                no_progress_minutes=settings.alarm_no_progress_minutes,
+                no_capacity_minutes=settings.alarm_no_capacity_minutes,
+                notification_email=settings.notification_email,
+                fleet_request_id=None,
+                removal_policy=cdk.RemovalPolicy.RETAIN if settings.retain_data else cdk.RemovalPolicy.DESTROY,
+            )
+            self.monitoring.grant_publish(self.node_role.role)
+
         code = (
             {"type": "git", "url": settings.code_git_url, "ref": settings.code_git_ref}
             if settings.code_git_url
@@ -196,6 +214,7 @@ class SpotTrainingStack(SettingsStack):
             efs=efs_config,
             cancel_fleet_on_success=settings.cancel_fleet_on_success,
             imds_endpoint=settings.imds_endpoint,
+            monitoring=self.monitoring.node_config(interval_s=settings.monitoring_interval_s) if self.monitoring else None,
         )
         user_data = self.bootstrap_asset.user_data(
             self.node_config,
@@ -227,6 +246,9 @@ class SpotTrainingStack(SettingsStack):
         )
         # Nodes must find their volume, their permissions and (if any) EFS mount targets in place.
         self.fleet.resource.node.add_dependency(self.volume, self.node_role)
+        if self.monitoring is not None:
+            self.fleet.resource.node.add_dependency(self.monitoring.log_group)
+            self.monitoring.add_capacity_alarm(self.fleet.fleet_request_id)
         if self.file_system is not None:
             self.file_system.allow_from(self.fleet.connections)
             self.fleet.resource.node.add_dependency(self.file_system)
@@ -249,6 +271,8 @@ class SpotTrainingStack(SettingsStack):
                 f"agent: journalctl -u {SERVICE_NAME} on the node (aws ssm start-session --target INSTANCE_ID); "
                 f"trainer: {settings.mount_point}/logs on the data volume; "
                 f"cleanup: CloudWatch Logs group {self.cleanup.log_group.log_group_name}"
+                + (f"; agents and trainers: CloudWatch Logs group {self.monitoring.log_group.log_group_name} "
+                   f"(spot-train logs --stack {self.stack_name})" if self.monitoring else "")
             ),
             description="Where the logs go",
         )
@@ -258,6 +282,9 @@ class SpotTrainingStack(SettingsStack):
             self.interruption_drill = SpotInterruptionDrill(self, "SpotInterruptionDrill", stack_tag_value=tag_value)
             cdk.CfnOutput(self, "FisExperimentTemplateId", value=self.interruption_drill.experiment_template_id,
                           description="aws fis start-experiment --experiment-template-id <this>: one spot interruption")
+        if self.monitoring is not None:
+            cdk.CfnOutput(self, "Dashboard", value=self.monitoring.dashboard.dashboard_name,
+                          description="CloudWatch dashboard of this training job")
         if self.file_system is not None:
             cdk.CfnOutput(self, "FileSystemId", value=self.file_system.file_system_id)
             cdk.CfnOutput(self, "AccessPointId", value=self.file_system.access_point_id)

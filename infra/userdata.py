@@ -75,6 +75,7 @@ def node_config(
     node_role: str = "single",
     data_root: str | None = None,
     cluster: Mapping[str, Any] | None = None,
+    monitoring: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The node config dict (schema version 1, docs/contracts.md).
 
@@ -86,7 +87,8 @@ def node_config(
     (a moved volume's provisioned initialization rate) go in the ``volume`` section only when set.
     ``node_role``: ``single`` (default) or a cluster role ``scheduler``/``server``/``worker``, which
     come with a ``cluster`` section (docs/contracts.md, "Parameter-server cluster"); the key is left
-    out when ``cluster`` is None. Raises nothing; the stack validated the values.
+    out when ``cluster`` is None. ``monitoring``: the CloudWatch publishing section
+    (``TrainingMonitoring.node_config()``); left out when None. Raises nothing; the stack validated the values.
     """
     root = data_root or mount_point
     config: dict[str, Any] = {
@@ -122,6 +124,8 @@ def node_config(
         config["volume"]["initialization_rate_mibps"] = initialization_rate_mibps
     if cluster is not None:
         config["cluster"] = dict(cluster)
+    if monitoring is not None:
+        config["monitoring"] = dict(monitoring)
     return config
 
 

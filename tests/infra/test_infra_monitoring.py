@@ -1,0 +1,143 @@
+"""The SpotTraining stack's monitoring (infra.monitoring.TrainingMonitoring) in synthesized CloudFormation:
+log group, dashboard, alarms, optional SNS topic, scoped IAM; cfn-lint and cdk-nag clean."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from aws_cdk import assertions  # noqa: F401 - Synth.template is an assertions.Template
+from infra_helpers import Synth, cfn_lint_errors, synth_stack
+
+from bootstrap.config import parse_config
+from infra.config import StackSettings
+from infra.userdata import extract_config
+from test_infra_stack import PSEUDO, _user_data
+
+
+@pytest.fixture(scope="module")
+def email_synth(tmp_path_factory: pytest.TempPathFactory) -> Synth:
+    settings = StackSettings.from_mapping({"notification_email": "ops@example.com", "log_retention_days": "90",
+                                           "alarm_no_progress_minutes": "15", "alarm_no_capacity_minutes": "30",
+                                           "monitoring_interval_s": "5"})
+    return synth_stack(tmp_path_factory.mktemp("cdk-email"), settings)
+
+
+def _template(synth: Synth) -> assertions.Template:
+    return synth.template
+
+
+def _alarm(synth: Synth, prefix: str) -> dict:
+    found = [r["Properties"] for k, r in synth.resources("AWS::CloudWatch::Alarm").items() if k.startswith(prefix)]
+    assert len(found) == 1, f"expected one alarm {prefix}*, found {len(found)}"
+    return found[0]
+
+
+def test_log_group_is_named_for_the_stack_with_retention(default_synth: Synth, email_synth: Synth) -> None:
+    _template(default_synth).has_resource("AWS::Logs::LogGroup", {
+        "Properties": {"LogGroupName": "/spot-training/SpotTraining", "RetentionInDays": 30},
+        "DeletionPolicy": "Delete"})
+    _template(email_synth).has_resource_properties("AWS::Logs::LogGroup", {
+        "LogGroupName": "/spot-training/SpotTraining", "RetentionInDays": 90})
+
+
+def test_dashboard_shows_progress_loss_interruptions_and_instances_by_type_and_az(default_synth: Synth) -> None:
+    dashboards = default_synth.resources("AWS::CloudWatch::Dashboard")
+    assert len(dashboards) == 1
+    props = next(iter(dashboards.values()))["Properties"]
+    assert props["DashboardName"] == "SpotTraining-training"
+    body = json.dumps(props["DashboardBody"])
+    for text in ("GlobalStep", "StepsTotal", "Loss", "InterruptionNotices", "RebalanceRecommendations", "VolumeMoves",
+                 "NoticeToCheckpointSeconds", "BootToResumeSeconds", "CheckpointAgeSeconds",
+                 "Running instances by type and AZ", "InstanceType,AvailabilityZone", "RunningInstances"):
+        assert text in body, f"the dashboard does not show {text}"
+
+
+def test_hang_alarm_is_no_steps_for_n_minutes_while_a_node_publishes(default_synth: Synth, email_synth: Synth) -> None:
+    alarm = _alarm(default_synth, "MonitoringNoProgress")
+    assert alarm["Namespace"] == "SpotTraining" and alarm["MetricName"] == "StepsDone"
+    assert alarm["Dimensions"] == [{"Name": "Stack", "Value": "SpotTraining"}]
+    assert (alarm["Statistic"], alarm["Period"], alarm["EvaluationPeriods"], alarm["DatapointsToAlarm"]) == ("Sum", 60, 30, 30)
+    assert (alarm["ComparisonOperator"], alarm["Threshold"]) == ("LessThanOrEqualToThreshold", 0)
+    assert alarm["TreatMissingData"] == "notBreaching"  # no node running is the capacity alarm's business
+    assert _alarm(email_synth, "MonitoringNoProgress")["EvaluationPeriods"] == 15
+
+
+def test_capacity_alarm_compares_the_fleets_target_and_fulfilled_capacity(default_synth: Synth, email_synth: Synth) -> None:
+    alarm = _alarm(default_synth, "MonitoringNoSpotCapacity")
+    expressions = [m["Expression"] for m in alarm["Metrics"] if "Expression" in m]
+    assert expressions == ["target - fulfilled"]
+    stats = [m["MetricStat"] for m in alarm["Metrics"] if "MetricStat" in m]
+    assert {s["Metric"]["MetricName"] for s in stats} == {"TargetCapacity", "FulfilledCapacity"}
+    assert all(s["Metric"]["Namespace"] == "AWS/EC2Spot" and s["Period"] == 300 for s in stats)
+    fleet_ref = [d["Value"] for s in stats for d in s["Metric"]["Dimensions"] if d["Name"] == "FleetRequestId"]
+    assert fleet_ref and all(v == {"Ref": next(iter(default_synth.resources("AWS::EC2::SpotFleet")))} for v in fleet_ref)
+    assert (alarm["EvaluationPeriods"], alarm["ComparisonOperator"], alarm["Threshold"]) == (12, "GreaterThanThreshold", 0)
+    assert _alarm(email_synth, "MonitoringNoSpotCapacity")["EvaluationPeriods"] == 6
+
+
+def test_no_topic_without_an_email_and_every_alarm_notifies_it_with_one(default_synth: Synth, email_synth: Synth) -> None:
+    assert default_synth.resources("AWS::SNS::Topic") == {}
+    assert all("AlarmActions" not in a["Properties"] for a in default_synth.resources("AWS::CloudWatch::Alarm").values())
+    topics = email_synth.resources("AWS::SNS::Topic")
+    assert len(topics) == 1
+    topic_id, topic = next(iter(topics.items()))
+    assert "KmsMasterKeyId" in topic["Properties"]
+    _template(email_synth).has_resource_properties("AWS::SNS::Subscription", {
+        "Protocol": "email", "Endpoint": "ops@example.com", "TopicArn": {"Ref": topic_id}})
+    alarms = email_synth.resources("AWS::CloudWatch::Alarm")
+    assert len(alarms) == 4  # no progress, no capacity, completed, failed
+    assert all(a["Properties"]["AlarmActions"] == [{"Ref": topic_id}] for a in alarms.values())
+    key = next(iter(email_synth.resources("AWS::KMS::Key").values()))["Properties"]
+    assert key["EnableKeyRotation"] is True
+    assert any(s.get("Principal") == {"Service": "cloudwatch.amazonaws.com"} for s in key["KeyPolicy"]["Statement"])
+
+
+def test_nodes_write_only_to_the_stacks_log_group_and_only_our_namespace(default_synth: Synth) -> None:
+    statements = [s for p in default_synth.resources("AWS::IAM::Policy").values()
+                  if any("NodeRole" in r["Ref"] for r in p["Properties"]["Roles"])
+                  for s in p["Properties"]["PolicyDocument"]["Statement"]]
+    def actions(s):
+        return s["Action"] if isinstance(s["Action"], list) else [s["Action"]]
+    logs = [s for s in statements if any(a.startswith("logs:") for a in actions(s))]
+    group = next(k for k, r in default_synth.resources("AWS::Logs::LogGroup").items() if k.startswith("MonitoringNodeLogs"))
+    assert logs == [{"Action": ["logs:CreateLogStream", "logs:PutLogEvents"], "Effect": "Allow",
+                     "Resource": {"Fn::GetAtt": [group, "Arn"]}}]
+    metrics = [s for s in statements if any(a.startswith("cloudwatch:") for a in actions(s))]
+    assert len(metrics) == 1 and actions(metrics[0]) == ["cloudwatch:PutMetricData"]
+    assert metrics[0]["Condition"] == {"StringEquals": {"cloudwatch:namespace": "SpotTraining"}}
+
+
+def test_node_config_carries_the_monitoring_section_the_agent_accepts(default_synth: Synth, email_synth: Synth) -> None:
+    for synth, interval in ((default_synth, 10.0), (email_synth, 5.0)):
+        config = extract_config(_user_data(synth, PSEUDO))
+        assert config["monitoring"]["log_group"] == "/spot-training/SpotTraining"
+        assert parse_config(config).monitoring.interval_s == interval
+
+
+def test_monitoring_off_adds_nothing(tmp_path: Path) -> None:
+    synth = synth_stack(tmp_path, StackSettings.from_mapping({"monitoring": "false"}))
+    assert synth.resources("AWS::CloudWatch::Alarm") == {} and synth.resources("AWS::CloudWatch::Dashboard") == {}
+    assert not any(r["Properties"].get("LogGroupName") == "/spot-training/SpotTraining"
+                   for r in synth.resources("AWS::Logs::LogGroup").values())
+    assert synth.nag_errors == []
+
+
+def test_email_variant_is_cfn_lint_and_cdk_nag_clean(email_synth: Synth) -> None:
+    assert cfn_lint_errors(email_synth.template_file) == []
+    assert email_synth.nag_errors == []
+
+
+@pytest.mark.parametrize("key, value, allowed", [
+    ("log_retention_days", "31", "one of 1, 3, 5"),
+    ("alarm_no_progress_minutes", "0", "from 1 to 1440"),
+    ("alarm_no_capacity_minutes", "4", "from 5 to 1440"),
+    ("notification_email", "not-an-address", "an e-mail address"),
+    ("monitoring_interval_s", "0.5", "from 1 to 300"),
+    ("monitoring", "maybe", "true or false"),
+])
+def test_bad_monitoring_context_keys_fail_synth_naming_the_key(key: str, value: str, allowed: str) -> None:
+    with pytest.raises(ValueError) as error:
+        StackSettings.from_mapping({key: value})
+    assert f"context key {key!r}" in str(error.value) and allowed in str(error.value)
