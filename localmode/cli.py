@@ -5,15 +5,26 @@
                            [--framework tensorflow|mxnet|pytorch]
     spot-train local up    [--work-dir out/local]     # moto server + cdk bootstrap + cdk deploy; stays up
     spot-train local down  [--work-dir out/local]     # cdk destroy, orphan check, server stopped by PID
-    spot-train status      [--work-dir DIR]           # the live stack (after `up`) or the last drill's report
+    spot-train status      [--stack S] [--region R] [--profile P] [--endpoint-url URL] [--work-dir DIR]
+                           [--json] [--watch [--interval 10]]
+    spot-train logs        [--stack S] ... [--instance ID] [--follow] [--json]
+    spot-train cost        [--stack S] ... [--on-demand-price TYPE=USD ...] [--ebs-gb-month-price USD]
+                           [--snapshot-gb-month-price USD] [--json]
     spot-train drill --aws --region R [--instance-types ...] [--keep-stack] [--yes]
                                                       # a real account: deploy, FIS interruption, resume, destroy (infra/aws_drill.py)
     spot-train preflight   [--stack single|cluster] [-c key=value ...] [--region R] [--json]
                                                       # a real account before `cdk deploy` (infra/preflight.py)
 
+``status``/``logs``/``cost`` read a deployed stack from AWS (localmode.operations; docs/operations.md):
+with ``--stack``/``--region``/``--profile``/``--endpoint-url`` the stack in that account (standard
+credentials), otherwise the live local stack of ``spot-train local up`` (its moto server), otherwise
+(``status`` only) the last drill's report.
+
 ``drill`` exits 0 only when training completed, no step was lost, the final weights equal the
 uninterrupted baseline's and nothing is left after ``cdk destroy`` (the report's ``passed``); 1
-otherwise; 2 on bad arguments. ``up``/``down``/``status`` exit 0 on success and 1 on failure.
+otherwise; 2 on bad arguments. ``up``/``down`` exit 0 on success and 1 on failure. ``status``/``logs``/``cost``:
+0 ok, 1 an AWS call failed (or, for ``status`` without a stack, nothing to report), 2 usage, 3 the stack
+(or its log group) does not exist, 4 AWS unreachable or credentials missing/refused, 130 interrupted.
 ``preflight`` exits 0 when every check passed, 1 when one failed, 3 when none failed but one could
 not be answered, 2 on bad arguments or settings.
 
@@ -322,24 +333,129 @@ def cmd_down(args: argparse.Namespace) -> int:
     return 0 if orphans == [] else 1
 
 
-def cmd_status(args: argparse.Namespace) -> int:
-    candidates = [Path(args.work_dir)] if args.work_dir else [DEFAULT_UP_DIR, DEFAULT_DRILL_DIR]
+def _deployed_target(args: argparse.Namespace) -> tuple[dict[str, Any], str] | None:
+    """``(connect kwargs, stack)`` for status/logs/cost: the deployed stack named on the command line,
+    else the live local stack (``spot-train local up`` in ``--work-dir`` or out/local), else None."""
+    explicit = any(getattr(args, k, None) for k in ("stack", "region", "profile", "endpoint_url"))
+    if explicit:
+        return ({"region": args.region, "profile": args.profile, "endpoint_url": args.endpoint_url},
+                args.stack or "SpotTraining")
+    candidates = [Path(args.work_dir)] if args.work_dir else [DEFAULT_UP_DIR]
     for work in candidates:
         state_path = _state_path(work)
         if state_path.exists():
             state = json.loads(state_path.read_text())
-            if not _pid_alive(state["pid"]):
-                print(f"{work}: local mode state found but its moto server (pid {state['pid']}) is not running")
-                continue
-            print(json.dumps(live_status(state), indent=2))
-            return 0
-        report_path = work / "report.json"
-        if report_path.exists():
-            report = json.loads(report_path.read_text())
-            sys.stdout.write(format_report(report))
-            return 0
-    print("nothing to report: run `spot-train local drill` or `spot-train local up`", file=sys.stderr)
-    return 1
+            if _pid_alive(state.get("pid")):
+                os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")  # moto takes any credentials
+                os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
+                return ({"region": "us-east-1", "endpoint_url": state["endpoint_url"]}, state["stack"])
+            print(f"{work}: local mode state found but its moto server (pid {state.get('pid')}) is not running",
+                  file=sys.stderr)
+    return None
+
+
+def _operate(args: argparse.Namespace, action: Callable[[Any, str], int]) -> int:
+    """Connect to the target and run ``action(aws, stack)``; OperationsError -> its exit code."""
+    from localmode.operations import OperationsError, connect
+
+    target = _deployed_target(args)
+    if target is None:
+        target = ({"region": args.region, "profile": args.profile, "endpoint_url": args.endpoint_url}, "SpotTraining")
+    kwargs, stack = target
+    try:
+        return int(action(connect(**kwargs), stack))
+    except OperationsError as error:
+        print(f"spot-train: error: {error}", file=sys.stderr)
+        return int(error.exit_code)
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    import datetime as dt
+
+    from localmode import operations as ops
+
+    if _deployed_target(args) is None:
+        candidates = [Path(args.work_dir)] if args.work_dir else [DEFAULT_UP_DIR, DEFAULT_DRILL_DIR]
+        for work in candidates:
+            report_path = work / "report.json"
+            if report_path.exists():
+                report = json.loads(report_path.read_text())
+                sys.stdout.write(json.dumps(report, indent=2) + "\n" if args.json else format_report(report))
+                return 0
+        print("nothing to report: pass --stack (and --region) for a deployed stack, or run `spot-train local "
+              "drill` / `spot-train local up`", file=sys.stderr)
+        return 1
+
+    def show(aws: Any, stack: str) -> int:
+        while True:
+            report = ops.status_report(aws, stack, now=dt.datetime.now(dt.timezone.utc))
+            if args.json:
+                print(ops.to_json(report))
+            else:
+                if args.watch and sys.stdout.isatty():
+                    sys.stdout.write("\033[H\033[2J")
+                sys.stdout.write(ops.format_status(report))
+            sys.stdout.flush()
+            if not args.watch or report["training"]["completed"]:
+                return 0
+            time.sleep(args.interval)
+
+    try:
+        return _operate(args, show)
+    except KeyboardInterrupt:
+        return 0  # Ctrl-C ends --watch
+
+
+def cmd_logs(args: argparse.Namespace) -> int:
+    from localmode import operations as ops
+
+    def show(aws: Any, stack: str) -> int:
+        events = (ops.follow_logs(aws, stack, instance=args.instance, start_ms=None) if args.follow
+                  else ops.log_events(aws, stack, instance=args.instance))
+        for event in events:
+            print(json.dumps(event) if args.json else ops.format_log_line(event), flush=args.follow)
+        return 0
+
+    try:
+        return _operate(args, show)
+    except KeyboardInterrupt:
+        return 0  # Ctrl-C ends --follow
+
+
+def _prices(values: list[str] | None) -> dict[str, float]:
+    """``TYPE=USD`` items of ``--on-demand-price`` as a dict; ValueError naming a bad item."""
+    prices = {}
+    for item in values or []:
+        itype, _, price = item.partition("=")
+        try:
+            value = float(price)
+        except ValueError:
+            value = -1.0
+        if not itype or value <= 0:
+            raise ValueError(f"--on-demand-price: got {item!r}; expected TYPE=USD_PER_HOUR such as g5.xlarge=1.006")
+        prices[itype] = value
+    return prices
+
+
+def cmd_cost(args: argparse.Namespace) -> int:
+    import datetime as dt
+
+    from localmode import operations as ops
+
+    try:
+        prices = _prices(args.on_demand_price)
+    except ValueError as error:
+        print(f"spot-train: error: {error}", file=sys.stderr)
+        return 2
+
+    def show(aws: Any, stack: str) -> int:
+        ops.describe_stack(aws, stack)
+        report = ops.cost_report(aws, stack, now=dt.datetime.now(dt.timezone.utc), on_demand=prices,
+                                 ebs_gb_month=args.ebs_gb_month_price, snapshot_gb_month=args.snapshot_gb_month_price)
+        sys.stdout.write(ops.to_json(report) + "\n" if args.json else ops.format_cost(report))
+        return 0
+
+    return _operate(args, show)
 
 
 def live_status(state: dict[str, Any]) -> dict[str, Any]:
@@ -426,9 +542,33 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     aws_drill_module.add_arguments(aws_drill)
     aws_drill.set_defaults(handler=aws_drill_module.run)
 
-    status = sub.add_parser("status", help="the live local stack, or the last drill's report")
-    status.add_argument("--work-dir", type=Path, default=None, help="default: out/local, then out/demo")
+
+    def target(command: argparse.ArgumentParser) -> None:
+        command.add_argument("--stack", default=None, help="stack name (default SpotTraining)")
+        command.add_argument("--region", default=None, help="AWS region (default: the profile's / AWS_REGION)")
+        command.add_argument("--profile", default=None, help="AWS profile (default: the standard credential chain)")
+        command.add_argument("--endpoint-url", default=None, help="one endpoint for every AWS API (local mode's moto server)")
+        command.add_argument("--work-dir", type=Path, default=None,
+                             help="local mode state/report directory (default: out/local, then out/demo)")
+        command.add_argument("--json", action="store_true", help="print JSON instead of tables")
+
+    status = sub.add_parser("status", help="fleet, instances, training progress, interruptions, data volume")
+    target(status)
+    status.add_argument("--watch", action="store_true", help="redraw until training completes (Ctrl-C stops)")
+    status.add_argument("--interval", type=float, default=10.0, help="--watch: seconds between redraws (default 10)")
     status.set_defaults(handler=cmd_status)
+    logs = sub.add_parser("logs", help="the agents' and trainers' logs of every instance, in time order")
+    target(logs)
+    logs.add_argument("--instance", default=None, help="only this instance's stream")
+    logs.add_argument("--follow", action="store_true", help="keep printing new lines (Ctrl-C stops)")
+    logs.set_defaults(handler=cmd_logs)
+    cost = sub.add_parser("cost", help="instance-hours by type and AZ at spot prices vs on demand; savings")
+    target(cost)
+    cost.add_argument("--on-demand-price", action="append", metavar="TYPE=USD",
+                      help="on-demand USD/hour of a type (repeatable); default: the AWS Price List API")
+    cost.add_argument("--ebs-gb-month-price", type=float, default=None, help="USD per GB-month of the data volume")
+    cost.add_argument("--snapshot-gb-month-price", type=float, default=None, help="USD per GB-month of snapshots")
+    cost.set_defaults(handler=cmd_cost)
     return parser.parse_args(argv)
 
 
