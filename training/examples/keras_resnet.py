@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import json
 import logging
 import os
 import sys
@@ -132,6 +133,11 @@ def main(argv=None) -> int:
             self.writer = csv.writer(self.file)
             if new:
                 self.writer.writerow(LOG_FIELDS)
+            # docs/contracts.md: progress.json tells the node agent (and `spot-train status`) the total.
+            progress = log_path.with_name("progress.json")
+            tmp = progress.with_name(".progress.json.tmp")
+            tmp.write_text(json.dumps({"steps_total": args.epochs * fitter.steps_per_epoch}))
+            os.replace(tmp, progress)
 
         def on_train_batch_end(self, batch, logs=None):
             logs = logs or {}
