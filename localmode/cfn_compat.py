@@ -113,6 +113,7 @@ def apply(*, endpoint_url: str, work_dir: str | os.PathLike[str]) -> None:
         _patch_spot_fleet_delete()
         _patch_ec2_deletes()
         _patch_efs_attributes()
+        _patch_cloudwatch_alarms()
 
 
 # --- 1: custom resources ----------------------------------------------------------------------
@@ -553,3 +554,95 @@ def _patch_efs_attributes() -> None:
         AccessPoint.physical_resource_id = property(lambda self: self.access_point_id)  # type: ignore[attr-defined]
         AccessPoint.get_cfn_attribute = _efs_access_point_attribute  # type: ignore[attr-defined]
         AccessPoint.has_cfn_attr = classmethod(lambda cls, attr: attr in ("Arn", "AccessPointId"))  # type: ignore[attr-defined]
+
+
+# --- 7: CloudWatch alarms in CloudFormation --------------------------------------------------------
+def _alarm_model() -> type:
+    """A moto CloudFormation model for ``AWS::CloudWatch::Alarm`` (moto 5.2 has none: it skipped the
+    alarms with a warning, and the dashboard's ``Fn::GetAtt [Alarm, Arn]`` then failed the whole
+    deploy with "references undefined resource"). Create = PutMetricAlarm with the template's
+    properties (a name ``<stack>-<logical id>-<suffix>`` as CloudFormation makes one), ``Ref`` = the
+    name, ``Fn::GetAtt Arn`` = the alarm ARN, delete = DeleteAlarms. moto stores alarms; it does not
+    evaluate them."""
+    from moto.cloudformation.exceptions import UnformattedGetAttTemplateException
+    from moto.cloudwatch.models import Metric, MetricDataQuery, MetricStat, cloudwatch_backends
+    from moto.cloudwatch.models import Dimension as CwDimension
+    from moto.core.common_models import CloudFormationModel
+
+    class CfnAlarm(CloudFormationModel):
+        def __init__(self, alarm: Any, account_id: str, region_name: str) -> None:
+            self.alarm, self.account_id, self.region_name = alarm, account_id, region_name
+
+        @staticmethod
+        def cloudformation_name_type() -> str:
+            return "AlarmName"
+
+        @staticmethod
+        def cloudformation_type() -> str:
+            return "AWS::CloudWatch::Alarm"
+
+        @property
+        def physical_resource_id(self) -> str:
+            return self.alarm.name
+
+        @classmethod
+        def has_cfn_attr(cls, attr: str) -> bool:
+            return attr == "Arn"
+
+        def get_cfn_attribute(self, attribute_name: str) -> str:
+            if attribute_name == "Arn":
+                return self.alarm.alarm_arn
+            raise UnformattedGetAttTemplateException()
+
+        @classmethod
+        def create_from_cloudformation_json(cls, resource_name: str, cloudformation_json: Any, account_id: str,
+                                            region_name: str, **kwargs: Any) -> "CfnAlarm":
+            props = cloudformation_json["Properties"]
+            queries = None
+            if props.get("Metrics"):
+                queries = []
+                for m in props["Metrics"]:
+                    stat = m.get("MetricStat")
+                    metric_stat = None
+                    if stat:
+                        dims = [CwDimension(name=d["Name"], value=d["Value"]) for d in stat["Metric"].get("Dimensions", [])]
+                        metric_stat = MetricStat(metric=Metric(metric_name=stat["Metric"]["MetricName"],
+                                                               namespace=stat["Metric"]["Namespace"], dimensions=dims),
+                                                 period=stat.get("Period"), stat=stat.get("Stat"), unit=stat.get("Unit"))
+                    queries.append(MetricDataQuery(query_id=m.get("Id"), label=m.get("Label"), period=m.get("Period"),
+                                                   return_data=m.get("ReturnData"), expression=m.get("Expression"),
+                                                   metric_stat=metric_stat))
+            backend = cloudwatch_backends[account_id][region_name]
+            alarm = backend.put_metric_alarm(
+                name=props.get("AlarmName") or resource_name, namespace=props.get("Namespace"),
+                metric_name=props.get("MetricName"), comparison_operator=props["ComparisonOperator"],
+                evaluation_periods=int(props["EvaluationPeriods"]), period=props.get("Period"),
+                threshold=float(props["Threshold"]) if props.get("Threshold") is not None else None,
+                statistic=props.get("Statistic"), description=props.get("AlarmDescription", ""),
+                dimensions=props.get("Dimensions", []), alarm_actions=props.get("AlarmActions", []),
+                metric_data_queries=queries,
+                datapoints_to_alarm=int(props["DatapointsToAlarm"]) if props.get("DatapointsToAlarm") else None,
+                ok_actions=props.get("OKActions", []), insufficient_data_actions=props.get("InsufficientDataActions", []),
+                treat_missing_data=props.get("TreatMissingData"))
+            return cls(alarm, account_id, region_name)
+
+        @classmethod
+        def delete_from_cloudformation_json(cls, resource_name: str, cloudformation_json: Any, account_id: str,
+                                            region_name: str) -> None:
+            cloudwatch_backends[account_id][region_name].delete_alarms([resource_name])
+
+        def delete(self, account_id: str, region_name: str) -> None:
+            cloudwatch_backends[account_id][region_name].delete_alarms([self.alarm.name])
+
+    return CfnAlarm
+
+
+def _patch_cloudwatch_alarms() -> None:
+    from moto.cloudformation import parsing
+
+    if "AWS::CloudWatch::Alarm" in parsing.get_model_map():
+        LOG.info("AWS::CloudWatch::Alarm already has a CloudFormation model (moto or an earlier apply); not patched")
+        return
+    _alarm_model()
+    for cached in (parsing.get_model_list, parsing.get_model_map, parsing.get_name_type_map):
+        cached.cache_clear()

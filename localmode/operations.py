@@ -145,6 +145,13 @@ def describe_stack(aws: Aws, stack: str) -> dict[str, Any]:
             "outputs": {o["OutputKey"]: o["OutputValue"] for o in s.get("Outputs", [])}}
 
 
+def _stack_resource(aws: Aws, stack: str, resource_type: str) -> str | None:
+    """The physical id of the stack's (first) resource of ``resource_type``, or None."""
+    resources = _call("DescribeStackResources", aws.cloudformation.describe_stack_resources, StackName=stack)
+    return next((r.get("PhysicalResourceId") for r in resources.get("StackResources", [])
+                 if r["ResourceType"] == resource_type), None)
+
+
 def _paginate(client: Any, operation: str, key: str, **kwargs: Any) -> list[Any]:
     items: list[Any] = []
     for page in _call(operation, lambda: list(client.get_paginator(operation).paginate(**kwargs))):
@@ -194,8 +201,9 @@ def _fleet(aws: Aws, fleet_id: str | None) -> dict[str, Any] | None:
         return {"id": fleet_id, "state": "not found", "target_capacity": None, "fulfilled_capacity": None}
     c = configs[0]
     data = c["SpotFleetRequestConfig"]
+    fulfilled = data.get("FulfilledCapacity")
     return {"id": fleet_id, "state": c["SpotFleetRequestState"], "target_capacity": data.get("TargetCapacity"),
-            "fulfilled_capacity": data.get("FulfilledCapacity")}
+            "fulfilled_capacity": int(fulfilled) if isinstance(fulfilled, float) and fulfilled.is_integer() else fulfilled}
 
 
 def data_volumes(aws: Aws, stack: str) -> list[dict[str, Any]]:
@@ -513,13 +521,17 @@ def cost_report(aws: Aws, stack: str, *, now: dt.datetime, on_demand: dict[str, 
         end = i["end_time"] or now
         if i["end_estimated"]:
             notes.append(f"{i['instance_id']}: EC2 gave no end time; counted until now")
-        spot, hours = spot_cost(aws, i["instance_type"], i["availability_zone"], i["launch_time"], end)
         row = groups.setdefault((i["instance_type"], i["availability_zone"]), {
             "instance_type": i["instance_type"], "availability_zone": i["availability_zone"], "instances": 0,
             "hours": 0.0, "spot_cost_usd": 0.0, "on_demand_cost_usd": None})
         row["instances"] += 1
+        try:
+            spot, hours = spot_cost(aws, i["instance_type"], i["availability_zone"], i["launch_time"], end)
+        except OperationsError as error:  # no price: no figure for this row (never a made-up one)
+            notes.append(f"{i['instance_id']}: {error}; its spot cost is unknown")
+            hours, spot = max(0.0, (end - i["launch_time"]).total_seconds() / 3600), None
         row["hours"] += hours
-        row["spot_cost_usd"] += spot
+        row["spot_cost_usd"] = None if spot is None or row["spot_cost_usd"] is None else row["spot_cost_usd"] + spot
     sources: dict[str, str] = {}
     for itype in sorted({k[0] for k in groups}):
         if itype in on_demand:
@@ -534,10 +546,11 @@ def cost_report(aws: Aws, stack: str, *, now: dt.datetime, on_demand: dict[str, 
         price = on_demand.get(row["instance_type"])
         row["on_demand_cost_usd"] = price * row["hours"] if price is not None else None
     rows = sorted(groups.values(), key=lambda r: (r["instance_type"], r["availability_zone"]))
-    spot_total = sum(r["spot_cost_usd"] for r in rows)
+    spot_known = all(r["spot_cost_usd"] is not None for r in rows)
+    spot_total = sum(r["spot_cost_usd"] for r in rows) if spot_known else None
     known = all(r["on_demand_cost_usd"] is not None for r in rows) and rows
     od_total = sum(r["on_demand_cost_usd"] for r in rows) if known else None
-    savings = (1 - spot_total / od_total) * 100 if od_total else None
+    savings = (1 - spot_total / od_total) * 100 if od_total and spot_total is not None else None
 
     volumes = data_volumes(aws, stack)
     snaps = snapshots(aws, stack)
@@ -565,7 +578,7 @@ def cost_report(aws: Aws, stack: str, *, now: dt.datetime, on_demand: dict[str, 
 def status_report(aws: Aws, stack: str, *, now: dt.datetime, window_s: float = 14 * 24 * 3600) -> dict[str, Any]:
     """Everything ``spot-train status`` shows (see the module docstring); raises OperationsError."""
     info = describe_stack(aws, stack)
-    fleet = _fleet(aws, info["outputs"].get("FleetRequestId"))
+    fleet = _fleet(aws, info["outputs"].get("FleetRequestId") or _stack_resource(aws, stack, "AWS::EC2::SpotFleet"))
     instances = stack_instances(aws, stack, now=now)
     if fleet is not None and fleet["fulfilled_capacity"] is None:
         fleet["fulfilled_capacity"] = sum(1 for i in instances if i["state"] in ("pending", "running"))
@@ -681,12 +694,13 @@ def format_cost(report: dict[str, Any]) -> str:
          _usd(r["on_demand_cost_usd"])] for r in report["rows"]]) if report["rows"] else "no instances")
     lines.append("")
     lines.append(f"instance-hours      {report['instance_hours']:.3f}")
-    lines.append(f"spot cost           {_usd(report['spot_cost_usd'])}")
+    lines.append(f"spot cost           {_usd(report['spot_cost_usd'])}"
+                 + ("" if report["spot_cost_usd"] is not None else " (a spot price history is missing)"))
     lines.append(f"on-demand cost      {_usd(report['on_demand_cost_usd'])}")
     for itype, price in report["on_demand_price_usd_per_hour"].items():
         lines.append(f"  on-demand price   {itype} ${price}/h ({report['on_demand_source'][itype]})")
     savings = report["savings_pct"]
-    lines.append(f"savings             {f'{savings:.1f} %' if savings is not None else 'n/a (no on-demand price)'}")
+    lines.append(f"savings             {f'{savings:.1f} %' if savings is not None else 'n/a (no spot or no on-demand cost)'}")
     s = report["storage"]
     lines.append(f"EBS data volume     {s['volume_gib_hours']:.1f} GiB-h, {_usd(s['volume_cost_usd'])}")
     lines.append(f"snapshots ({s['snapshots']})       {s['snapshot_gib_hours']:.1f} GiB-h, {_usd(s['snapshot_cost_usd'])}")

@@ -196,7 +196,7 @@ def test_cost_without_a_price_list_says_so_and_prints_spot_cost_only(moto_server
     assert cost["on_demand_cost_usd"] is None and cost["savings_pct"] is None
     assert any("on-demand price of g5.xlarge unknown" in note and "spot cost only" in note for note in cost["notes"])
     code, text, _ = _run(capsys, "cost", "--stack", STACK, "--endpoint-url", moto_server.endpoint_url)
-    assert "savings             n/a (no on-demand price)" in text and "on-demand cost      n/a" in text
+    assert "savings             n/a (no spot or no on-demand cost)" in text and "on-demand cost      n/a" in text
 
 
 def test_bad_on_demand_price_is_a_usage_error(capsys):
