@@ -260,9 +260,14 @@ def cmd_run(config: AgentConfig) -> ExitCode:
     if config.node_role != "single":
         # Parameter-server cluster nodes keep data, checkpoints and membership on EFS (no data volume).
         from bootstrap.cluster import run_node
+        from bootstrap.publish import stop_publisher
 
-        _mount_efs(config)
-        run_node(config, imds, instance_id=identity.instance_id, local_mode=_local_mode())
+        publisher = _start_publisher(config, imds, identity)
+        try:
+            _mount_efs(config)
+            run_node(config, imds, instance_id=identity.instance_id, local_mode=_local_mode())
+        finally:
+            stop_publisher(publisher)
         return ExitCode.OK
     publisher = _start_publisher(config, imds, identity)
     try:

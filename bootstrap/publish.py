@@ -126,13 +126,17 @@ class Publisher:
         max_buffered_lines: log lines kept while CloudWatch Logs cannot be reached (default 10,000).
         warn_every_s: at most one warning per this many seconds about failed calls (default 60).
         wall_clock: epoch seconds (injectable).
+        progress: read the trainer's files and put the training metrics (default True). A cluster's
+            nodes share one log directory on EFS: only the coordinator (``scheduler``) does, so the
+            figures are not counted once per node; every node still sends its lines, its events and
+            ``RunningInstances``.
     """
 
     def __init__(self, monitoring: MonitoringConfig, *, stack_name: str, instance_id: str, instance_type: str,
                  availability_zone: str, log_dir: Path, checkpoint_dir: Path, logs_client: Any = None,
                  cloudwatch_client: Any = None, region: str | None = None, boot_time: float | None = None,
                  max_buffered_lines: int = 10_000, warn_every_s: float = 60.0,
-                 wall_clock: Callable[[], float] = time.time) -> None:
+                 wall_clock: Callable[[], float] = time.time, progress: bool = True) -> None:
         if max_buffered_lines < 1:
             raise ValueError(f"max_buffered_lines must be >= 1, got {max_buffered_lines!r}")
         if logs_client is None or cloudwatch_client is None:
@@ -148,6 +152,7 @@ class Publisher:
         self.started = wall_clock()
         self.boot_time = boot_time if boot_time is not None else self.started
         self.max_buffered_lines = max_buffered_lines
+        self.progress = progress
         self.warn_every_s = warn_every_s
         self._lock = threading.Lock()
         self._lines: collections.deque[tuple[int, str]] = collections.deque()
@@ -310,6 +315,8 @@ class Publisher:
         with self._lock:
             self._pending_metrics.append({"MetricName": "RunningInstances", "Value": 1.0, "Unit": "Count",
                                           "Timestamp": now, "Dimensions": dims_running})
+        if not self.progress:
+            return
         rows = self._read_new_rows()
         new = [r for r in rows if "step" in r]
         if new:
@@ -459,14 +466,16 @@ def start_publisher(config: AgentConfig, *, instance_id: str, instance_type: str
         publisher = Publisher(monitoring, stack_name=config.stack_name, instance_id=instance_id,
                               instance_type=instance_type, availability_zone=availability_zone,
                               log_dir=config.training.log_dir, checkpoint_dir=config.training.checkpoint_dir,
-                              region=config.region, boot_time=boot_time, **kwargs)
+                              region=config.region, boot_time=boot_time,
+                              progress=config.node_role in ("single", "scheduler"), **kwargs)
     except Exception as exc:  # noqa: BLE001 - publishing is optional; training is not
         log.warning("CloudWatch publishing could not be set up; going on without it",
                     extra={"error": f"{type(exc).__name__}: {exc}"})
         return None
     logging.getLogger("bootstrap").addHandler(publisher.log_handler())
     log.info("publishing logs and metrics to CloudWatch", extra={
-        "log_group": monitoring.log_group, "log_stream": instance_id, "namespace": monitoring.namespace,
+        "event": "publisher_started", "instance_id": instance_id, "instance_type": instance_type,
+        "availability_zone": availability_zone, "log_group": monitoring.log_group, "log_stream": instance_id, "namespace": monitoring.namespace,
         "interval_s": monitoring.interval_s})
     return publisher.start()
 

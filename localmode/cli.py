@@ -149,6 +149,10 @@ class ProgressDisplay:
             return f"destroyed; orphans: {event['orphans'] or 'none'}"
         if kind == "baseline":
             return f"uninterrupted baseline exited {event['exit_status']}; final weights equal: {event['matches']}"
+        if kind == "read-back":
+            savings = event.get("savings_pct")
+            return (f"read back from the local AWS (spot-train status / cost): {event['interruptions']} "
+                    f"interruption(s), savings {'n/a' if savings is None else f'{savings:.3f} %'}")
         if kind == "error":
             return f"ERROR: {event['message']}"
         return ""
@@ -190,7 +194,28 @@ def format_report(report: dict[str, Any]) -> str:
             lines.append("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)))
             if n == 0:
                 lines.append("  ".join("-" * w for w in widths))
+    lines += _read_back_lines(report)
     return "\n".join(lines) + "\n"
+
+
+def _read_back_lines(report: dict[str, Any]) -> list[str]:
+    """The drill report's part read back from the local AWS (spot-train status / cost)."""
+    cost = report.get("cost")
+    if not cost:
+        return []
+    from localmode import operations as ops
+
+    lines = ["", "Read back from the local AWS (spot-train status / cost)"]
+    history = report.get("aws_interruptions") or []
+    if history:
+        lines.append(ops.table(["#", "instance", "AZ", "n->ckpt s", "ckpt", "resumed on", "b->res s", "step", "volume"], [
+            [n + 1, h["instance_id"], ops.az_move(h),
+             ops._num(h["notice_to_checkpoint_s"]), h["checkpoint_step"], h["replacement_instance_id"],
+             ops._num(h["boot_to_resume_s"]), h["resumed_at_step"],
+             "moved" if h["volume_moved"] else ("stayed" if h["volume_moved"] is False else "-")]
+            for n, h in enumerate(history)]))
+    lines.append(ops.format_cost(cost).rstrip("\n"))
+    return lines
 
 
 # ---- commands ------------------------------------------------------------------------------------
@@ -456,30 +481,6 @@ def cmd_cost(args: argparse.Namespace) -> int:
         return 0
 
     return _operate(args, show)
-
-
-def live_status(state: dict[str, Any]) -> dict[str, Any]:
-    """What runs in the local stack now: stack status, fleet state, instances, the data volume's AZ."""
-    from localmode.deploy import clients
-    from localmode.injector import data_volume
-
-    aws = clients(state["endpoint_url"])
-    stack = state["stack"]
-    stacks = [s for s in aws.cloudformation.list_stacks()["StackSummaries"] if s["StackName"] == stack]
-    fleets = aws.ec2.describe_spot_fleet_requests()["SpotFleetRequestConfigs"]
-    instances = [
-        {"instance_id": i["InstanceId"], "availability_zone": i["Placement"]["AvailabilityZone"], "state": i["State"]["Name"]}
-        for r in aws.ec2.describe_instances(Filters=[{"Name": "tag:spot-training:stack", "Values": [stack]}])["Reservations"]
-        for i in r["Instances"]
-    ]
-    volume = data_volume(aws.ec2, stack)
-    return {
-        "endpoint_url": state["endpoint_url"], "stack": stack,
-        "stack_status": stacks[-1]["StackStatus"] if stacks else None,
-        "fleets": [{"id": f["SpotFleetRequestId"], "state": f["SpotFleetRequestState"]} for f in fleets],
-        "instances": instances,
-        "data_volume": {"volume_id": volume[0], "availability_zone": volume[1]} if volume else None,
-    }
 
 
 def _pid_alive(pid: Any) -> bool:

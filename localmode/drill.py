@@ -16,7 +16,9 @@ logged, over all runs), ``lost_steps`` (executed minus total: steps done twice),
 (count), ``az_moves`` (count), ``interruption_events`` (per interruption: ``notice_to_checkpoint_s``,
 ``boot_to_resume_s``, AZs, instance and volume ids, steps), ``test_accuracy`` (held-out digits, as the
 trainer reports it), ``baseline_test_accuracy``, ``matches_uninterrupted_baseline``,
-``orphans_after_destroy`` (a list), ``wall_s``, ``phases_s`` (bootstrap/deploy/training/destroy), and
+``orphans_after_destroy`` (a list), ``wall_s``, ``phases_s`` (bootstrap/deploy/training/destroy),
+read back from the local AWS before destroy through ``spot-train status``/``cost``'s code
+(:func:`read_back`): ``aws_status``, ``aws_interruptions``, ``cost``, ``savings_pct``; and
 ``passed`` (completed, no lost step, matches the baseline, nothing orphaned, enough interruptions and moves).
 """
 
@@ -101,6 +103,13 @@ class DrillOptions:
         framework: ``tensorflow`` (default), ``mxnet`` or ``pytorch``: deployed with
             ``-c framework=...``; the nodes and the baseline run the framework's example with its
             local interpreter (:data:`DRILL_FRAMEWORKS`).
+        instance_types: the fleet's instance types (default g5.xlarge, g4dn.xlarge: types the local
+            AWS has a spot price history for; moto has none for p3.2xlarge in us-east-1).
+        on_demand_prices: the stated on-demand price in USD/hour of each type, an input of the cost
+            report (local mode cannot ask the AWS Price List API; default: the us-east-1 Linux list
+            prices g5.xlarge 1.006, g4dn.xlarge 0.526 as AWS published them for 2024-2025).
+        ebs_gb_month_price, snapshot_gb_month_price: stated USD per GB-month (default gp3 0.08,
+            snapshots 0.05: us-east-1 list prices).
     """
 
     work_dir: Path = Path("out/demo")
@@ -115,6 +124,11 @@ class DrillOptions:
     baseline: bool = True
     timeout_s: float = 900.0
     framework: str = "tensorflow"
+    instance_types: tuple[str, ...] = ("g5.xlarge", "g4dn.xlarge")
+    on_demand_prices: dict[str, float] = dataclasses.field(
+        default_factory=lambda: {"g5.xlarge": 1.006, "g4dn.xlarge": 0.526})
+    ebs_gb_month_price: float = 0.08
+    snapshot_gb_month_price: float = 0.05
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming the bad option, its value and what is allowed."""
@@ -130,6 +144,11 @@ class DrillOptions:
             raise ValueError(f"az_moves must be <= interruptions ({self.interruptions}), got {self.az_moves}")
         if self.timeout_s <= 0:
             raise ValueError(f"timeout_s must be > 0 seconds, got {self.timeout_s!r}")
+        missing = [t for t in self.instance_types if not isinstance(self.on_demand_prices.get(t), (int, float))
+                   or isinstance(self.on_demand_prices.get(t), bool) or self.on_demand_prices[t] <= 0]
+        if not self.instance_types or missing:
+            raise ValueError(f"on_demand_prices must give a positive USD/hour for every instance type "
+                             f"{list(self.instance_types)}, got {self.on_demand_prices!r}")
         if not re.fullmatch(r"[A-Za-z][A-Za-z0-9-]{0,127}", self.stack):
             raise ValueError(f"stack must be a CloudFormation stack name (letters, digits, -), got {self.stack!r}")
         if self.framework not in DRILL_FRAMEWORKS:
@@ -318,7 +337,7 @@ def run_drill(options: DrillOptions, *, on_event: Callable[[dict[str, Any]], Non
         "steps_executed": 0, "lost_steps": None, "interruptions": 0, "az_moves": 0, "interruption_events": [],
         "test_accuracy": None, "baseline_test_accuracy": None, "matches_uninterrupted_baseline": False,
         "orphans_after_destroy": None, "wall_s": 0.0, "phases_s": {}, "options": options_dict(options),
-        "error": None,
+        "error": None, "aws_status": None, "aws_interruptions": [], "cost": None, "savings_pct": None,
     }
     phases = report["phases_s"]
     baseline = _start_baseline(options, work_dir) if options.baseline else None
@@ -326,7 +345,8 @@ def run_drill(options: DrillOptions, *, on_event: Callable[[dict[str, Any]], Non
     runner: NodeRunner | None = None
     cdk: CdkCli | None = None
     context = local_context(training_command=["{python}", *options.trainer_args()], framework=options.framework,
-                            extra={"training_python": options.trainer_python})
+                            extra={"training_python": options.trainer_python,
+                                   "instance_types": ",".join(options.instance_types), "monitoring_interval_s": "1"})
     interruptions: list[Interruption] = []
     try:
         record({"event": "phase", "phase": "moto", "message": "starting the moto server on 127.0.0.1"})
@@ -395,6 +415,13 @@ def run_drill(options: DrillOptions, *, on_event: Callable[[dict[str, Any]], Non
         report["test_accuracy"] = _accuracy(node.log_path)
         record({"event": "completed", "step": report["steps_total"], "test_accuracy": report["test_accuracy"]})
         runner.reconcile()
+        try:
+            report.update(read_back(server.endpoint_url, options))
+            record({"event": "read-back", "savings_pct": report["savings_pct"],
+                    "interruptions": len(report["aws_interruptions"])})
+        except Exception as error:  # noqa: BLE001 - the drill's own figures stand; say what failed
+            report["read_back_error"] = f"{type(error).__name__}: {error}"
+            record({"event": "error", "message": f"reading back from the local AWS failed: {report['read_back_error']}"})
     except Exception as error:  # noqa: BLE001 - recorded in the report; teardown still runs below
         report["error"] = f"{type(error).__name__}: {error}"
         record({"event": "error", "message": report["error"]})
@@ -421,6 +448,31 @@ def run_drill(options: DrillOptions, *, on_event: Callable[[dict[str, Any]], Non
             report["plot_error"] = f"{type(error).__name__}: {error}"
             (work_dir / "report.json").write_text(json.dumps(report, indent=2) + "\n")
     return report
+
+
+def read_back(endpoint_url: str, options: DrillOptions) -> dict[str, Any]:
+    """What ``spot-train status`` and ``spot-train cost`` read from the local AWS for the drill's stack
+    (localmode.operations, the code that reads a deployed stack): the report's ``aws_status``
+    (training figures, instances), ``aws_interruptions`` (the history from the agents' published
+    logs), ``cost`` (priced with the local AWS's spot price history against
+    ``options.on_demand_prices``) and ``savings_pct``. Call it before the stack is destroyed.
+
+    Raises:
+        localmode.operations.OperationsError: an AWS call failed.
+    """
+    import datetime as dt
+
+    from localmode import operations as ops
+
+    aws = ops.connect(region="us-east-1", endpoint_url=endpoint_url, credentials=("testing", "testing"))
+    now = dt.datetime.now(dt.timezone.utc)
+    status = ops.status_report(aws, options.stack, now=now)
+    cost = ops.cost_report(aws, options.stack, now=now, on_demand=options.on_demand_prices,
+                           ebs_gb_month=options.ebs_gb_month_price, snapshot_gb_month=options.snapshot_gb_month_price)
+    cost = json.loads(ops.to_json(cost))
+    return {"aws_status": {"training": status["training"], "instances": status["instances"],
+                           "alarms": status["alarms"]},
+            "aws_interruptions": status["interruptions"], "cost": cost, "savings_pct": cost["savings_pct"]}
 
 
 def _put_dataset(volume_dir: Path, config: dict[str, Any]) -> None:

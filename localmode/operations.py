@@ -24,6 +24,7 @@ import dataclasses
 import datetime as dt
 import enum
 import json
+import math
 import re
 import time
 from collections import defaultdict
@@ -71,10 +72,12 @@ class Aws:
     pricing: Any
 
 
-def connect(*, region: str | None = None, profile: str | None = None, endpoint_url: str | None = None) -> Aws:
+def connect(*, region: str | None = None, profile: str | None = None, endpoint_url: str | None = None,
+            credentials: tuple[str, str] | None = None) -> Aws:
     """boto3 clients for ``region`` (default: the profile's or ``AWS_REGION``), credentials from the
     standard chain (``profile`` if given). ``endpoint_url`` points every client at one endpoint (local
     mode's moto server); the Price List API is always asked in us-east-1, where it lives.
+    ``credentials``: an explicit ``(access key id, secret)`` (local mode's fake ones).
 
     Raises:
         OperationsError(UNREACHABLE): no region, or the profile does not exist.
@@ -84,7 +87,8 @@ def connect(*, region: str | None = None, profile: str | None = None, endpoint_u
     from botocore.config import Config
 
     try:
-        session = boto3.Session(profile_name=profile, region_name=region)
+        keys = {"aws_access_key_id": credentials[0], "aws_secret_access_key": credentials[1]} if credentials else {}
+        session = boto3.Session(profile_name=profile, region_name=region, **keys)
     except botocore.exceptions.ProfileNotFound as error:
         raise OperationsError(f"AWS profile {profile!r} does not exist: {error}", Exit.UNREACHABLE) from None
     region = session.region_name
@@ -106,7 +110,8 @@ def _call(what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     except (botocore.exceptions.NoCredentialsError, botocore.exceptions.PartialCredentialsError) as error:
         raise OperationsError(f"{what}: no AWS credentials ({error}); configure a profile or AWS_* variables",
                               Exit.UNREACHABLE) from None
-    except (botocore.exceptions.EndpointConnectionError, botocore.exceptions.ConnectTimeoutError) as error:
+    except (botocore.exceptions.EndpointConnectionError, botocore.exceptions.ConnectTimeoutError,
+            botocore.exceptions.ReadTimeoutError) as error:
         raise OperationsError(f"{what}: AWS cannot be reached ({error})", Exit.UNREACHABLE) from None
     except botocore.exceptions.ClientError as error:
         code = error.response.get("Error", {}).get("Code", "")
@@ -141,7 +146,7 @@ def describe_stack(aws: Aws, stack: str) -> dict[str, Any]:
     if not live:
         raise OperationsError(f"stack {stack!r} does not exist in {aws.region} (it was deleted)", Exit.STACK_NOT_FOUND)
     s = live[0]
-    return {"name": s["StackName"], "status": s["StackStatus"],
+    return {"name": s["StackName"], "status": s["StackStatus"], "created": _utc(s["CreationTime"]),
             "outputs": {o["OutputKey"]: o["OutputValue"] for o in s.get("Outputs", [])}}
 
 
@@ -276,11 +281,28 @@ def training_summary(series: dict[str, list[tuple[dt.datetime, float]]], *, now:
             "completed": completed, "last_report": _iso(step[0]) if step else None}
 
 
-def alarms(aws: Aws, stack: str) -> list[dict[str, Any]]:
-    """The stack's CloudWatch alarms (names start with the stack name, as CloudFormation names them)."""
+def alarms(aws: Aws, stack: str, *, now: dt.datetime | None = None) -> list[dict[str, Any]]:
+    """The stack's CloudWatch alarms (names start with the stack name, as CloudFormation names them):
+    name, ``state`` (CloudWatch's), description, and ``evaluated``: the state :func:`evaluate_alarm`
+    gives a single-metric alarm from its metric's statistics up to ``now`` (None for metric-math
+    alarms or without ``now``). Local mode's moto stores alarms without evaluating them, so there
+    ``evaluated`` is the one that means something."""
     found = _call("DescribeAlarms", aws.cloudwatch.describe_alarms, AlarmNamePrefix=f"{stack}-")
-    return [{"name": a["AlarmName"], "state": a["StateValue"], "description": a.get("AlarmDescription", "")}
-            for a in found.get("MetricAlarms", []) + found.get("CompositeAlarms", [])]
+    out = []
+    for a in found.get("MetricAlarms", []) + found.get("CompositeAlarms", []):
+        evaluated = None
+        if now is not None and a.get("MetricName") and a.get("Statistic") and a.get("Period"):
+            period, n = int(a["Period"]), int(a["EvaluationPeriods"])
+            points = _call("GetMetricStatistics", aws.cloudwatch.get_metric_statistics, Namespace=a["Namespace"],
+                           MetricName=a["MetricName"], Dimensions=a.get("Dimensions", []),
+                           StartTime=now - dt.timedelta(seconds=period * (n + 1)), EndTime=now, Period=period,
+                           Statistics=[a["Statistic"]])["Datapoints"]
+            series = [(_utc(p["Timestamp"]), p[a["Statistic"]]) for p in points]
+            evaluated = evaluate_alarm(a, period_values(series, end=now, period_s=period, periods=n,
+                                                        statistic=a["Statistic"]))
+        out.append({"name": a["AlarmName"], "state": a["StateValue"], "evaluated": evaluated,
+                    "description": a.get("AlarmDescription", "")})
+    return out
 
 
 # ---- alarm evaluation ---------------------------------------------------------------------------------
@@ -411,7 +433,7 @@ def interruption_history(events: Iterable[dict[str, Any]]) -> list[dict[str, Any
     order: list[str] = []
     for e in events:
         data = _parsed(e)
-        if data.get("event") in HISTORY_EVENTS or data.get("message") == "instance identity":
+        if data.get("event") in HISTORY_EVENTS or data.get("availability_zone"):
             if e["instance_id"] not in streams:
                 order.append(e["instance_id"])
             streams[e["instance_id"]].append({**data, "timestamp": e["timestamp"]})
@@ -582,15 +604,18 @@ def status_report(aws: Aws, stack: str, *, now: dt.datetime, window_s: float = 1
     instances = stack_instances(aws, stack, now=now)
     if fleet is not None and fleet["fulfilled_capacity"] is None:
         fleet["fulfilled_capacity"] = sum(1 for i in instances if i["state"] in ("pending", "running"))
-    start = now - dt.timedelta(seconds=window_s)
-    series = metric_series(aws, stack, start=start, end=now + dt.timedelta(minutes=1))
+    # From the stack's creation (at most window_s back), in at most 1,440 periods of whole minutes:
+    # one GetMetricData answer per metric on AWS, and seconds, not minutes, against moto.
+    start = max(now - dt.timedelta(seconds=window_s), info["created"] - dt.timedelta(minutes=1))
+    period = 60 * max(1, math.ceil((now - start).total_seconds() / 60 / 1440))
+    series = metric_series(aws, stack, start=start, end=now + dt.timedelta(minutes=1), period_s=period)
     try:
         events = [e for e in log_events(aws, stack, start_ms=int(start.timestamp() * 1000))]
         history = interruption_history(events)
         logs_note = None
     except OperationsError as error:
         history, logs_note = [], str(error)
-    alarm_states = alarms(aws, stack)
+    alarm_states = alarms(aws, stack, now=now)
     return {
         "stack": info["name"], "stack_status": info["status"], "region": aws.region, "as_of": _iso(now),
         "fleet": fleet,
@@ -645,7 +670,7 @@ def format_status(report: dict[str, Any]) -> str:
              f"fulfilled {fleet.get('fulfilled_capacity', '-')}", ""]
     step = f"{t['step']}/{t['steps_total']}" if t["step"] is not None else "no progress reported yet"
     loss = f"{t['loss']:.4f}" if t["loss"] is not None else "-"
-    lines.append(f"training {progress_bar(t['step'], t['steps_total'])} step {step} loss {loss} "
+    lines.append(f"training {progress_bar(t['step'], t['steps_total'])} step {step} loss {loss} "  # <= 100 columns
                  f"ETA {_dur(t['eta_s']) if not t['completed'] else 'done'}")
     lines.append(f"last checkpoint: step {t['last_checkpoint_step'] if t['last_checkpoint_step'] is not None else '-'}, "
                  f"{_dur(t['last_checkpoint_age_s'])} old; completed: {'yes' if t['completed'] else 'no'}")
@@ -655,9 +680,8 @@ def format_status(report: dict[str, Any]) -> str:
         for i in report["instances"]]))
     lines += ["", "Interruptions"]
     if report["interruptions"]:
-        lines.append(table(["#", "notice (UTC)", "instance", "AZ", "n->ckpt s", "ckpt", "resumed on", "b->res s", "volume"], [
-            [n + 1, (h["time"] or "")[11:19], h["instance_id"],
-             f"{h['availability_zone'] or '?'}->{h['replacement_availability_zone'] or '?'}",
+        lines.append(table(["#", "notice", "instance", "AZ", "n->ckpt s", "ckpt", "resumed on", "b->res s", "volume"], [
+            [n + 1, (h["time"] or "")[11:19], h["instance_id"], az_move(h),
              _num(h["notice_to_checkpoint_s"]), h["checkpoint_step"], h["replacement_instance_id"],
              _num(h["boot_to_resume_s"]),
              "moved" if h["volume_moved"] else ("stayed" if h["volume_moved"] is False else "-")]
@@ -670,10 +694,17 @@ def format_status(report: dict[str, Any]) -> str:
         for v in report["data_volume"]]) if report["data_volume"] else "none")
     if report["alarms"]:
         lines += ["", "Alarms"]
-        lines.append(table(["alarm", "state"], [[a["name"], a["state"]] for a in report["alarms"]]))
+        lines.append(table(["alarm", "state", "evaluated now"],
+                           [[a["name"], a["state"], a.get("evaluated")] for a in report["alarms"]]))
     for note in report.get("notes", []):
         lines.append(f"note: {note}")
     return "\n".join(lines) + "\n"
+
+
+def az_move(item: dict[str, Any]) -> str:
+    """``1a->1b``: the interruption's AZ and its replacement's, shortened to fit the table."""
+    short = lambda az: az[-2:] if az else "?"  # noqa: E731 - us-east-1a -> 1a
+    return f"{short(item.get('availability_zone'))}->{short(item.get('replacement_availability_zone'))}"
 
 
 def _num(value: Any) -> str:
@@ -683,7 +714,9 @@ def _num(value: Any) -> str:
 def _usd(value: float | None) -> str:
     if value is None:
         return "n/a"
-    return f"${value:,.6f}" if value < 0.01 else f"${value:,.2f}"
+    if 0 < value < 0.01:
+        return "$" + f"{value:.10f}".rstrip("0")  # tiny (local mode's prices): every digit, no exponent
+    return f"${value:,.2f}"
 
 
 def format_cost(report: dict[str, Any]) -> str:
@@ -700,7 +733,7 @@ def format_cost(report: dict[str, Any]) -> str:
     for itype, price in report["on_demand_price_usd_per_hour"].items():
         lines.append(f"  on-demand price   {itype} ${price}/h ({report['on_demand_source'][itype]})")
     savings = report["savings_pct"]
-    lines.append(f"savings             {f'{savings:.1f} %' if savings is not None else 'n/a (no spot or no on-demand cost)'}")
+    lines.append(f"savings             {f'{savings:.3f} %' if savings is not None else 'n/a (no spot or no on-demand cost)'}")
     s = report["storage"]
     lines.append(f"EBS data volume     {s['volume_gib_hours']:.1f} GiB-h, {_usd(s['volume_cost_usd'])}")
     lines.append(f"snapshots ({s['snapshots']})       {s['snapshot_gib_hours']:.1f} GiB-h, {_usd(s['snapshot_cost_usd'])}")

@@ -57,6 +57,8 @@ def plot_training(log_path: Path, report: dict[str, Any], out_path: Path) -> Pat
     title = (f"{report.get('stack', 'SpotTraining')} local drill: {report.get('steps_total', 0)} steps, "
              f"{report.get('interruptions', 0)} interruptions, {report.get('az_moves', 0)} AZ move(s), "
              f"lost steps {report.get('lost_steps')}, test accuracy {report.get('test_accuracy')}")
+    if report.get("savings_pct") is not None:  # read back from the local AWS (spot-train cost)
+        title += f"\nspot savings {report['savings_pct']:.3f} % vs on-demand (local AWS spot prices, stated on-demand price)"
     loss_axis.set_title(title, fontsize=10)
     handles = loss_axis.get_legend_handles_labels()[0] + accuracy_axis.get_legend_handles_labels()[0]
     loss_axis.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=2, fontsize=8, frameon=False)

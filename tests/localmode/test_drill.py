@@ -70,6 +70,21 @@ def test_single_node_drill_survives_an_interruption_with_an_az_move(tmp_path):
     assert report["matches_uninterrupted_baseline"] is True
     assert report["orphans_after_destroy"] == []
     assert report["wall_s"] > 0
+    # Read back from the local AWS through spot-train status / cost's code, before destroy (issue 13).
+    assert "read_back_error" not in report, report.get("read_back_error")
+    [aws_event] = report["aws_interruptions"]
+    assert aws_event["instance_id"] == event["instance_id"]
+    assert aws_event["replacement_instance_id"] == event["replacement_instance_id"]
+    assert aws_event["volume_moved"] is True and aws_event["resumed_at_step"] == event["resumed_at_step"]
+    assert aws_event["checkpoint_step"] == event["checkpoint_step"]
+    assert 0 <= aws_event["notice_to_checkpoint_s"] < 120 and 0 < aws_event["boot_to_resume_s"] < 300
+    assert report["aws_status"]["training"]["step"] == report["steps_total"]
+    assert report["aws_status"]["training"]["completed"] is True
+    cost = report["cost"]
+    assert {r["instance_type"] for r in cost["rows"]} == {"g5.xlarge"} and sum(r["instances"] for r in cost["rows"]) == 2
+    assert cost["on_demand_source"] == {"g5.xlarge": "given"} and cost["spot_cost_usd"] > 0
+    assert report["savings_pct"] == pytest.approx((1 - cost["spot_cost_usd"] / cost["on_demand_cost_usd"]) * 100)
+    assert "Read back from the local AWS" in completed.stdout and "savings" in completed.stdout
     assert (work / "training.png").stat().st_size > 10_000
     assert (work / "results" / "training_log.csv").exists()
     # The report table went to the terminal, and the live display showed the events.
@@ -93,13 +108,15 @@ def test_local_up_status_down_leaves_nothing(tmp_path):
     state = json.loads((work / "state.json").read_text())
     try:
         assert up.returncode == 0, up.stdout[-2000:] + up.stderr[-2000:]
-        status = spot_train("status", "--work-dir", str(work))
+        # The live local stack through the same code as a deployed one (localmode.operations).
+        status = spot_train("status", "--work-dir", str(work), "--json")
         assert status.returncode == 0, status.stderr
         live = json.loads(status.stdout)
         assert live["stack_status"] == "CREATE_COMPLETE"
-        assert [f["state"] for f in live["fleets"]] == ["active"]
+        assert live["fleet"]["state"] == "active" and live["fleet"]["id"] == state["fleet_request_id"]
         assert [i["state"] for i in live["instances"]] == ["running"]
-        assert live["data_volume"]["availability_zone"] == "us-east-1a"
+        assert [v["availability_zone"] for v in live["data_volume"]] == ["us-east-1a"]
+        assert len(live["alarms"]) == 4  # the stack's alarms exist in the local AWS (localmode.cfn_compat)
     finally:
         down = spot_train("local", "down", "--work-dir", str(work))
     assert down.returncode == 0, down.stdout[-2000:] + down.stderr[-2000:]

@@ -258,6 +258,13 @@ def test_a_hung_trainer_raises_the_hang_alarm_and_a_gap_does_not(moto_server, tm
     # The same definition in the local AWS (moto stores it; it does not evaluate alarms).
     cloudwatch.put_metric_alarm(AlarmName=f"{STACK}-NoProgress", **{k: v for k, v in hang_alarm.items()})
     assert cloudwatch.describe_alarms(AlarmNamePrefix=f"{STACK}-")["MetricAlarms"][0]["TreatMissingData"] == "notBreaching"
+    # `spot-train status` evaluates it the same way from what it reads back.
+    aws = ops.connect(region="us-east-1", endpoint_url=moto_server.endpoint_url, credentials=("testing", "testing"))
+    at = lambda epoch: dt.datetime.fromtimestamp(epoch, dt.timezone.utc)  # noqa: E731
+    # (Half a period off the rounds: moto returns each point's own timestamp, truncated to microseconds,
+    # so a period boundary exactly on a round would be an artefact of this fake clock.)
+    assert [a["evaluated"] for a in ops.alarms(aws, STACK, now=at(hung_from + 11 * 60 + 30))] == ["ALARM"]
+    assert [a["evaluated"] for a in ops.alarms(aws, STACK, now=at(hung_from + 30))] == ["OK"]
 
 
 @pytest.mark.parametrize("values, treat, expected", [
