@@ -165,6 +165,7 @@ class ParameterServerCluster(constructs.Construct):
         imds_endpoint: str | None = None,
         stack_tag_value: str | None = None,
         file_system_removal_policy: cdk.RemovalPolicy = cdk.RemovalPolicy.RETAIN,
+        monitoring: Mapping[str, Any] | None = None,
     ) -> None:
         """Define the cluster.
 
@@ -204,6 +205,9 @@ class ParameterServerCluster(constructs.Construct):
             file_system_removal_policy: what ``cdk destroy`` does with the new file system (and its
                 checkpoints); default ``RETAIN`` (stateful resources keep their data unless asked).
                 Ignored when ``file_system`` is given (the owner of that one decides).
+            monitoring: the node config's ``monitoring`` section for every node
+                (``TrainingMonitoring.node_config()``, docs/contracts.md); default: none (nothing is
+                published). Grant the roles with ``TrainingMonitoring.grant_publish``.
 
         Raises:
             ValueError: a count out of range or out of order (names the props and values), a
@@ -335,6 +339,7 @@ class ParameterServerCluster(constructs.Construct):
                 node_role=role,
                 data_root=EFS_MOUNT_POINT,
                 cluster=cluster_section,
+                monitoring=monitoring,
             )
             user_data[role] = self.bootstrap_asset.user_data(
                 self.node_configs[role], region=stack.region, training_python=python, training_requirements=requirements[role],

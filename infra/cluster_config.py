@@ -42,7 +42,8 @@ from .fleet import DEFAULT_INSTANCE_TYPES, validate_instance_type
 SHARED_KEYS: tuple[str, ...] = (
     "account", "region", "availability_zones", "vpc_id", "vpc_flow_logs", "allocation_strategy", "max_price",
     "root_volume_size_gib", "image_id", "ami_ssm_parameter", "training_user", "code_git_url", "code_git_ref",
-    "imds_endpoint", "retain_data",
+    "imds_endpoint", "retain_data", "monitoring", "log_retention_days", "monitoring_interval_s",
+    "alarm_no_progress_minutes", "alarm_no_capacity_minutes", "notification_email",
 )
 
 #: The cluster stack's own keys, in the order docs/infra.md lists them.

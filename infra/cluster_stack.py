@@ -10,6 +10,7 @@ from aws_cdk import aws_ec2 as ec2
 
 from .cluster import EFS_MOUNT_POINT, STATE_DIR, ParameterServerCluster
 from .cluster_config import ClusterSettings
+from .monitoring import RETENTION_DAYS, TrainingMonitoring
 from .stack import SettingsStack, machine_image, new_vpc
 from .tags import CLUSTER_MEMBER_TAG_KEY
 from .userdata import SERVICE_NAME
@@ -64,6 +65,18 @@ class DistributedTrainingStack(SettingsStack):
         self.settings = settings
         self.vpc = new_vpc(self, base.vpc_id, flow_logs=base.vpc_flow_logs)
         code = {"type": "git", "url": base.code_git_url, "ref": base.code_git_ref} if base.code_git_url else None
+        self.monitoring: TrainingMonitoring | None = None
+        if base.monitoring:
+            self.monitoring = TrainingMonitoring(
+                self,
+                "Monitoring",
+                stack_tag_value=self.stack_name,
+                log_retention=RETENTION_DAYS[base.log_retention_days],
+                no_progress_minutes=base.alarm_no_progress_minutes,
+                no_capacity_minutes=base.alarm_no_capacity_minutes,
+                notification_email=base.notification_email,
+                removal_policy=cdk.RemovalPolicy.RETAIN if base.retain_data else cdk.RemovalPolicy.DESTROY,
+            )
         self.cluster = ParameterServerCluster(
             self,
             "Cluster",
@@ -91,8 +104,17 @@ class DistributedTrainingStack(SettingsStack):
             imds_endpoint=base.imds_endpoint,
             stack_tag_value=self.stack_name,
             file_system_removal_policy=cdk.RemovalPolicy.RETAIN if base.retain_data else cdk.RemovalPolicy.DESTROY,
+            monitoring=self.monitoring.node_config(interval_s=base.monitoring_interval_s) if self.monitoring else None,
         )
         c = self.cluster
+        if self.monitoring is not None:
+            for role in (c.node_role, c.worker_role):
+                self.monitoring.grant_publish(role.role)
+            for nodes in (c.worker_fleet.resource, c.scheduler_group, c.server_group):
+                nodes.node.add_dependency(self.monitoring.log_group)
+            self.monitoring.add_capacity_alarm(c.worker_fleet.fleet_request_id)
+            cdk.CfnOutput(self, "Dashboard", value=self.monitoring.dashboard.dashboard_name,
+                          description="CloudWatch dashboard of this training job")
         cdk.CfnOutput(self, "FileSystemId", value=c.file_system.file_system_id, description="EFS: datasets/, checkpoints/, logs/, cluster/")
         cdk.CfnOutput(self, "AccessPointId", value=c.file_system.access_point_id)
         cdk.CfnOutput(

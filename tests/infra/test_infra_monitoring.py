@@ -141,3 +141,33 @@ def test_bad_monitoring_context_keys_fail_synth_naming_the_key(key: str, value: 
     with pytest.raises(ValueError) as error:
         StackSettings.from_mapping({key: value})
     assert f"context key {key!r}" in str(error.value) and allowed in str(error.value)
+
+
+def test_cluster_stack_has_the_same_monitoring_for_every_role(cluster_synth: Synth) -> None:
+    from test_infra_cluster import _launch_templates
+    from test_infra_cluster import _user_data as cluster_user_data
+
+    for role, lt in _launch_templates(cluster_synth).items():
+        monitoring = parse_config(extract_config(cluster_user_data(lt))).monitoring
+        assert (monitoring.log_group, monitoring.namespace) == ("/spot-training/DistributedTraining", "SpotTraining"), role
+    groups = [r["Properties"] for r in cluster_synth.resources("AWS::Logs::LogGroup").values()
+              if r["Properties"].get("LogGroupName") == "/spot-training/DistributedTraining"]
+    assert len(groups) == 1 and groups[0]["RetentionInDays"] == 30
+    assert len(cluster_synth.resources("AWS::CloudWatch::Dashboard")) == 1
+    alarms = cluster_synth.resources("AWS::CloudWatch::Alarm")
+    assert sorted(k[len("Monitoring"):].rstrip("0123456789ABCDEF") for k in alarms) == [
+        "Completed", "NoProgress", "NoSpotCapacity", "TrainerFailed"]
+    capacity = next(a["Properties"] for k, a in alarms.items() if k.startswith("MonitoringNoSpotCapacity"))
+    fleet = next(iter(cluster_synth.resources("AWS::EC2::SpotFleet")))
+    assert {"Ref": fleet} in [d["Value"] for m in capacity["Metrics"] if "MetricStat" in m
+                              for d in m["MetricStat"]["Metric"]["Dimensions"]]
+    roles = {k for k, r in cluster_synth.resources("AWS::IAM::Role").items()
+             if r["Properties"]["AssumeRolePolicyDocument"]["Statement"][0]["Principal"] == {"Service": "ec2.amazonaws.com"}}
+    granted = set()
+    for policy in cluster_synth.resources("AWS::IAM::Policy").values():
+        for st in policy["Properties"]["PolicyDocument"]["Statement"]:
+            if st["Action"] == "cloudwatch:PutMetricData":
+                assert st["Condition"] == {"StringEquals": {"cloudwatch:namespace": "SpotTraining"}}
+                granted |= {r["Ref"] for r in policy["Properties"]["Roles"]}
+    assert granted == roles and len(roles) == 2  # scheduler/server role and worker role
+    assert cluster_synth.nag_errors == []
