@@ -178,6 +178,7 @@ class Publisher:
         self._last_published_step: int | None = None
         self._resume_measured = False
         self._notice_time: float | None = None
+        self._after_notice: tuple[int, float] | None = None
         self._completed_sent = False
 
     # ---- inputs (never block) ---------------------------------------------------------------
@@ -250,17 +251,18 @@ class Publisher:
     def _run(self) -> None:
         while True:
             stopping = self._stop.is_set()
-            self.round()
+            self.round(final=stopping)
             if stopping:
                 return
             self._wake.wait(self.monitoring.interval_s)
             self._wake.clear()
 
-    def round(self) -> None:
-        """One publishing round: read progress, put metrics, send log lines. Never raises."""
+    def round(self, *, final: bool = False) -> None:
+        """One publishing round: read progress, put metrics, send log lines. Never raises. ``final``:
+        the last round (the trainer has exited): also report notice -> checkpoint."""
         self.rounds += 1
         try:
-            self._read_progress()
+            self._read_progress(final=final)
         except Exception as exc:  # noqa: BLE001 - a torn or odd file must not stop publishing
             self._warn("reading training progress failed", exc)
         self._send_metrics()
@@ -307,7 +309,7 @@ class Publisher:
         except (OSError, ValueError):
             return None
 
-    def _read_progress(self) -> None:
+    def _read_progress(self, *, final: bool = False) -> None:
         now = self._now()
         dims_running = [{"Name": "Stack", "Value": self.stack_name},
                         {"Name": "InstanceType", "Value": self.instance_type},
@@ -359,12 +361,17 @@ class Publisher:
             self.metric("CheckpointStep", step)
             self.metric("CheckpointAgeSeconds", max(0.0, now - committed))
             if self._notice_time is not None and committed >= self._notice_time:
-                seconds = committed - self._notice_time
-                self.metric("NoticeToCheckpointSeconds", seconds)
-                log.info("checkpoint committed after the interruption notice", extra={
-                    "event": "checkpoint_after_notice", "checkpoint_step": step,
-                    "notice_to_checkpoint_s": round(seconds, 3)})
-                self._notice_time = None
+                # The newest checkpoint after the notice: a cadence save may land first; the trainer's
+                # last one (on SIGTERM) is what counts, known for sure in the final round.
+                self._after_notice = (step, committed)
+        if final and self._notice_time is not None and self._after_notice is not None:
+            step, committed = self._after_notice
+            seconds = committed - self._notice_time
+            self.metric("NoticeToCheckpointSeconds", seconds)
+            log.info("checkpoint committed after the interruption notice", extra={
+                "event": "checkpoint_after_notice", "checkpoint_step": step,
+                "notice_to_checkpoint_s": round(seconds, 3)})
+            self._notice_time = self._after_notice = None
         if completed and not self._completed_sent:
             self._completed_sent = True
             self.metric("Completed", 1)

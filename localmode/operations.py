@@ -510,7 +510,8 @@ def on_demand_price(aws: Aws, instance_type: str) -> float:
     try:
         products = aws.pricing.get_products(ServiceCode="AmazonEC2", Filters=filters, MaxResults=10)["PriceList"]
     except Exception as error:  # noqa: BLE001 - any failure means: no on-demand figure
-        raise OperationsError(f"the AWS Price List API cannot be reached ({type(error).__name__}: {str(error)[:200]})") from None
+        first = (str(error).splitlines() or [""])[0][:160]
+        raise OperationsError(f"the AWS Price List API cannot be reached ({type(error).__name__}: {first})") from None
     for product in products:
         data = json.loads(product) if isinstance(product, str) else product
         for term in data.get("terms", {}).get("OnDemand", {}).values():

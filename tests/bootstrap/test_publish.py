@@ -125,8 +125,11 @@ def test_agent_lines_trainer_lines_and_progress_metrics_reach_cloudwatch(moto_se
         assert supervisor.run().value == "completed"
         agent_log.warning("spot interruption notice: stopping the trainer", extra={"event": "spot_interruption_notice"})
         agent_log.info("new volume attached", extra={"event": "copy_verified", "volume_id": "vol-1"})
-        (tmp_path / "dltraining" / "checkpoints" / "LATEST").write_text(json.dumps({"step": 40}))  # after the notice
+        latest = tmp_path / "dltraining" / "checkpoints" / "LATEST"
+        latest.write_text(json.dumps({"step": 30}))  # a cadence save lands first after the notice ...
         publisher.round()
+        latest.write_text(json.dumps({"step": 40}))  # ... then the trainer's last one, before the node goes
+        publisher.round(final=True)
     finally:
         logging.getLogger("bootstrap").removeHandler(publisher.log_handler())
     assert publisher.failures == 0 and publisher.dropped_lines == 0
@@ -135,7 +138,7 @@ def test_agent_lines_trainer_lines_and_progress_metrics_reach_cloudwatch(moto_se
     assert trainer[:2] == ["trainer step 1", "trainer step 2"] and trainer[-1] == "done: 40 steps, test accuracy 0.5"
     agent = [m for m in messages if m["logger"].startswith("bootstrap")]
     assert {"training started", "training completed", "new volume attached"} <= {m["message"] for m in agent}
-    assert any(m.get("event") == "checkpoint_after_notice" and m["checkpoint_step"] == 40 for m in agent)
+    assert [m["checkpoint_step"] for m in agent if m.get("event") == "checkpoint_after_notice"] == [40]
     stamps = [e["timestamp"] for e in logs.get_log_events(logGroupName=GROUP, logStreamName="i-0123456789abcdef0",
                                                           startFromHead=True)["events"]]
     assert stamps == sorted(stamps)

@@ -121,7 +121,7 @@ def test_what_the_agents_publish_is_what_status_logs_and_cost_read_back(moto_ser
         agent_logger.warning("spot interruption notice: stopping the trainer", extra={"event": "spot_interruption_notice"})
         node1.checkpoint_dir.mkdir(parents=True)
         (node1.checkpoint_dir / "LATEST").write_text(json.dumps({"step": 50}))
-        node1.round()
+        node1.round(final=True)  # the agent's last round, after its trainer exited
     finally:
         logging.getLogger("bootstrap").removeHandler(handler)
     # Node 2 (another AZ): the volume moved there, training resumes at 51 and goes on to 120.
