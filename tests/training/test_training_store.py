@@ -126,7 +126,7 @@ def test_fails_when_checkpoint_is_of_the_other_framework_and_deletes_nothing(tmp
 @pytest.mark.parametrize("kwargs,match", [
     ({"keep": 1}, "keep must be an integer >= 2. Received: keep=1"),
     ({"keep": True}, "Received: keep=True"),
-    ({"framework": "pytorch"}, "framework must be one of"),
+    ({"framework": "jax"}, "framework must be one of"),
 ])
 def test_fails_on_bad_constructor_arguments(tmp_path, kwargs, match):
     args = {"framework": "tensorflow", **kwargs}
