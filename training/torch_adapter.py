@@ -234,9 +234,13 @@ class TorchAdapter(StateAdapter):
 
     # ------------------------------------------------------------------ capture
     def _rng_state(self) -> dict[str, torch.Tensor]:
+        """torch's CPU generator and the CUDA generators: every device in a single process (e.g.
+        DataParallel), the rank's current device in a distributed job (reading another device's
+        generator would create a CUDA context there)."""
         state = {"cpu": torch.get_rng_state()}
         if torch.cuda.is_available() and torch.cuda.is_initialized():
-            for i in range(torch.cuda.device_count()):
+            devices = [torch.cuda.current_device()] if self.distributed else range(torch.cuda.device_count())
+            for i in devices:
                 state[f"cuda{i}"] = torch.cuda.get_rng_state(i)
         return state
 
