@@ -602,7 +602,31 @@ class TorchCheckpointer:
                 state = torch.get_rng_state()
                 it = iter(loader)
                 torch.set_rng_state(state)
-            yield step, next(it)
+            try:
+                batch = next(it)
+            except StopIteration:
+                raise ValueError(
+                    f"the loader ran out of batches at step {step} of total_steps={total_steps}; give the "
+                    "DataLoader batch_sampler=ckpt.batch_sampler(...) (endless, derived from the step)") from None
+            yield step, batch
+
+    # For loops that cannot be written as ``for ... in ckpt.steps(...)`` (as CheckpointDriver):
+    def install(self) -> "TorchCheckpointer":
+        """Install the notice handlers (SIGTERM, SIGUSR1); main thread only."""
+        self.driver.install()
+        return self
+
+    def restore(self) -> int:
+        """Restore the newest valid checkpoint; return the completed steps (0: none)."""
+        return self.driver.restore()
+
+    def after_step(self) -> bool:
+        """Count a completed step; save if due or requested; on a stop request save and SystemExit(0)."""
+        return self.driver.after_step()
+
+    def finish(self) -> Checkpoint | None:
+        """Final checkpoint (waited for), then ``COMPLETED``."""
+        return self.driver.finish()
 
     def save(self, *, wait: bool = False) -> Checkpoint | None:
         """Checkpoint now (between steps); see :meth:`CheckpointDriver.save`."""

@@ -201,3 +201,11 @@ def test_gpu_benchmark_without_a_gpu_says_so_and_exits_0() -> None:
     lines = proc.stdout.strip().splitlines()
     assert "no CUDA device found" in lines[0]
     assert json.loads(lines[-1])["cuda"] is False
+
+
+def test_a_loader_that_runs_out_is_named_clearly(tmp_path: Path) -> None:
+    dataset = torch.utils.data.TensorDataset(torch.arange(8.0)[:, None])
+    ckpt = TorchCheckpointer(torch.nn.Linear(1, 1), checkpoint_dir=tmp_path, every_steps=None, notices=_quiet())
+    with pytest.raises(ValueError, match="ran out of batches at step 2 of total_steps=5.*batch_sampler"):
+        for _ in ckpt.steps(5, torch.utils.data.DataLoader(dataset, batch_size=4)):
+            pass

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import signal
 
 import pytest
@@ -134,6 +135,8 @@ def test_ddp_sigterm_to_one_rank_saves_once_on_both_at_the_same_step(tmp_path, d
         os.kill(workers[-1], signal.SIGTERM)  # the higher pid: rank 1 in practice; either rank must do
         assert proc.wait(timeout=120) == 0, job.stderr_text()
         stopped = job.logged_steps()[-1]
+        # Both ranks stopped after the same step (one agreed save; rank 1 got the signal, rank 0 did not).
+        assert re.findall(r"checkpoint at step (\d+) written", job.stderr_text(proc)) == [str(stopped)] * 2
         store = CheckpointStore(job.checkpoint_dir, framework="pytorch")
         assert store.latest().step == stopped
         assert store.latest().metadata["world_size"] == 2
