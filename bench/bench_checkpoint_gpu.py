@@ -148,7 +148,7 @@ def main(argv=None) -> int:
     quiet = NoticeHandler(request_file=None, stop_signals=(), checkpoint_signals=())
     results: dict = {}
     base_windows: list[float] = []
-    for mode in ("pinned", "device"):
+    def measure_ours(mode: str) -> dict:
         directory = scratch / mode
         ckpt = TorchCheckpointer(model, optimizer, checkpoint_dir=directory, every_steps=None, every_seconds=None,
                                  background=True, keep=2, snapshot_mode=mode, notices=quiet)
@@ -160,33 +160,36 @@ def main(argv=None) -> int:
             driver.step = counter[0]
             driver.save()
 
-        first_window, first_held = window(save)
-        started = time.perf_counter()
-        driver.wait()
-        first_write = time.perf_counter() - started
-        extra, held, writes = [], [], []
-        for pair in range(args.pairs):
-            without, _ = window()
-            with_save, h = window(save)
+        try:
+            first_window, first_held = window(save)
             started = time.perf_counter()
             driver.wait()
-            writes.append(time.perf_counter() - started)
-            extra.append(with_save - without)
-            held.append(h)
-            base_windows.append(without)
-            log(f"{mode}: pair {pair + 1}/{args.pairs}: window {without:.4f} s, with a save {with_save:.4f} s "
-                f"(+{with_save - without:.4f} s; save call held {h:.4f} s; write waited {writes[-1]:.1f} s more)")
-        results[mode] = {"added_s_per_save": statistics.mean(extra), "added_s": extra,
-                         "save_call_s": statistics.mean(held), "first_save_call_s": first_held,
-                         "first_window_s": first_window, "first_write_wait_s": first_write,
-                         "write_wait_after_window_s": writes, "mode_used": ckpt.adapter.mode}
-        ckpt.close()
-        shutil.rmtree(directory, ignore_errors=True)
-        torch.cuda.empty_cache()
+            first_write = time.perf_counter() - started
+            extra, held, writes = [], [], []
+            for pair in range(args.pairs):
+                without, _ = window()
+                with_save, h = window(save)
+                started = time.perf_counter()
+                driver.wait()
+                writes.append(time.perf_counter() - started)
+                extra.append(with_save - without)
+                held.append(h)
+                base_windows.append(without)
+                log(f"{mode}: pair {pair + 1}/{args.pairs}: window {without:.4f} s, with a save {with_save:.4f} s "
+                    f"(+{with_save - without:.4f} s; save call held {h:.4f} s; write waited {writes[-1]:.1f} s more)")
+            return {"added_s_per_save": statistics.mean(extra), "added_s": extra,
+                    "save_call_s": statistics.mean(held), "first_save_call_s": first_held,
+                    "first_window_s": first_window, "first_write_wait_s": first_write,
+                    "write_wait_after_window_s": writes, "mode_used": ckpt.adapter.mode}
+        finally:
+            ckpt.close()
+            shutil.rmtree(directory, ignore_errors=True)
+            torch.cuda.empty_cache()
 
-    if not args.skip_dcp:
+    def measure_dcp() -> dict:
         import torch.distributed as dist
         import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict
 
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
@@ -195,50 +198,60 @@ def main(argv=None) -> int:
         pending = []
 
         def dcp_save() -> None:
-            sd = {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
-            pending.append(dcp.async_save(sd, checkpoint_id=str(scratch / f"dcp-{len(pending)}")))
+            # DCP's documented way: state dicts with fully qualified names, then async_save.
+            model_sd, optim_sd = get_state_dict(model, optimizer)
+            pending.append(dcp.async_save({"model": model_sd, "optimizer": optim_sd},
+                                          checkpoint_id=str(scratch / f"dcp-{len(pending)}")))
 
         def dcp_wait() -> float:
             started = time.perf_counter()
             while pending:
                 future = pending.pop()
-                result = getattr(future, "upload_completion", future)
-                result.result()
+                getattr(future, "upload_completion", future).result()
             for p in scratch.glob("dcp-*"):
                 shutil.rmtree(p, ignore_errors=True)
             return time.perf_counter() - started
 
-        first_window, first_held = window(dcp_save)
-        dcp_wait()
-        extra, held = [], []
-        for pair in range(args.pairs):
-            without, _ = window()
-            with_save, h = window(dcp_save)
-            waited = dcp_wait()
-            extra.append(with_save - without)
-            held.append(h)
-            base_windows.append(without)
-            log(f"dcp async_save: pair {pair + 1}/{args.pairs}: window {without:.4f} s, with a save {with_save:.4f} s "
-                f"(+{with_save - without:.4f} s; call held {h:.4f} s; write waited {waited:.1f} s more)")
-        results["dcp_async_save"] = {"added_s_per_save": statistics.mean(extra), "added_s": extra,
-                                     "save_call_s": statistics.mean(held), "first_save_call_s": first_held}
-        dist.destroy_process_group()
+        try:
+            first_window, first_held = window(dcp_save)
+            dcp_wait()
+            extra, held = [], []
+            for pair in range(args.pairs):
+                without, _ = window()
+                with_save, h = window(dcp_save)
+                waited = dcp_wait()
+                extra.append(with_save - without)
+                held.append(h)
+                base_windows.append(without)
+                log(f"dcp async_save: pair {pair + 1}/{args.pairs}: window {without:.4f} s, with a save "
+                    f"{with_save:.4f} s (+{with_save - without:.4f} s; call held {h:.4f} s; write waited {waited:.1f} s more)")
+            return {"added_s_per_save": statistics.mean(extra), "added_s": extra,
+                    "save_call_s": statistics.mean(held), "first_save_call_s": first_held,
+                    "first_window_s": first_window}
+        finally:
+            dist.destroy_process_group()
 
-    step_s = statistics.mean(base_windows) / args.window
-    goals = {
-        "device_added_s_max": GOAL_DEVICE_X_D2D * d2d_s,
-        "device_within_4x_d2d": results["device"]["added_s_per_save"] <= GOAL_DEVICE_X_D2D * d2d_s,
-        "pinned_added_s_max": d2h_s,
-        "pinned_within_d2h": results["pinned"]["added_s_per_save"] <= d2h_s,
-    }
-    if "dcp_async_save" in results:
-        goals["dcp_over_device_ratio"] = (results["dcp_async_save"]["added_s_per_save"]
-                                          / max(results["device"]["added_s_per_save"], 1e-9))
-    log(f"step {step_s * 1000:.1f} ms; added per save: pinned {results['pinned']['added_s_per_save']:.4f} s "
-        f"(goal <= d2h {d2h_s:.4f} s), device {results['device']['added_s_per_save']:.4f} s "
-        f"(goal <= 4 x d2d = {GOAL_DEVICE_X_D2D * d2d_s:.4f} s)"
-        + (f", DCP async_save {results['dcp_async_save']['added_s_per_save']:.4f} s "
-           f"(call held {results['dcp_async_save']['save_call_s']:.4f} s)" if "dcp_async_save" in results else ""))
+    methods = [("pinned", lambda: measure_ours("pinned")), ("device", lambda: measure_ours("device"))]
+    if not args.skip_dcp:
+        methods.append(("dcp_async_save", measure_dcp))
+    for name, measure in methods:
+        try:
+            results[name] = measure()
+        except Exception as err:  # one method failing must not lose the others' figures
+            log(f"{name}: failed: {err!r}")
+            results[name] = {"error": repr(err)}
+            torch.cuda.empty_cache()
+
+    step_s = statistics.mean(base_windows) / args.window if base_windows else None
+    added = {name: r.get("added_s_per_save") for name, r in results.items()}
+    goals = {"device_added_s_max": GOAL_DEVICE_X_D2D * d2d_s, "pinned_added_s_max": d2h_s,
+             "device_within_4x_d2d": added.get("device") is not None and added["device"] <= GOAL_DEVICE_X_D2D * d2d_s,
+             "pinned_within_d2h": added.get("pinned") is not None and added["pinned"] <= d2h_s}
+    if added.get("dcp_async_save") is not None and added.get("device") is not None:
+        goals["dcp_over_device_ratio"] = added["dcp_async_save"] / max(added["device"], 1e-9)
+    log(f"step {step_s * 1000 if step_s else float('nan'):.1f} ms; added per save (s): "
+        + ", ".join(f"{name} {value:.4f}" if value is not None else f"{name} failed" for name, value in added.items())
+        + f"; goals: device <= 4 x d2d = {GOAL_DEVICE_X_D2D * d2d_s:.4f} s, pinned <= d2h = {d2h_s:.4f} s")
     if args.dir is None:
         shutil.rmtree(scratch, ignore_errors=True)
     log(json.dumps({"cuda": True, "device": torch.cuda.get_device_name(device), "torch_version": torch.__version__,
