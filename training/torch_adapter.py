@@ -180,7 +180,8 @@ class TorchAdapter(StateAdapter):
         every_seconds: distributed jobs only: rank 0's clock asks for a save this often (seconds),
             agreed by all ranks; None: off. (Single process: the driver's own schedule does it.)
 
-    Raises ValueError on a bad ``snapshot_mode`` or an ``extra`` object without state_dict.
+    Raises ValueError on a bad ``snapshot_mode``, an ``extra`` object without state_dict, or
+    ``$WORLD_SIZE`` > 1 (a ``torchrun`` launch) before ``torch.distributed`` is initialised.
     """
 
     framework = "pytorch"
@@ -211,6 +212,11 @@ class TorchAdapter(StateAdapter):
         self.snapshot_mode = snapshot_mode
         self.mode: str | None = None if snapshot_mode == "auto" else snapshot_mode
         self.distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+        launched = os.environ.get("WORLD_SIZE", "1")
+        if not self.distributed and launched.isdigit() and int(launched) > 1:
+            # Every rank would write the same directory as if it were alone.
+            raise ValueError(f"WORLD_SIZE={launched} (a torchrun launch) but torch.distributed is not initialised; "
+                             "call torch.distributed.init_process_group() before building the checkpointer")
         self.rank = torch.distributed.get_rank() if self.distributed else 0
         self.world_size = torch.distributed.get_world_size() if self.distributed else 1
         self.is_writer = self.rank == 0

@@ -209,3 +209,9 @@ def test_a_loader_that_runs_out_is_named_clearly(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="ran out of batches at step 2 of total_steps=5.*batch_sampler"):
         for _ in ckpt.steps(5, torch.utils.data.DataLoader(dataset, batch_size=4)):
             pass
+
+
+def test_a_torchrun_launch_without_a_process_group_is_refused(monkeypatch) -> None:
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(ValueError, match="WORLD_SIZE=2.*init_process_group"):
+        TorchAdapter(torch.nn.Linear(1, 1))
