@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import json
 import logging
 import os
 import sys
@@ -232,6 +233,11 @@ def train(argv=None) -> int:
         writer = csv.writer(log_file)
         if new:
             writer.writerow(LOG_FIELDS)
+        # docs/contracts.md: progress.json tells the node agent (and `spot-train status`) the total.
+        progress = log_path.with_name("progress.json")
+        tmp = progress.with_name(".progress.json.tmp")
+        tmp.write_text(json.dumps({"steps_total": total_steps}))
+        os.replace(tmp, progress)
     train_model.train()
     try:
         for step, (x, y) in ckpt.steps(total_steps, loader):  # resumable
