@@ -3,8 +3,9 @@
 ``training.store`` (atomic, verified keep-N checkpoints) and ``training.notice`` (SIGTERM /
 SIGUSR1 / request file, save cadence) are framework-neutral and stdlib only; they are re-exported
 here. The framework adapters import their framework, so import them explicitly:
-``from training.keras_adapter import ...`` (TensorFlow/Keras) or ``from training.mxnet_adapter
-import ...`` (MXNet Gluon). Never import both in one process: MXNet 1.9.1 segfaults after TensorFlow.
+``from training.keras_adapter import ...`` (TensorFlow/Keras), ``from training.mxnet_adapter
+import ...`` (MXNet Gluon) or ``from training.torch_adapter import ...`` (PyTorch, in ``.venv-torch``).
+Never import two frameworks in one process: MXNet 1.9.1 segfaults after TensorFlow.
 No boto3 or AWS import anywhere in this package (design.md, "Layers").
 """
 

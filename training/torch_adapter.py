@@ -180,7 +180,8 @@ class TorchAdapter(StateAdapter):
         every_seconds: distributed jobs only: rank 0's clock asks for a save this often (seconds),
             agreed by all ranks; None: off. (Single process: the driver's own schedule does it.)
 
-    Raises ValueError on a bad ``snapshot_mode`` or an ``extra`` object without state_dict.
+    Raises ValueError on a bad ``snapshot_mode``, an ``extra`` object without state_dict, or
+    ``$WORLD_SIZE`` > 1 (a ``torchrun`` launch) before ``torch.distributed`` is initialised.
     """
 
     framework = "pytorch"
@@ -211,6 +212,11 @@ class TorchAdapter(StateAdapter):
         self.snapshot_mode = snapshot_mode
         self.mode: str | None = None if snapshot_mode == "auto" else snapshot_mode
         self.distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+        launched = os.environ.get("WORLD_SIZE", "1")
+        if not self.distributed and launched.isdigit() and int(launched) > 1:
+            # Every rank would write the same directory as if it were alone.
+            raise ValueError(f"WORLD_SIZE={launched} (a torchrun launch) but torch.distributed is not initialised; "
+                             "call torch.distributed.init_process_group() before building the checkpointer")
         self.rank = torch.distributed.get_rank() if self.distributed else 0
         self.world_size = torch.distributed.get_world_size() if self.distributed else 1
         self.is_writer = self.rank == 0
@@ -234,9 +240,13 @@ class TorchAdapter(StateAdapter):
 
     # ------------------------------------------------------------------ capture
     def _rng_state(self) -> dict[str, torch.Tensor]:
+        """torch's CPU generator and the CUDA generators: every device in a single process (e.g.
+        DataParallel), the rank's current device in a distributed job (reading another device's
+        generator would create a CUDA context there)."""
         state = {"cpu": torch.get_rng_state()}
         if torch.cuda.is_available() and torch.cuda.is_initialized():
-            for i in range(torch.cuda.device_count()):
+            devices = [torch.cuda.current_device()] if self.distributed else range(torch.cuda.device_count())
+            for i in devices:
                 state[f"cuda{i}"] = torch.cuda.get_rng_state(i)
         return state
 
@@ -598,7 +608,31 @@ class TorchCheckpointer:
                 state = torch.get_rng_state()
                 it = iter(loader)
                 torch.set_rng_state(state)
-            yield step, next(it)
+            try:
+                batch = next(it)
+            except StopIteration:
+                raise ValueError(
+                    f"the loader ran out of batches at step {step} of total_steps={total_steps}; give the "
+                    "DataLoader batch_sampler=ckpt.batch_sampler(...) (endless, derived from the step)") from None
+            yield step, batch
+
+    # For loops that cannot be written as ``for ... in ckpt.steps(...)`` (as CheckpointDriver):
+    def install(self) -> "TorchCheckpointer":
+        """Install the notice handlers (SIGTERM, SIGUSR1); main thread only."""
+        self.driver.install()
+        return self
+
+    def restore(self) -> int:
+        """Restore the newest valid checkpoint; return the completed steps (0: none)."""
+        return self.driver.restore()
+
+    def after_step(self) -> bool:
+        """Count a completed step; save if due or requested; on a stop request save and SystemExit(0)."""
+        return self.driver.after_step()
+
+    def finish(self) -> Checkpoint | None:
+        """Final checkpoint (waited for), then ``COMPLETED``."""
+        return self.driver.finish()
 
     def save(self, *, wait: bool = False) -> Checkpoint | None:
         """Checkpoint now (between steps); see :meth:`CheckpointDriver.save`."""

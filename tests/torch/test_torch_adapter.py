@@ -186,3 +186,32 @@ def test_starting_the_loader_does_not_draw_from_torchs_generator(tmp_path: Path)
     torch.manual_seed(7)
     for _step, _batch in ckpt.steps(1, loader):
         assert torch.equal(torch.rand(3), expected)
+
+
+def test_gpu_benchmark_without_a_gpu_says_so_and_exits_0() -> None:
+    import subprocess
+    import sys
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a CUDA device: the benchmark would run for minutes")
+    repo = Path(__file__).resolve().parents[2]
+    proc = subprocess.run([sys.executable, str(repo / "bench" / "bench_checkpoint_gpu.py"), "--params", "1e6",
+                           "--width", "256"], capture_output=True, text=True, timeout=120, cwd=repo)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.strip().splitlines()
+    assert "no CUDA device found" in lines[0]
+    assert json.loads(lines[-1])["cuda"] is False
+
+
+def test_a_loader_that_runs_out_is_named_clearly(tmp_path: Path) -> None:
+    dataset = torch.utils.data.TensorDataset(torch.arange(8.0)[:, None])
+    ckpt = TorchCheckpointer(torch.nn.Linear(1, 1), checkpoint_dir=tmp_path, every_steps=None, notices=_quiet())
+    with pytest.raises(ValueError, match="ran out of batches at step 2 of total_steps=5.*batch_sampler"):
+        for _ in ckpt.steps(5, torch.utils.data.DataLoader(dataset, batch_size=4)):
+            pass
+
+
+def test_a_torchrun_launch_without_a_process_group_is_refused(monkeypatch) -> None:
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(ValueError, match="WORLD_SIZE=2.*init_process_group"):
+        TorchAdapter(torch.nn.Linear(1, 1))

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import signal
+import time
 
 import pytest
 from torch_jobs import SAVE_EVERY, TOTAL_STEPS, Job, assert_bitwise_equal, load_state
@@ -77,6 +79,28 @@ def test_corrupt_newest_checkpoint_falls_back_to_the_previous_one(job, reference
     assert_bitwise_equal(load_state(job.final_weights), reference_state)
 
 
+def test_sigterm_while_torch_is_imported_exits_0_without_a_step(job):
+    """The example installs its SIGTERM handler before ``import torch`` (seconds): a notice in that
+    window ends the job with exit 0 before any step instead of -15."""
+    proc = job.start()
+    deadline = time.monotonic() + 60
+    while not _catches_sigterm(proc.pid):
+        assert proc.poll() is None and time.monotonic() < deadline, job.stderr_text(proc)
+        time.sleep(0.002)
+    os.kill(proc.pid, signal.SIGTERM)
+    assert proc.wait(timeout=120) == 0, job.stderr_text(proc)
+    assert "stop requested before the first step" in job.stderr_text(proc)
+    assert job.logged_steps() == []
+    assert CheckpointStore(job.checkpoint_dir, framework="pytorch").latest() is None
+
+
+def _catches_sigterm(pid: int) -> bool:
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("SigCgt:"):
+            return bool(int(line.split()[1], 16) & (1 << (signal.SIGTERM - 1)))
+    return False
+
+
 @pytest.mark.slow
 def test_compiled_and_plain_models_restore_each_others_checkpoints(job, reference_state):
     """torch.compile'd (``_orig_mod.`` keys inside) -> plain -> compiled: one key space, bitwise result."""
@@ -108,8 +132,10 @@ def test_torture_sigkill_during_checkpoint_writes(job, reference_state):
         if any(p.name.startswith(TMP_PREFIX) for p in job.checkpoint_dir.iterdir()):
             killed_mid_write += 1
         latest = CheckpointStore(job.checkpoint_dir, framework="pytorch").latest()
-        assert latest is not None and latest.step >= expected, f"seed {seed}, kill {attempt}"
-        expected = latest.step
+        # A kill before the first write committed leaves none (a fresh start); never one older than before.
+        latest_step = latest.step if latest is not None else 0
+        assert latest_step >= expected and (latest is not None or expected == 0), f"seed {seed}, kill {attempt}"
+        expected = latest_step
         if expected >= TOTAL_STEPS:
             break
     assert killed_mid_write >= 3, f"seed {seed}: only {killed_mid_write} of {kills} kills landed during a write"
@@ -134,6 +160,8 @@ def test_ddp_sigterm_to_one_rank_saves_once_on_both_at_the_same_step(tmp_path, d
         os.kill(workers[-1], signal.SIGTERM)  # the higher pid: rank 1 in practice; either rank must do
         assert proc.wait(timeout=120) == 0, job.stderr_text()
         stopped = job.logged_steps()[-1]
+        # Both ranks stopped after the same step (one agreed save; rank 1 got the signal, rank 0 did not).
+        assert re.findall(r"checkpoint at step (\d+) written", job.stderr_text(proc)) == [str(stopped)] * 2
         store = CheckpointStore(job.checkpoint_dir, framework="pytorch")
         assert store.latest().step == stopped
         assert store.latest().metadata["world_size"] == 2

@@ -63,10 +63,8 @@ class Job:
             return [str(TORCHRUN), "--standalone", f"--nproc-per-node={self.nproc}", str(EXAMPLE), *args]
         return [sys.executable, str(EXAMPLE), *args]
 
-    def start(self, *more: str, user: str | None = None) -> subprocess.Popen:
+    def start(self, *more: str) -> subprocess.Popen:
         cmd = self.command(*more)
-        if user is not None:
-            cmd = ["setpriv", f"--reuid={user}", f"--regid={user}", "--clear-groups", *cmd]
         with open(self.root / f"stderr-{time.monotonic_ns()}.log", "wb") as stderr:
             proc = subprocess.Popen(cmd, env=self.env(), cwd=REPO, stdout=subprocess.DEVNULL, stderr=stderr,
                                     start_new_session=True)
@@ -81,8 +79,8 @@ class Job:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
 
-    def run(self, *more: str, timeout: float = 180, user: str | None = None) -> int:
-        proc = self.start(*more, user=user)
+    def run(self, *more: str, timeout: float = 180) -> int:
+        proc = self.start(*more)
         try:
             return proc.wait(timeout=timeout)
         finally:

@@ -179,3 +179,26 @@ def test_renamed_option_warns_and_maps() -> None:
     assert "every_steps" in str(caught[0].message) and caught[0].category is DeprecationWarning
     with pytest.raises(TypeError, match="not both"):
         renamed_option({"save_every_steps": 7}, "save_every_steps", "every_steps", 9, owner="X", unset=50)
+
+
+def test_before_save_runs_on_every_rank_and_only_the_writer_snapshots(tmp_path: Path) -> None:
+    """A distributed job's non-writing ranks still meet the adapter before each save (where a
+    PyTorch job gathers every rank's generator states to rank 0), once per saved step."""
+
+    class Rank(VectorAdapter):
+        def __init__(self, writer: bool) -> None:
+            super().__init__()
+            self.is_writer = writer
+            self.before = 0
+
+        def before_save(self) -> None:
+            self.before += 1
+
+    for writer in (True, False):
+        adapter = Rank(writer)
+        driver = CheckpointDriver(adapter, checkpoint_dir=tmp_path / str(writer), every_steps=2, background=False,
+                                  notices=NoticeHandler(request_file=None, stop_signals=(), checkpoint_signals=()))
+        for step in driver.steps(5):
+            train(adapter, step)
+        assert adapter.before == 3  # steps 2, 4 and the final 5
+        assert adapter.snapshots == (3 if writer else 0)

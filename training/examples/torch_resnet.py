@@ -23,7 +23,9 @@ The change from a plain PyTorch script is the lines marked ``# resumable`` (4 li
 
 Determinism: with the same ``--seed`` an interrupted and resumed run ends with a state bitwise
 equal to an uninterrupted one on CPU: ``torch.use_deterministic_algorithms(True)`` and
-``--threads`` (default 1) intra-op threads fix the kernels and the summation order.
+``--threads`` (default 1) intra-op threads fix the kernels and the summation order. On CUDA the
+script also sets ``CUBLAS_WORKSPACE_CONFIG=:4096:8`` and asks for deterministic kernels with
+warnings only (``warn_only``), so a kernel without a deterministic version warns instead of failing.
 
 Distributed: under ``torchrun`` (``WORLD_SIZE`` > 1) the script joins a process group (gloo on
 CPU, NCCL on CUDA), wraps the model in DistributedDataParallel, and each rank trains on its shard
@@ -34,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import json
 import logging
 import os
 import sys
@@ -72,9 +75,14 @@ def build_model(*, channels: int = 16, blocks: int = 2, classes: int = 10, dropo
         def forward(self, x):
             return nn.functional.relu(self.body(x) + x)
 
+    class GlobalAvgPool(nn.Module):
+        # x.mean over H, W: deterministic on CUDA too (AdaptiveAvgPool2d's CUDA backward is not).
+        def forward(self, x):
+            return x.mean((2, 3))
+
     layers = [nn.Conv2d(1, channels, 3, padding=1, bias=False), nn.BatchNorm2d(channels), nn.ReLU()]
     layers += [ResidualBlock(channels) for _ in range(blocks)]
-    layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Dropout(dropout)]
+    layers += [GlobalAvgPool(), nn.Dropout(dropout)]
     if width:
         layers += [nn.Linear(channels, width), nn.ReLU(), nn.Linear(width, classes)]
     else:
@@ -169,6 +177,9 @@ def train(argv=None) -> int:
     from training.notice import NoticeHandler
 
     notices = NoticeHandler().install()
+    # cuBLAS is deterministic only with a fixed workspace, set before CUDA starts (PyTorch's
+    # "Reproducibility" notes); harmless on CPU.
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     import torch
     from torch import nn
     from torch.utils.data import DataLoader, TensorDataset
@@ -176,8 +187,10 @@ def train(argv=None) -> int:
     from training.torch_adapter import TorchCheckpointer  # resumable
 
     torch.set_num_threads(args.threads)
-    torch.use_deterministic_algorithms(True)
     use_cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
+    # CPU: an error for any nondeterministic kernel. CUDA: a warning, so that a kernel without a
+    # deterministic implementation in some CUDA build cannot stop a training job.
+    torch.use_deterministic_algorithms(True, warn_only=use_cuda)
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     if world_size > 1:
         torch.distributed.init_process_group("nccl" if use_cuda else "gloo")
@@ -220,6 +233,11 @@ def train(argv=None) -> int:
         writer = csv.writer(log_file)
         if new:
             writer.writerow(LOG_FIELDS)
+        # docs/contracts.md: progress.json tells the node agent (and `spot-train status`) the total.
+        progress = log_path.with_name("progress.json")
+        tmp = progress.with_name(".progress.json.tmp")
+        tmp.write_text(json.dumps({"steps_total": total_steps}))
+        os.replace(tmp, progress)
     train_model.train()
     try:
         for step, (x, y) in ckpt.steps(total_steps, loader):  # resumable
