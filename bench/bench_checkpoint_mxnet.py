@@ -115,7 +115,7 @@ def worker(args) -> int:
     x = x.reshape(len(x), -1)
     net, trainer = build(mx, gluon)
     step = make_step(mx, autograd, gluon, net, trainer, x, y)
-    ckpt = GluonCheckpointer(net, trainer, directory=args.checkpoint_dir, every_steps=SAVE_EVERY,
+    ckpt = GluonCheckpointer(net, trainer, checkpoint_dir=args.checkpoint_dir, every_steps=SAVE_EVERY,
                              background=True, notices=NoticeHandler(request_file=None))
     print("ready", flush=True)
     for index in ckpt.steps(10**9):
@@ -202,7 +202,7 @@ def main() -> int:
         checkpointers, seconds, cpu_seconds, blocking = {}, {}, {}, {}
         index = 20
         for mode in ("background", "sync"):
-            ck = GluonCheckpointer(net, trainer, directory=scratch / mode, every_steps=SAVE_EVERY,
+            ck = GluonCheckpointer(net, trainer, checkpoint_dir=scratch / mode, every_steps=SAVE_EVERY,
                                    background=(mode == "background"), notices=quiet_notices())
             ck.schedule = WindowSchedule(every_steps=SAVE_EVERY)
             checkpointers[mode] = ck
@@ -245,7 +245,7 @@ def main() -> int:
         restore_times = []
         for _ in range(3):
             fresh_net, fresh_trainer = build(mx, gluon)
-            ck = GluonCheckpointer(fresh_net, fresh_trainer, directory=scratch / "writes", notices=quiet_notices())
+            ck = GluonCheckpointer(fresh_net, fresh_trainer, checkpoint_dir=scratch / "writes", notices=quiet_notices())
             started = time.perf_counter()
             ck.restore()
             restore_times.append(time.perf_counter() - started)

@@ -218,6 +218,12 @@ class StateAdapter:
         :meth:`snapshot` runs on the writer: a distributed job gathers per-rank state (e.g. each
         rank's random-number generator states) to the writer here. Default: nothing."""
 
+    def at_step(self, step: int) -> None:
+        """Called before the step that follows ``step`` completed steps runs: after :meth:`restore`
+        and after every :meth:`CheckpointDriver.after_step` that does not stop. For a generator
+        whose state cannot be read back (MXNet's), re-seed it here from ``(seed, step)`` so the
+        draws of every step are the same in an interrupted and an uninterrupted run."""
+
     def agree(self, stop: bool, checkpoint: bool) -> tuple[bool, bool]:
         """Distributed jobs: combine every rank's stop and checkpoint requests (logical OR) so all
         ranks save and stop at the same step. Called after every step; single process: identity."""
@@ -383,6 +389,7 @@ class CheckpointDriver:
         self.last_saved_step = ckpt.step if ckpt is not None else None
         if ckpt is not None:
             self.log.info("restored %s: step %d, epoch %d", ckpt.path, ckpt.step, ckpt.epoch)
+        self.adapter.at_step(self.step)
         return self.step
 
     # ------------------------------------------------------------------ save
@@ -469,14 +476,16 @@ class CheckpointDriver:
         self.notices.install()
         return self
 
-    def after_step(self, *, exit_on_stop: bool = True) -> bool:
+    def after_step(self, *, exit_on_stop: bool = True, count: bool = True) -> bool:
         """Count one completed step, then save if due, requested, or a stop was requested.
 
         On a stop request the checkpoint is written and waited for, every rank meets at
         :meth:`StateAdapter.barrier`, then ``SystemExit(0)`` is raised (``exit_on_stop=True``, the
-        default) or True returned. Returns False otherwise.
+        default) or True returned. Returns False otherwise. ``count=False``: the caller already
+        advanced :attr:`step` (Keras counts in its first callback and saves in its last).
         """
-        self.step += 1
+        if count:
+            self.step += 1
         stop, requested = self.adapter.agree(self.notices.stop_requested, self.notices.consume_checkpoint_request())
         if stop:
             self.save(wait=True)
@@ -491,6 +500,7 @@ class CheckpointDriver:
             if requested:
                 self.log.info("checkpoint requested at step %d", self.step)
             self.save()
+        self.adapter.at_step(self.step)
         return False
 
     def finish(self) -> Checkpoint | None:

@@ -49,23 +49,17 @@ import logging
 import os
 import pickle
 import threading
-import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from training.datasets import batch_indices, default_checkpoint_dir, steps_per_epoch
-from training.notice import NoticeHandler, SaveSchedule
-from training.store import (
-    BackgroundSaver,
-    Checkpoint,
-    CheckpointError,
-    CheckpointStore,
-    ShapeMismatchError,
-)
+from training.core import DEFAULT, DEFAULT_KEEP, CheckpointDriver, StateAdapter, renamed_option
+from training.datasets import batch_indices, steps_per_epoch
+from training.notice import NoticeHandler
+from training.store import Checkpoint, CheckpointError, ShapeMismatchError
 
-__all__ = ["GluonCheckpointer", "GluonState", "PARAMS_FILE", "TRAINER_FILE", "capture_state", "check_shapes",
+__all__ = ["GluonAdapter", "GluonCheckpointer", "GluonState", "rng_seed_for", "PARAMS_FILE", "TRAINER_FILE", "capture_state", "check_shapes",
            "load_state", "remap_trainer_states", "StatesPickler", "sync_distributed_parameters", "trainer_order",
            # re-exported so that a training script needs one import line (docs/training-mxnet.md)
            "batch_indices", "steps_per_epoch"]
@@ -407,251 +401,135 @@ def load_state(net, trainer, path: Path, *, saved_order: list[str] | None = None
     if not isinstance(params, dict):
         raise CheckpointError(f"{path / PARAMS_FILE} holds a list of arrays, not named parameters")
     check_shapes(net, params, path=path)
-    _updater(trainer)  # fails clearly before any change when update_on_kvstore=True
+    if trainer._update_on_kvstore or trainer._kvstore_params.get("update_on_kvstore"):
+        _updater(trainer)  # raises its clear ValueError before any change
     current_order = trainer_order(net, trainer)
     if saved_order is not None:
         _check_same_parameters(saved_order, current_order, path=path)
-    for name, param in _named_parameters(net).items():
+    named = _named_parameters(net)
+    for name, param in named.items():
+        if param._data is None and param._deferred_init:
+            # Deferred initialization (nn.Dense(64) without in_units): the shapes are only known
+            # after a forward pass, and Trainer._init_kvstore() refuses such parameters
+            # (DeferredInitializationError). The checkpoint knows them: finish the initialization
+            # with its shape (MXNet 1.9.1 has no public call for that; Parameter._finish_deferred_init
+            # is what the first forward pass runs), then the value is overwritten below.
+            param.shape = params[name].shape
+            param._finish_deferred_init()
+    _updater(trainer)
+    for name, param in named.items():
         param.set_data(params[name])
     trainer.load_states(str(path / TRAINER_FILE))
     if saved_order is not None:
         remap_trainer_states(trainer, saved_order, current_order, path=path)
 
 
-class GluonCheckpointer:
-    """Checkpoint, resume and interruption handling for a Gluon ``net`` trained with ``trainer``.
+def rng_seed_for(seed: int, step: int) -> int:
+    """The MXNet seed of the step that follows ``step`` completed steps: a 31-bit integer derived
+    from ``(seed, step)`` with numpy's ``SeedSequence`` (well mixed: neighbouring steps get
+    unrelated seeds)."""
+    return int(np.random.SeedSequence([seed, step]).generate_state(1)[0] >> 1)
 
-    Args:
-        net: the ``gluon.Block``; its parameters must be initialized before the first save.
-        trainer: a ``gluon.Trainer`` with ``update_on_kvstore=False`` (the default on one device).
-        directory: checkpoint directory (default ``$SPOT_TRAINING_CHECKPOINT_DIR`` or
-            ``/dltraining/checkpoints``). CheckpointPathError if it is a file.
-        every_steps: save when the completed step count is a multiple of it (default 50; None: off).
-        every_seconds: also save when this many seconds passed since the last save (default None).
-        background: copy to host memory and write on a background thread (default True); False
-            writes synchronously inside :meth:`after_step`.
-        keep: checkpoints kept, >= 2 (default 3).
-        steps_per_epoch: used to record the epoch of each checkpoint (default None: epoch 0).
-        notices: a :class:`~training.notice.NoticeHandler` (default: a new one for SIGTERM,
-            SIGUSR1 and ``$SPOT_TRAINING_CHECKPOINT_REQUEST_FILE``), installed by :meth:`steps`
-            or :meth:`install`.
-        metadata: optional callable returning a JSON-serialisable dict stored in each manifest.
-        logger: default ``logging.getLogger("training.mxnet")``.
 
-    Attributes:
-        step: completed optimizer steps (the data position); set by :meth:`restore`.
-        restored: the checkpoint restored from, or None.
+class GluonAdapter(StateAdapter):
+    """The Gluon :class:`~training.core.StateAdapter`: parameters (BatchNorm statistics included),
+    trainer states and optimizer (update counts, schedule) to host memory and back.
+
+    MXNet's generator (Dropout masks, ``mx.nd.random.*``, initializers) has no state that can be
+    read back: MXNet 1.9.1 offers ``mx.random.seed`` only. So instead of capturing it, the adapter
+    re-seeds it before every step with :func:`rng_seed_for` ``(seed, step)`` (``seed`` None: off).
+    The draws of step ``s`` are then a function of ``(seed, s)`` alone, in an uninterrupted run and
+    in one resumed at any step, which is what makes a run with Dropout resume bitwise. Re-seeding
+    at save boundaries only would not do: a stop can come at any step.
     """
 
-    def __init__(
-        self,
-        net,
-        trainer,
-        *,
-        directory: str | os.PathLike | None = None,
-        every_steps: int | None = 50,
-        every_seconds: float | None = None,
-        background: bool = True,
-        keep: int = 3,
-        steps_per_epoch: int | None = None,
-        notices: NoticeHandler | None = None,
-        metadata: Callable[[], dict] | None = None,
-        logger: logging.Logger | None = None,
-    ) -> None:
-        if steps_per_epoch is not None and (
-            isinstance(steps_per_epoch, bool) or not isinstance(steps_per_epoch, int) or steps_per_epoch < 1
-        ):
-            raise ValueError(
-                f"steps_per_epoch must be an integer >= 1 or None. Received: steps_per_epoch={steps_per_epoch!r}"
-            )
-        if not isinstance(background, bool):
-            raise ValueError(f"background must be True or False. Received: background={background!r}")
+    framework = FRAMEWORK
+    adapter = "gluon"
+    adapter_format = ADAPTER_FORMAT
+
+    def __init__(self, net, trainer, *, seed: int | None = 0, is_writer: bool = True) -> None:
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
+            raise ValueError(f"seed must be an integer >= 0 or None (no re-seeding). Received: seed={seed!r}")
         self.net = net
         self.trainer = trainer
-        self.log = logger or logging.getLogger("training.mxnet")
-        self.store = CheckpointStore(
-            directory if directory is not None else default_checkpoint_dir(),
-            framework=FRAMEWORK,
-            framework_version=_mxnet_version(),
-            keep=keep,
-            logger=self.log,
-        )
-        self.schedule = SaveSchedule(every_steps=every_steps, every_seconds=every_seconds)
-        self.background = background
-        self.saver = BackgroundSaver(self.store) if background else None
-        self.steps_per_epoch = steps_per_epoch
-        self.notices = notices if notices is not None else NoticeHandler()
-        self.metadata = metadata
-        self._trainer_order = trainer_order(net, trainer)
-        self.step = 0
-        self.restored: Checkpoint | None = None
-        self.last_saved_step: int | None = None
-        self._host_buffers: list[GluonState | None] = [None, None]  # reused by save(); freed by close()
+        self.seed = seed
+        self.is_writer = is_writer
+        self.log = logging.getLogger("training.mxnet")
+        self.trainer_params = trainer_order(net, trainer)
+        # Two sets of host arrays used in turn (allocated at the first two saves, freed by release()).
+        self.host_buffers: list[GluonState | None] = [None, None]
         self._next_buffer = 0
-        self.save_seconds: list[float] = []  # time the training thread spent per save (copy or full write)
 
-    # ------------------------------------------------------------------ state
-    @property
-    def directory(self) -> Path:
-        """The checkpoint directory."""
-        return self.store.directory
+    def framework_version(self) -> str:
+        return _mxnet_version()
 
-    def epoch_of(self, step: int) -> int:
-        """Epoch (0-based) that the step after ``step`` completed steps belongs to."""
-        return step // self.steps_per_epoch if self.steps_per_epoch else 0
+    def metadata(self) -> dict:
+        return {"trainer_params": self.trainer_params}
 
-    def restore(self) -> int:
-        """Load the newest valid checkpoint into the net and trainer; return the completed steps (0 if none).
-
-        Torn or corrupt newer checkpoints are skipped with a warning (the store's fallback). With a
-        ``dist_*`` kvstore, then broadcasts rank 0's parameters and waits for them
-        (:func:`sync_distributed_parameters`), so call it on every worker.
-
-        Raises:
-            FrameworkMismatchError: the newest checkpoint was written by TensorFlow.
-            CheckpointError: it was written by another MXNet tool or adapter format.
-            ShapeMismatchError: its parameters do not match the model (message names path,
-                parameter and both shapes). Nothing is changed or deleted on either error.
-        """
-        def read(c: Checkpoint) -> None:
-            fmt = c.metadata.get("adapter_format")
-            if c.metadata.get("adapter") != "gluon" or fmt != ADAPTER_FORMAT:
-                raise CheckpointError(
-                    f"checkpoint {str(c.path)!r} was not written by this Gluon adapter (metadata adapter="
-                    f"{c.metadata.get('adapter')!r}, adapter_format={fmt!r}; expected 'gluon', {ADAPTER_FORMAT}); "
-                    "use another checkpoint directory"
-                )
-            load_state(self.net, self.trainer, c.path, saved_order=c.metadata.get("trainer_params"))
-
-        ckpt = self.store.restore(read)
-        # Every worker of a distributed job calls restore() at the same point before training: the
-        # place to broadcast the parameters so that MXNet's first step cannot race its own pull.
-        sync_distributed_parameters(self.trainer, logger=self.log)
-        self.restored = ckpt
-        self.step = ckpt.step if ckpt is not None else 0
-        self.last_saved_step = ckpt.step if ckpt is not None else None
-        if ckpt is not None:
-            self.log.info("restored %s: step %d, epoch %d", ckpt.path, ckpt.step, ckpt.epoch)
-        return self.step
-
-    def manifest_metadata(self) -> dict:
-        """The metadata stored in each manifest: adapter, format, steps_per_epoch, trainer_params, user."""
-        meta: dict[str, Any] = {"adapter": "gluon", "adapter_format": ADAPTER_FORMAT,
-                                "steps_per_epoch": self.steps_per_epoch,
-                                "trainer_params": self._trainer_order}
-        if self.metadata is not None:
-            meta["user"] = self.metadata()
-        return meta
-
-    def save(self, *, wait: bool = False) -> Checkpoint | None:
-        """Checkpoint the current state at :attr:`step` (call between steps).
-
-        Background mode copies to host memory and queues the write (returns None unless ``wait``,
-        then the committed checkpoint); synchronous mode writes and returns the checkpoint.
-        A step already saved is not written again.
-        """
-        started = time.perf_counter()
-        if self.last_saved_step == self.step:
-            return self.saver.wait() if (wait and self.saver) else None
-        # Two sets of host arrays used in turn: the set captured two saves ago is free, because the
-        # BackgroundSaver runs one write at a time and submit() waits for the previous one.
+    def snapshot(self, directory: Path):
         slot = self._next_buffer
-        state = capture_state(self.net, self.trainer, out=self._host_buffers[slot])
-        self._host_buffers[slot], self._next_buffer = state, 1 - slot
-        step, epoch = self.step, self.epoch_of(self.step)
-        if self.saver is not None:
-            self.saver.submit(state.write, step=step, epoch=epoch, metadata=self.manifest_metadata())
-            ckpt = self.saver.wait() if wait else None
-        else:
-            ckpt = self.store.save(state.write, step=step, epoch=epoch, metadata=self.manifest_metadata())
-        self.last_saved_step = step
-        self.schedule.saved()
-        self.save_seconds.append(time.perf_counter() - started)
-        return ckpt
+        state = capture_state(self.net, self.trainer, out=self.host_buffers[slot])
+        self.host_buffers[slot], self._next_buffer = state, 1 - slot
+        return lambda: state.write(directory)
 
-    # ------------------------------------------------------------------ loop
-    def install(self) -> "GluonCheckpointer":
-        """Install the notice handlers (SIGTERM, SIGUSR1); must run on the main thread."""
-        self.notices.install()
-        return self
+    def load(self, ckpt: Checkpoint) -> None:
+        load_state(self.net, self.trainer, ckpt.path, saved_order=ckpt.metadata.get("trainer_params"))
 
-    def after_step(self, *, exit_on_stop: bool = True) -> bool:
-        """Count one completed step, then save if due, requested, or a stop was requested.
+    def after_restore(self, ckpt: Checkpoint | None) -> None:
+        # Every worker of a distributed job restores at the same point before training: the place
+        # to broadcast the parameters so that MXNet's first step cannot race its own pull.
+        sync_distributed_parameters(self.trainer, logger=self.log)
 
-        On a stop request (SIGTERM) the checkpoint is written and waited for, then
-        ``SystemExit(0)`` is raised (exit_on_stop=True, the default) or True is returned.
-        Returns False otherwise.
-        """
-        self.step += 1
-        if self.notices.stop_requested:
-            self.save(wait=True)
-            self.log.info("stop requested (signal %s): checkpoint at step %d written, exiting 0",
-                          self.notices.stop_signal, self.step)
-            self.close()
-            if exit_on_stop:
-                raise SystemExit(0)
-            return True
-        requested = self.notices.consume_checkpoint_request()
-        if requested or self.schedule.due(self.step):
-            if requested:
-                self.log.info("checkpoint requested at step %d", self.step)
-            self.save()
-        return False
+    def at_step(self, step: int) -> None:
+        if self.seed is not None:
+            import mxnet as mx
 
-    def finish(self) -> Checkpoint:
-        """Write the final checkpoint (waited for), then ``COMPLETED``; returns the checkpoint."""
-        ckpt = self.save(wait=True) if self.saver is not None else (self.save() or self.store.latest())
-        if ckpt is None or ckpt.step != self.step:
-            ckpt = self.store.latest()
-        if ckpt is None or ckpt.step != self.step:
-            raise CheckpointError(
-                f"final checkpoint at step {self.step} is not in {str(self.directory)!r}; not writing COMPLETED"
-            )
-        self.store.mark_complete(step=self.step, epoch=self.epoch_of(self.step))
-        self.log.info("training complete at step %d; wrote %s", self.step, self.directory / "COMPLETED")
-        return ckpt
+            mx.random.seed(rng_seed_for(self.seed, step))
 
-    def close(self) -> None:
-        """Wait for a pending background write, stop the writer thread and uninstall the handlers."""
-        try:
-            if self.saver is not None:
-                self.saver.close()
-        finally:
-            self._host_buffers = [None, None]
-            self.notices.uninstall()
+    def release(self) -> None:
+        self.host_buffers = [None, None]
 
-    def steps(self, total_steps: int) -> Iterator[int]:
-        """Yield the 0-based global step indices from the restored step up to ``total_steps - 1``.
 
-        Installs the notice handlers, restores, and after each yielded step calls
-        :meth:`after_step` (saves on cadence/request; on SIGTERM saves and raises SystemExit(0)).
-        After the last step calls :meth:`finish` and :meth:`close`. If ``COMPLETED`` already
-        exists with a checkpoint at ``total_steps`` nothing is yielded.
+class GluonCheckpointer(CheckpointDriver):
+    """Checkpoint, resume and interruption handling for a Gluon ``net`` trained with ``trainer``:
+    :class:`~training.core.CheckpointDriver` with a :class:`GluonAdapter`.
 
-        Raises:
-            ValueError: ``total_steps`` is not a positive integer.
-        """
-        if isinstance(total_steps, bool) or not isinstance(total_steps, int) or total_steps < 1:
-            raise ValueError(f"total_steps must be an integer >= 1. Received: total_steps={total_steps!r}")
-        self.install()
-        try:
-            start = self.restore()
-            if start > total_steps:
-                raise ValueError(
-                    f"checkpoint {str(self.restored.path)!r} is at step {start}, past total_steps={total_steps}; "
-                    "raise total_steps or use another checkpoint directory"
-                )
-            if self.notices.stop_requested:
-                # Stopped before any step ran: the restored checkpoint (or the untrained start)
-                # is already the state, so there is nothing new to save.
-                self.log.info("stop requested before the first step; exiting 0 at step %d", self.step)
-                raise SystemExit(0)
-            for step in range(start, total_steps):
-                yield step
-                self.after_step()
-            self.finish()
-        finally:
-            self.close()
+    Args:
+        net: the ``gluon.Block``. Deferred initialization (``nn.Dense(64)`` without ``in_units``) is
+            fine: a restore initializes those parameters with the checkpoint's shapes.
+        trainer: a ``gluon.Trainer`` with ``update_on_kvstore=False`` (the default on one device).
+        seed: MXNet's generator is re-seeded before every step from ``(seed, step)`` (default 0;
+            None: never, then Dropout and ``mx.nd.random`` do not resume bitwise). See
+            :class:`GluonAdapter`.
+        checkpoint_dir, every_steps, every_seconds, background, keep, steps_per_epoch, notices,
+            metadata, logger: as :class:`~training.core.CheckpointDriver` (every_steps default
+            ``$SPOT_TRAINING_CHECKPOINT_EVERY_STEPS`` or 50). Deprecated: ``directory`` (use
+            ``checkpoint_dir``), ``notice`` (``notices``).
+
+    Raises CheckpointPathError (naming the path) when the directory is a file or not writable.
+    Attributes as the driver's (``step``, ``restored``, ``store``, ``notices``, ``schedule``...).
+    """
+
+    def __init__(self, net, trainer, *, checkpoint_dir: str | os.PathLike | None = None,
+                 every_steps: int | None = DEFAULT, every_seconds: float | None = DEFAULT,
+                 background: bool = True, keep: int = DEFAULT_KEEP, steps_per_epoch: int | None = None,
+                 notices: NoticeHandler | None = None, metadata: Callable[[], dict] | None = None,
+                 seed: int | None = 0, logger: logging.Logger | None = None, **deprecated: Any) -> None:
+        checkpoint_dir = renamed_option(deprecated, "directory", "checkpoint_dir", checkpoint_dir,
+                                        owner="GluonCheckpointer", unset=None)
+        notices = renamed_option(deprecated, "notice", "notices", notices, owner="GluonCheckpointer", unset=None)
+        if deprecated:
+            raise TypeError(f"GluonCheckpointer got unexpected keyword arguments {sorted(deprecated)}")
+        self.net = net
+        self.trainer = trainer
+        super().__init__(GluonAdapter(net, trainer, seed=seed), checkpoint_dir=checkpoint_dir,
+                         every_steps=every_steps, every_seconds=every_seconds, background=background, keep=keep,
+                         steps_per_epoch=steps_per_epoch, notices=notices, metadata=metadata,
+                         logger=logger or logging.getLogger("training.mxnet"))
+
+    @property
+    def _host_buffers(self) -> list:
+        return self.adapter.host_buffers
 
 
 def state_bytes(net, trainer) -> int:

@@ -81,7 +81,7 @@ def main(argv=None) -> int:
     trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": args.learning_rate, "momentum": 0.9},
                             kvstore=kv, update_on_kvstore=False)
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
-    ckpt = GluonCheckpointer(net, trainer, directory=args.checkpoint_dir, every_steps=args.save_every_steps or None,
+    ckpt = GluonCheckpointer(net, trainer, checkpoint_dir=args.checkpoint_dir, every_steps=args.save_every_steps or None,
                              background=False, steps_per_epoch=max(1, n // batch))
     ckpt.install()
     start = ckpt.restore()

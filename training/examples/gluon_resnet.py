@@ -162,9 +162,9 @@ def main(argv=None) -> int:
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
 
     ckpt = GluonCheckpointer(
-        net, trainer, directory=args.checkpoint_dir, every_steps=args.save_every_steps or None,
+        net, trainer, checkpoint_dir=args.checkpoint_dir, every_steps=args.save_every_steps or None,
         every_seconds=args.save_every_seconds, background=not args.sync, keep=args.keep,
-        steps_per_epoch=spe,
+        steps_per_epoch=spe, seed=args.seed,
     )
     log = CsvLog((args.log_dir or default_log_dir()) / LOG_NAME)
     try:
