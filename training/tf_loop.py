@@ -35,26 +35,20 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import tensorflow as tf
 
-from training.datasets import default_checkpoint_dir
-from training.notice import NoticeHandler, SaveSchedule
-from training.store import (
-    BackgroundSaver,
-    Checkpoint,
-    CheckpointError,
-    CheckpointStore,
-    ShapeMismatchError,
-)
+from training.core import DEFAULT, DEFAULT_KEEP, CheckpointDriver, StateAdapter, renamed_option
+from training.notice import NoticeHandler
+from training.store import Checkpoint, CheckpointError, ShapeMismatchError
 
-__all__ = ["TFCheckpointer"]
+__all__ = ["TFAdapter", "TFCheckpointer"]
 
 PREFIX = "tf_ckpt"  # files: tf_ckpt.index, tf_ckpt.data-00000-of-00001
-ADAPTER_FORMAT = 1
+#: 2: adds ``tf_rng`` (the global tf.random.Generator); 1 (without it) is still read.
+ADAPTER_FORMAT = 2
 
 
 _KERAS_ASYNC_FIXED = False
@@ -94,81 +88,68 @@ def _seed_generator_states(model) -> list:
     return [v for v in getattr(model, "variables", []) if str(getattr(v, "path", "")).endswith("seed_generator_state")]
 
 
-class TFCheckpointer:
-    """Checkpoint, resume and notice handling for a custom TensorFlow loop.
+class TFAdapter(StateAdapter):
+    """The ``tf.train.Checkpoint`` :class:`~training.core.StateAdapter`.
 
-    trackables: the objects to checkpoint, by name (``model=``, ``optimizer=``, a
-    ``tf.data`` iterator, any ``tf.Variable``); names ``step`` and ``keras_rng`` are reserved.
-    Build everything before :meth:`restore` (call the model once, ``optimizer.build(model.trainable_variables)``:
-    Keras 3 creates slots lazily and a restore into missing slots is deferred, not checked).
-    directory: default ``$SPOT_TRAINING_CHECKPOINT_DIR`` or ``/dltraining/checkpoints``
-    (CheckpointPathError if it is a file). every_steps: default 50 (None: off). every_seconds:
-    default None. background: TensorFlow's async checkpoint + a committing thread (default True).
-    keep: >= 2 (default 3). steps_per_epoch: to record epochs (default None: epoch 0).
-    notices: a NoticeHandler (default: SIGTERM, SIGUSR1, ``$SPOT_TRAINING_CHECKPOINT_REQUEST_FILE``).
-
-    Attributes: ``step`` (completed steps, Python int), ``step_variable`` (the int64 tf.Variable in
-    the checkpoint), ``checkpoint`` (the ``tf.train.Checkpoint``), ``restored``.
+    :meth:`snapshot` writes with TensorFlow's async checkpoint (``background``: the variables are
+    copied to host memory now, on the training thread, and written on TensorFlow's thread) and
+    returns ``checkpoint.sync`` as the write function the driver's writer thread waits on; without
+    ``background`` it writes synchronously. Format 2 adds ``tf_rng`` (TensorFlow's global
+    ``tf.random.Generator``); format 1 checkpoints (without it) are still read.
     """
 
-    def __init__(
-        self,
-        *,
-        directory: str | os.PathLike | None = None,
-        every_steps: int | None = 50,
-        every_seconds: float | None = None,
-        background: bool = True,
-        keep: int = 3,
-        steps_per_epoch: int | None = None,
-        notices: NoticeHandler | None = None,
-        logger: logging.Logger | None = None,
-        **trackables: Any,
-    ) -> None:
-        for reserved in ("step", "keras_rng"):
-            if reserved in trackables:
-                raise ValueError(f"{reserved!r} is reserved by TFCheckpointer; pass your object under another name")
-        if not trackables:
-            raise ValueError("TFCheckpointer needs something to checkpoint, e.g. TFCheckpointer(model=m, optimizer=o)")
-        if steps_per_epoch is not None and (isinstance(steps_per_epoch, bool) or not isinstance(steps_per_epoch, int)
-                                            or steps_per_epoch < 1):
-            raise ValueError(f"steps_per_epoch must be an integer >= 1 or None. Received: steps_per_epoch={steps_per_epoch!r}")
-        if not isinstance(background, bool):
-            raise ValueError(f"background must be True or False. Received: background={background!r}")
-        self.log = logger or logging.getLogger("training.tf_loop")
-        self.store = CheckpointStore(
-            directory if directory is not None else default_checkpoint_dir(),
-            framework="tensorflow", framework_version=f"tensorflow {tf.__version__}", keep=keep, logger=self.log,
-        )
+    framework = "tensorflow"
+    adapter = "tf.train.Checkpoint"
+    adapter_format = ADAPTER_FORMAT
+    accepted_formats = (1, ADAPTER_FORMAT)
+
+    def __init__(self, trackables: dict, *, background: bool, step: Callable[[], int]) -> None:
         self.step_variable = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
         rng = [v for obj in trackables.values() for v in _seed_generator_states(obj)]
-        self.checkpoint = tf.train.Checkpoint(step=self.step_variable, keras_rng=rng, **trackables)
-        self.schedule = SaveSchedule(every_steps=every_steps, every_seconds=every_seconds)
+        # The global generator is created on first use (from a non-deterministic state unless the
+        # script set one: make_deterministic does); tracked here so that tf.random.get_global_generator()
+        # draws inside a step resume where they were.
+        try:
+            self.global_generator = tf.random.get_global_generator()
+        except RuntimeError:  # op determinism is on and no generator was set: nothing to draw from anyway
+            self.global_generator = None
+        extra = {} if self.global_generator is None else {"tf_rng": self.global_generator}
+        self.checkpoint = tf.train.Checkpoint(step=self.step_variable, keras_rng=rng, **extra, **trackables)
+        self._legacy = lambda: tf.train.Checkpoint(step=self.step_variable, keras_rng=rng, **trackables)
         self.background = background
         self.async_options = tf.train.CheckpointOptions(experimental_enable_async_checkpoint=True)
         if background:
             _fix_keras_async_copy()
-        self.saver = BackgroundSaver(self.store) if background else None
-        self.steps_per_epoch = steps_per_epoch
-        self.notices = notices if notices is not None else NoticeHandler()
-        self.step = 0
-        self.restored: Checkpoint | None = None
-        self.last_saved_step: int | None = None
-        self.save_seconds: list[float] = []  # training-thread time per save (host copy, or whole write)
+        self._step = step
 
-    @property
-    def directory(self) -> Path:
-        """The checkpoint directory."""
-        return self.store.directory
+    def framework_version(self) -> str:
+        return f"tensorflow {tf.__version__}"
 
-    def epoch_of(self, step: int) -> int:
-        """Epoch (0-based) that the step after ``step`` completed steps belongs to."""
-        return step // self.steps_per_epoch if self.steps_per_epoch else 0
+    def check_metadata(self, ckpt: Checkpoint) -> None:
+        meta = ckpt.metadata
+        if meta.get("adapter") != self.adapter or meta.get("adapter_format") not in self.accepted_formats:
+            raise CheckpointError(
+                f"checkpoint {str(ckpt.path)!r} was not written by the {self.adapter!r} adapter (metadata "
+                f"adapter={meta.get('adapter')!r}, adapter_format={meta.get('adapter_format')!r}; expected "
+                f"{self.adapter!r}, one of {self.accepted_formats}); use another checkpoint directory")
 
-    # ------------------------------------------------------------------ restore / save
-    def _read(self, ckpt: Checkpoint) -> None:
+    def snapshot(self, directory: Path):
+        if self.global_generator is not None and tf.random.get_global_generator() is not self.global_generator:
+            raise CheckpointError("tf.random.set_global_generator() was called after TFCheckpointer was created: "
+                                  "the new global generator is not checkpointed; set it before creating TFCheckpointer")
+        self.step_variable.assign(self._step())
+        prefix = str(directory / PREFIX)
+        if self.background:
+            self.checkpoint.write(prefix, options=self.async_options)
+            return self.checkpoint.sync
+        self.checkpoint.write(prefix)
+        return None
+
+    def load(self, ckpt: Checkpoint) -> None:
+        checkpoint = self._legacy() if ckpt.metadata.get("adapter_format") == 1 else self.checkpoint
         prefix = str(ckpt.path / PREFIX)
         try:
-            status = self.checkpoint.read(prefix)
+            status = checkpoint.read(prefix)
             status.assert_existing_objects_matched()
         except (ValueError, tf.errors.InvalidArgumentError) as err:
             text = str(err)
@@ -181,115 +162,65 @@ class TFCheckpointer:
         except AssertionError as err:
             raise ShapeMismatchError(
                 f"checkpoint {str(ckpt.path)!r} does not match the objects given: {err}") from err
-
-    def restore(self) -> int:
-        """Load the newest valid checkpoint; return the completed steps (0 when there is none).
-
-        Raises FrameworkMismatchError (MXNet checkpoint), ShapeMismatchError (message names the
-        path, the variable and both shapes); nothing is changed on disk in either case.
-        """
-        ckpt = self.store.restore(self._read)
-        self.restored = ckpt
-        self.step = int(self.step_variable.numpy()) if ckpt is not None else 0
-        if ckpt is not None and self.step != ckpt.step:
+        held = int(self.step_variable.numpy())
+        if held != ckpt.step:
             raise CheckpointError(f"checkpoint {str(ckpt.path)!r}: manifest says step {ckpt.step}, "
-                                  f"the step variable holds {self.step}")
-        self.last_saved_step = ckpt.step if ckpt is not None else None
-        if ckpt is not None:
-            self.log.info("restored %s: step %d, epoch %d", ckpt.path, ckpt.step, ckpt.epoch)
-        return self.step
+                                  f"the step variable holds {held}")
 
-    def _metadata(self) -> dict:
-        return {"adapter": "tf.train.Checkpoint", "adapter_format": ADAPTER_FORMAT,
-                "steps_per_epoch": self.steps_per_epoch}
 
-    def save(self, *, wait: bool = False) -> Checkpoint | None:
-        """Checkpoint the current state at :attr:`step` (call between steps). Background mode:
-        TensorFlow copies to host memory now and writes on its thread; the store commits on ours
-        (returns None unless ``wait``). A step already saved is not written again."""
-        started = time.perf_counter()
-        if self.last_saved_step == self.step:
-            return self.saver.wait() if (wait and self.saver) else None
-        self.step_variable.assign(self.step)
-        step, epoch = self.step, self.epoch_of(self.step)
-        if self.saver is not None:
-            self.saver.wait()  # never two writes at once: the previous commit is done
-            tmp = self.store.begin(step)
-            try:
-                self.checkpoint.write(str(tmp / PREFIX), options=self.async_options)
-            except BaseException:
-                self.store.abort(tmp)
-                raise
-            self.saver.submit_prepared(tmp, self.checkpoint.sync, step=step, epoch=epoch, metadata=self._metadata())
-            ckpt = self.saver.wait() if wait else None
-        else:
-            # Synchronous mode, or after close(): a plain (blocking) write.
-            ckpt = self.store.save(lambda d: self.checkpoint.write(str(d / PREFIX)),
-                                   step=step, epoch=epoch, metadata=self._metadata())
-        self.last_saved_step = step
-        self.schedule.saved()
-        self.save_seconds.append(time.perf_counter() - started)
-        return ckpt
+class TFCheckpointer(CheckpointDriver):
+    """Checkpoint, resume and notice handling for a custom TensorFlow loop:
+    :class:`~training.core.CheckpointDriver` with a :class:`TFAdapter`.
 
-    # ------------------------------------------------------------------ loop
-    def install(self) -> "TFCheckpointer":
-        """Install the notice handlers (SIGTERM, SIGUSR1); must run on the main thread."""
-        self.notices.install()
-        return self
+    trackables: the objects to checkpoint, by name (``model=``, ``optimizer=``, a
+    ``tf.random.Generator``, a ``tf.data`` iterator, any ``tf.Variable``); names ``step``,
+    ``keras_rng`` and ``tf_rng`` are reserved. Build everything before :meth:`restore` (call the
+    model once, ``optimizer.build(model.trainable_variables)``: Keras 3 creates slots lazily and a
+    restore into missing slots is deferred, not checked).
+    Options as :class:`~training.core.CheckpointDriver`: checkpoint_dir (deprecated name
+    ``directory``), every_steps (default ``$SPOT_TRAINING_CHECKPOINT_EVERY_STEPS`` or 50),
+    every_seconds, background (TensorFlow's async checkpoint + the driver's committing thread,
+    default True), keep, steps_per_epoch, notices (deprecated ``notice``), metadata, logger.
+    Raises CheckpointPathError (naming the path) when the directory is a file or not writable.
 
-    def after_step(self, *, exit_on_stop: bool = True) -> bool:
-        """Count one completed step, then save if due, requested, or a stop was requested.
+    Random numbers inside the step: ``tf.random.get_global_generator()`` and any
+    ``tf.random.Generator`` passed as a trackable resume exactly; so do Keras layers' SeedGenerators.
+    Stateful ops (``tf.random.normal``, ``tf.nn.dropout`` with op seeds from ``tf.random.set_seed``)
+    keep their counter inside the op kernel, which no API reads or restores: they do not resume
+    (docs/training.md).
 
-        On a stop request the checkpoint is written and waited for, then SystemExit(0) is raised
-        (exit_on_stop=True, the default) or True returned. Returns False otherwise."""
-        self.step += 1
-        if self.notices.stop_requested:
-            self.save(wait=True)
-            self.log.info("stop requested: checkpoint at step %d written, exiting 0", self.step)
-            self.close()
-            if exit_on_stop:
-                raise SystemExit(0)
-            return True
-        requested = self.notices.consume_checkpoint_request()
-        if requested or self.schedule.due(self.step):
-            self.save()
-        return False
+    Attributes: ``step`` (completed steps, Python int), ``step_variable`` (the int64 tf.Variable in
+    the checkpoint), ``checkpoint`` (the ``tf.train.Checkpoint``), ``restored``.
+    """
 
-    def finish(self) -> Checkpoint:
-        """Write the final checkpoint (waited for), then ``COMPLETED``; return the checkpoint."""
-        ckpt = self.save(wait=True)
-        if ckpt is None or ckpt.step != self.step:
-            ckpt = self.store.latest()
-        if ckpt is None or ckpt.step != self.step:
-            raise CheckpointError(f"final checkpoint at step {self.step} is not in {str(self.directory)!r}; "
-                                  "not writing COMPLETED")
-        self.store.mark_complete(step=self.step, epoch=self.epoch_of(self.step))
-        return ckpt
-
-    def close(self) -> None:
-        """Wait for a pending write, stop the writer thread, uninstall the notice handlers."""
-        try:
-            if self.saver is not None:
-                self.saver.close()
-                self.saver = None
-        finally:
-            self.notices.uninstall()
-
-    def steps(self, total_steps: int) -> Iterator[int]:
-        """Yield the 0-based global step indices from the restored step up to ``total_steps - 1``,
-        calling :meth:`after_step` after each; then :meth:`finish` and :meth:`close`. A directory
-        that is already COMPLETED at ``total_steps`` yields nothing."""
-        if isinstance(total_steps, bool) or not isinstance(total_steps, int) or total_steps < 1:
-            raise ValueError(f"total_steps must be an integer >= 1. Received: total_steps={total_steps!r}")
-        self.install()
-        try:
-            self.restore()
-            if self.step > total_steps:
-                raise ValueError(f"checkpoint in {str(self.directory)!r} is at step {self.step}, beyond "
-                                 f"total_steps={total_steps}")
-            while self.step < total_steps:
-                yield self.step
-                self.after_step()
-            self.finish()
-        finally:
-            self.close()
+    def __init__(
+        self,
+        *,
+        checkpoint_dir: str | os.PathLike | None = None,
+        every_steps: int | None = DEFAULT,
+        every_seconds: float | None = DEFAULT,
+        background: bool = True,
+        keep: int = DEFAULT_KEEP,
+        steps_per_epoch: int | None = None,
+        notices: NoticeHandler | None = None,
+        metadata: Callable[[], dict] | None = None,
+        logger: logging.Logger | None = None,
+        **trackables: Any,
+    ) -> None:
+        checkpoint_dir = renamed_option(trackables, "directory", "checkpoint_dir", checkpoint_dir,
+                                        owner="TFCheckpointer", unset=None)
+        notices = renamed_option(trackables, "notice", "notices", notices, owner="TFCheckpointer", unset=None)
+        for reserved in ("step", "keras_rng", "tf_rng"):
+            if reserved in trackables:
+                raise ValueError(f"{reserved!r} is reserved by TFCheckpointer; pass your object under another name")
+        if not trackables:
+            raise ValueError("TFCheckpointer needs something to checkpoint, e.g. TFCheckpointer(model=m, optimizer=o)")
+        if not isinstance(background, bool):
+            raise ValueError(f"background must be True or False. Received: background={background!r}")
+        adapter = TFAdapter(trackables, background=background, step=lambda: self.step)
+        super().__init__(adapter, checkpoint_dir=checkpoint_dir, every_steps=every_steps,
+                         every_seconds=every_seconds, background=background, keep=keep,
+                         steps_per_epoch=steps_per_epoch, notices=notices, metadata=metadata,
+                         logger=logger or logging.getLogger("training.tf_loop"))
+        self.step_variable = adapter.step_variable
+        self.checkpoint = adapter.checkpoint

@@ -83,7 +83,7 @@ def main(argv=None) -> int:
             return loss
         return strategy.run(replica_fn, args=(x, y))
 
-    ckpt = TFCheckpointer(model=model, optimizer=optimizer, directory=args.checkpoint_dir, every_steps=None,
+    ckpt = TFCheckpointer(model=model, optimizer=optimizer, checkpoint_dir=args.checkpoint_dir, every_steps=None,
                           background=False, steps_per_epoch=max(1, n // batch))
     ckpt.install()
     step = ckpt.restore()
