@@ -12,11 +12,15 @@ from enum import IntEnum
 class ExitCode(IntEnum):
     """Process exit status of ``python3 -m bootstrap``.
 
-    ``OK`` (0): done. ``TEMPFAIL`` (75, EX_TEMPFAIL): try again later (lease held by another node,
-    volume still detaching). ``CONFIG`` (78, EX_CONFIG): bad configuration; nothing was touched.
+    ``OK`` (0): done. ``CHECKPOINT_STORAGE`` (74, EX_IOERR): the trainer exited 74 because its
+    checkpoint storage is full or unusable; a restart would fail the same way, so systemd does not
+    restart (``RestartPreventExitStatus``). ``TEMPFAIL`` (75, EX_TEMPFAIL): try again later (lease
+    held by another node, volume still detaching). ``CONFIG`` (78, EX_CONFIG): bad configuration;
+    nothing was touched.
     """
 
     OK = 0
+    CHECKPOINT_STORAGE = 74
     TEMPFAIL = 75
     CONFIG = 78
 

@@ -11,7 +11,8 @@ The supervisor (docs/contracts.md, "Environment the agent gives the trainer" and
    process group of its own, with ``SPOT_TRAINING_DATA_DIR``, ``_CHECKPOINT_DIR``, ``_LOG_DIR`` and
    ``_CHECKPOINT_REQUEST_FILE`` in its environment;
 4. restarts it after a crash with bounded, jittered exponential backoff, giving up after
-   ``max_restarts`` consecutive crashes (:class:`TrainerFailedError`, exit 75);
+   ``max_restarts`` consecutive crashes (:class:`TrainerFailedError`, exit 75); never restarts a
+   trainer that exited 74, "checkpoint storage full or unusable" (:class:`CheckpointStorageError`, exit 74);
 5. returns :attr:`Outcome.COMPLETED` only when the trainer exited 0, the agent did not stop it, and
    ``<checkpoint_dir>/COMPLETED`` exists (a node that boots and finds COMPLETED returns it at once).
 
@@ -74,6 +75,18 @@ class TrainerFailedError(AgentError):
     """The trainer crashed more than ``max_restarts`` times in a row: exit 75."""
 
     exit_code = ExitCode.TEMPFAIL
+
+
+#: Trainer exit status meaning "checkpoint storage full or unusable" (docs/contracts.md): permanent.
+TRAINER_EXIT_CHECKPOINT_STORAGE = 74
+
+
+class CheckpointStorageError(AgentError):
+    """The trainer exited 74: its checkpoint storage is full or unusable (a save ran out of space,
+    or the directory is read-only). Restarting would fail the same way at the next save, so the
+    supervisor does not restart it. Exit 74."""
+
+    exit_code = ExitCode.CHECKPOINT_STORAGE
 
 
 class VolumeNotMountedError(AgentError):
@@ -314,6 +327,11 @@ class Supervisor:
             if status == 0 and self.completed():
                 log.info("training completed", extra={"run_s": round(ran_s, 1), "completed_file": str(self.completed_file)})
                 return Outcome.COMPLETED
+            if status == TRAINER_EXIT_CHECKPOINT_STORAGE:
+                raise CheckpointStorageError(
+                    f"the trainer exited {status}: its checkpoint storage {str(self.training.checkpoint_dir)!r} is "
+                    "full or unusable (its log names the path, the bytes needed and free); not restarting it, since "
+                    "every restart would fail the same way; free space or fix the directory, then start the agent again")
             crashes = 1 if ran_s >= self.stable_after_s else crashes + 1
             why = "exited 0 without writing COMPLETED" if status == 0 else f"exited with status {status}"
             if crashes > self.max_restarts:

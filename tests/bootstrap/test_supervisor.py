@@ -17,8 +17,8 @@ import pytest
 
 from bootstrap.config import parse_config
 from bootstrap.errors import ConfigError, ExitCode
-from bootstrap.supervisor import (CHECKPOINT_REQUEST_FILE, Outcome, Supervisor, TrainerFailedError,
-                                  VolumeNotMountedError)
+from bootstrap.supervisor import (CHECKPOINT_REQUEST_FILE, CheckpointStorageError, Outcome, Supervisor,
+                                  TrainerFailedError, VolumeNotMountedError)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -48,6 +48,8 @@ if mode == "crash-once" and not (ckpt / "crashed-once").exists():
     sys.exit(4)
 if mode == "exit0":
     sys.exit(0)
+if mode == "storage-full":
+    sys.exit(74)
 if mode == "ignore-sigterm":
     import signal
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -148,6 +150,16 @@ def test_a_single_crash_is_restarted_and_training_resumes(tmp_path):
     assert sup.run() is Outcome.COMPLETED
     assert [e[0] for e in events(tmp_path)] == ["start", "start", "completed"]
     assert sup.restarts == 1
+
+
+def test_trainer_exit_74_checkpoint_storage_is_permanent_and_not_restarted(tmp_path):
+    # docs/contracts.md: 74 = checkpoint storage full or unusable; a restart would fail the same way.
+    sup = make_supervisor(tmp_path, env={"FAKE_MODE": "storage-full"}, max_restarts=5)
+    with pytest.raises(CheckpointStorageError, match="exited 74.*checkpoint storage") as info:
+        sup.run()
+    assert info.value.exit_code == ExitCode.CHECKPOINT_STORAGE == 74
+    assert str(tmp_path) in str(info.value)
+    assert [e[0] for e in events(tmp_path)] == ["start"] and sup.restarts == 0
 
 
 def test_exit_0_without_completed_is_not_completion(tmp_path):

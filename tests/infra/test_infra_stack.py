@@ -324,7 +324,7 @@ def test_user_data_fetches_the_asset_and_starts_the_agent_under_systemd(default_
     assert "python3 -m zipfile -e '/opt/spot-training/bootstrap.zip' /opt/spot-training/code" in text
     assert "ExecStart=/usr/bin/python3 -m bootstrap run --config /etc/spot-training/config.json" in text
     assert "WorkingDirectory=/opt/spot-training/code" in text
-    assert "Restart=on-failure" in text and "RestartPreventExitStatus=78" in text
+    assert "Restart=on-failure" in text and "RestartPreventExitStatus=78 74" in text
     # The agent waits up to 90 s for the trainer on stop; systemd must wait longer than that.
     assert "TimeoutStopSec=120" in text
     # The default AMI (Deep Learning Base AMI) ships no framework: it is installed before the agent starts.
