@@ -119,7 +119,7 @@ def worker(args) -> int:
     make_deterministic(SEED, intra_op_threads=args.threads)
     x, y = make_data()
     model = build_model(keras)
-    fitter = ResumableFit(model, args.checkpoint_dir, save_every_steps=SAVE_EVERY, background=True)
+    fitter = ResumableFit(model, args.checkpoint_dir, every_steps=SAVE_EVERY, background=True)
 
     class Progress(keras.callbacks.Callback):
         def on_train_batch_end(self, batch, logs=None):
@@ -250,15 +250,15 @@ def main() -> int:
             def on_train_batch_begin(self, batch, logs=None):
                 if self.steps % WINDOW == 0:
                     self.t0 = time.perf_counter()
-                    self.n0 = len(self.fitter.checkpointer.save_seconds) if self.fitter else 0
+                    self.n0 = len(self.fitter.driver.save_seconds) if self.fitter else 0
 
             def on_train_batch_end(self, batch, logs=None):
                 self.steps += 1
                 if self.steps % WINDOW:
                     return
                 if self.fitter is not None:
-                    self.fitter.checkpointer.wait()  # no-op for synchronous saves
-                    self.blocking.append(sum(self.fitter.checkpointer.save_seconds[self.n0:]))
+                    self.fitter.driver.wait()  # no-op for synchronous saves
+                    self.blocking.append(sum(self.fitter.driver.save_seconds[self.n0:]))
                 self.seconds.append(time.perf_counter() - self.t0)
                 if len(self.seconds) == windows_total:
                     self.model.stop_training = True
@@ -271,8 +271,8 @@ def main() -> int:
                 return (step - 1) % WINDOW == 0 and saving_window((step - 1) // WINDOW)
 
         def ours(mode: str) -> WindowClock:
-            fitter = ResumableFit(model, scratch / mode, save_every_steps=SAVE_EVERY,
-                                  background=(mode == "background"), notice=quiet_notice())
+            fitter = ResumableFit(model, scratch / mode, every_steps=SAVE_EVERY,
+                                  background=(mode == "background"), notices=quiet_notice())
             fitter.schedule = WindowSchedule(every_steps=SAVE_EVERY)
             clock = WindowClock(fitter)
             fitter.fit(x, y, batch_size=BATCH, epochs=epochs, callbacks=[clock], verbose=0)

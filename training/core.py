@@ -39,6 +39,7 @@ or None (off); the directory to ``$SPOT_TRAINING_CHECKPOINT_DIR`` or ``/dltraini
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import logging
@@ -63,6 +64,7 @@ from training.store import (
 )
 
 __all__ = [
+    "CHECKPOINT_STORAGE_EXIT_CODE",
     "CheckpointDriver",
     "CheckpointDiskFullError",
     "DEFAULT_EVERY_STEPS",
@@ -87,6 +89,9 @@ DEFAULT_KEEP = 3
 HOST_RNG_FILE = "host_rng.json"
 #: Marks "use the environment or the documented default" (None means "off" for the cadence).
 DEFAULT: Any = object()
+#: Exit status of a trainer whose checkpoint storage is full (docs/contracts.md): the node agent's
+#: supervisor does not restart it, since every restart would fail the same way at its next save.
+CHECKPOINT_STORAGE_EXIT_CODE = 74
 
 
 class CheckpointDiskFullError(CheckpointError, OSError):
@@ -393,7 +398,7 @@ class CheckpointDriver:
         return self.step
 
     # ------------------------------------------------------------------ save
-    def _disk_full(self, err: OSError, tmp: Path | None) -> CheckpointDiskFullError:
+    def _disk_full(self, err: OSError, tmp: Path | None, step: int | None = None) -> CheckpointDiskFullError:
         needed = _directory_bytes(tmp) if tmp is not None and tmp.exists() else None
         try:
             free = shutil.disk_usage(self.directory).free
@@ -401,7 +406,7 @@ class CheckpointDriver:
             free = None
         return CheckpointDiskFullError(
             errno.ENOSPC,
-            f"no space left writing a checkpoint at step {self.step} into {str(self.directory)!r}: "
+            f"no space left writing a checkpoint at step {self.step if step is None else step} into {str(self.directory)!r}: "
             f"{'%d bytes written before the device filled' % needed if needed is not None else 'size unknown'}, "
             f"{'%d bytes free' % free if free is not None else 'free space unknown'}; the previous checkpoints are "
             "intact; free space or give the checkpoint directory a larger volume")
@@ -452,7 +457,7 @@ class CheckpointDriver:
                     written[HOST_RNG_FILE] = write_file(tmp / HOST_RNG_FILE, [json.dumps(rng).encode()])
             except OSError as err:
                 if err.errno == errno.ENOSPC:
-                    raise self._disk_full(err, tmp) from err
+                    raise self._disk_full(err, tmp, step) from err
                 raise
             return written
 
@@ -557,9 +562,21 @@ class CheckpointDriver:
                 # already the state on disk, so there is nothing new to save.
                 self.log.info("stop requested before the first step; exiting 0 at step %d", self.step)
                 raise SystemExit(0)
-            for step in range(start, total_steps):
-                yield step
-                self.after_step()
-            self.finish()
+            with self.storage_exit():
+                for step in range(start, total_steps):
+                    yield step
+                    self.after_step()
+                self.finish()
         finally:
             self.close()
+
+    @contextlib.contextmanager
+    def storage_exit(self) -> Iterator[None]:
+        """Turn a :class:`CheckpointDiskFullError` into ``SystemExit(74)``
+        (:data:`CHECKPOINT_STORAGE_EXIT_CODE`) after logging its message (path, bytes needed and
+        free), so the node agent does not restart a trainer that would fail the same way."""
+        try:
+            yield
+        except CheckpointDiskFullError as err:
+            self.log.error("%s; exiting %d (checkpoint storage full)", err, CHECKPOINT_STORAGE_EXIT_CODE)
+            raise SystemExit(CHECKPOINT_STORAGE_EXIT_CODE) from err

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import threading
 import time
 from pathlib import Path
@@ -72,7 +73,21 @@ class NoticeHandler:
             self._previous[sig] = signal.signal(sig, self._on_stop)
         for sig in self.checkpoint_signals:
             self._previous[sig] = signal.signal(sig, self._on_checkpoint)
+        self._take_over_early_notice()
         return self
+
+    def _take_over_early_notice(self) -> None:
+        # A signal caught by training.early_notice before this handler existed (the script imported
+        # it on its first line) counts as if it had arrived here.
+        early = sys.modules.get("training.early_notice")
+        if early is None:
+            return
+        if early.stop_requested.is_set() and early.stop_signal in self.stop_signals:
+            self.stop_signal = early.stop_signal
+            self._stop.set()
+        if early.checkpoint_requested.is_set() and signal.SIGUSR1 in self.checkpoint_signals:
+            early.checkpoint_requested.clear()
+            self._checkpoint.set()
 
     def uninstall(self) -> None:
         """Restore the handlers that were there before :meth:`install`."""

@@ -117,9 +117,9 @@ def main(argv=None) -> int:
     model = build_model(channels=args.channels, blocks=args.blocks, dropout=args.dropout)
     model.compile(optimizer=keras.optimizers.Adam(args.learning_rate),
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
-    fitter = ResumableFit(model, args.checkpoint_dir, seed=args.seed, save_every_steps=args.save_every_steps or None,
-                          save_every_seconds=args.save_every_seconds, background=not args.sync, keep=args.keep,
-                          notice=notice)
+    fitter = ResumableFit(model, args.checkpoint_dir, seed=args.seed, every_steps=args.save_every_steps or None,
+                          every_seconds=args.save_every_seconds, background=not args.sync, keep=args.keep,
+                          notices=notice)
 
     log_path = (args.log_dir or default_log_dir()) / LOG_NAME
     log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -150,13 +150,10 @@ def main(argv=None) -> int:
         def on_train_end(self, logs=None):
             self.file.close()
 
+    # On SIGTERM fit() writes the checkpoint and exits 0 (SystemExit): nothing below runs then.
     result = fitter.fit(x_train, y_train, batch_size=args.batch_size, epochs=args.epochs,
                         callbacks=[StepLog()], verbose=0)
     notice.uninstall()
-    if result.stopped:
-        logging.info("stopped by notice at step %d of %d; checkpoint written, exiting 0",
-                     result.step, result.total_steps)
-        return 0
     _loss, accuracy = model.evaluate(x_test, y_test, verbose=0)
     logging.info("done: %d steps, test accuracy %.4f", result.step, accuracy)
     if args.save_final_weights:
