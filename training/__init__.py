@@ -2,7 +2,9 @@
 
 ``training.store`` (atomic, verified keep-N checkpoints) and ``training.notice`` (SIGTERM /
 SIGUSR1 / request file, save cadence) are framework-neutral and stdlib only; they are re-exported
-here. The framework adapters import their framework, so import them explicitly:
+here. ``training.core`` is the framework-neutral checkpoint driver every front-end runs on;
+``import training.early_notice`` as a script's first line catches a SIGTERM during slow imports.
+The framework adapters import their framework, so import them explicitly:
 ``from training.keras_adapter import ...`` (TensorFlow/Keras), ``from training.mxnet_adapter
 import ...`` (MXNet Gluon) or ``from training.torch_adapter import ...`` (PyTorch, in ``.venv-torch``).
 Never import two frameworks in one process: MXNet 1.9.1 segfaults after TensorFlow.

@@ -424,6 +424,15 @@ def load_state(net, trainer, path: Path, *, saved_order: list[str] | None = None
         remap_trainer_states(trainer, saved_order, current_order, path=path)
 
 
+def _has_dropout(net) -> bool:
+    """True when ``net`` (a Gluon Block) contains a ``gluon.nn.Dropout`` block at any depth."""
+    from mxnet.gluon import nn
+
+    found: list = []
+    net.apply(lambda block: found.append(block) if isinstance(block, nn.Dropout) else None)
+    return bool(found)
+
+
 def rng_seed_for(seed: int, step: int) -> int:
     """The MXNet seed of the step that follows ``step`` completed steps: a 31-bit integer derived
     from ``(seed, step)`` with numpy's ``SeedSequence`` (well mixed: neighbouring steps get
@@ -437,19 +446,24 @@ class GluonAdapter(StateAdapter):
 
     MXNet's generator (Dropout masks, ``mx.nd.random.*``, initializers) has no state that can be
     read back: MXNet 1.9.1 offers ``mx.random.seed`` only. So instead of capturing it, the adapter
-    re-seeds it before every step with :func:`rng_seed_for` ``(seed, step)`` (``seed`` None: off).
-    The draws of step ``s`` are then a function of ``(seed, s)`` alone, in an uninterrupted run and
-    in one resumed at any step, which is what makes a run with Dropout resume bitwise. Re-seeding
-    at save boundaries only would not do: a stop can come at any step.
+    re-seeds it before every step with :func:`rng_seed_for` ``(seed, step)``. The draws of step
+    ``s`` are then a function of ``(seed, s)`` alone, in an uninterrupted run and in one resumed at
+    any step, which is what makes a run with Dropout resume bitwise. Re-seeding at save boundaries
+    only would not do: a stop can come at any step. A re-seed costs CPU time (MXNet seeds every
+    parallel generator state of the device; docs/training-mxnet.md), so ``seed="auto"`` (the
+    default) re-seeds from seed 0 only when ``net`` contains a ``gluon.nn.Dropout`` block; an
+    integer always re-seeds (give one when the step draws from ``mx.nd.random`` itself); None never.
     """
 
     framework = FRAMEWORK
     adapter = "gluon"
     adapter_format = ADAPTER_FORMAT
 
-    def __init__(self, net, trainer, *, seed: int | None = 0, is_writer: bool = True) -> None:
+    def __init__(self, net, trainer, *, seed: int | str | None = "auto", is_writer: bool = True) -> None:
+        if seed == "auto":
+            seed = 0 if _has_dropout(net) else None
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
-            raise ValueError(f"seed must be an integer >= 0 or None (no re-seeding). Received: seed={seed!r}")
+            raise ValueError(f"seed must be an integer >= 0, 'auto' or None (no re-seeding). Received: seed={seed!r}")
         self.net = net
         self.trainer = trainer
         self.seed = seed
@@ -498,8 +512,9 @@ class GluonCheckpointer(CheckpointDriver):
         net: the ``gluon.Block``. Deferred initialization (``nn.Dense(64)`` without ``in_units``) is
             fine: a restore initializes those parameters with the checkpoint's shapes.
         trainer: a ``gluon.Trainer`` with ``update_on_kvstore=False`` (the default on one device).
-        seed: MXNet's generator is re-seeded before every step from ``(seed, step)`` (default 0;
-            None: never, then Dropout and ``mx.nd.random`` do not resume bitwise). See
+        seed: MXNet's generator is re-seeded before every step from ``(seed, step)``: ``"auto"``
+            (default) from seed 0 when ``net`` has a Dropout block, else never; an integer: always;
+            None: never (then Dropout and ``mx.nd.random`` do not resume bitwise). See
             :class:`GluonAdapter`.
         checkpoint_dir, every_steps, every_seconds, background, keep, steps_per_epoch, notices,
             metadata, logger: as :class:`~training.core.CheckpointDriver` (every_steps default
@@ -514,7 +529,7 @@ class GluonCheckpointer(CheckpointDriver):
                  every_steps: int | None = DEFAULT, every_seconds: float | None = DEFAULT,
                  background: bool = True, keep: int = DEFAULT_KEEP, steps_per_epoch: int | None = None,
                  notices: NoticeHandler | None = None, metadata: Callable[[], dict] | None = None,
-                 seed: int | None = 0, logger: logging.Logger | None = None, **deprecated: Any) -> None:
+                 seed: int | str | None = "auto", logger: logging.Logger | None = None, **deprecated: Any) -> None:
         checkpoint_dir = renamed_option(deprecated, "directory", "checkpoint_dir", checkpoint_dir,
                                         owner="GluonCheckpointer", unset=None)
         notices = renamed_option(deprecated, "notice", "notices", notices, owner="GluonCheckpointer", unset=None)

@@ -105,6 +105,19 @@ def test_uninterrupted_dropout_runs_differ_with_another_rng_seed(tmp_path):
     assert any(a[k].tobytes() != b[k].tobytes() for k in a)
 
 
+def test_reseeding_is_automatic_only_for_nets_with_dropout(tmp_path):
+    quiet = dict(notices=NoticeHandler(request_file=None, stop_signals=(), checkpoint_signals=()))
+    plain = GluonCheckpointer(*build(0, deferred=False, dropout=False), checkpoint_dir=tmp_path / "a", **quiet)
+    dropout = GluonCheckpointer(*build(0, deferred=False, dropout=True), checkpoint_dir=tmp_path / "b", **quiet)
+    forced = GluonCheckpointer(*build(0, deferred=False, dropout=False), checkpoint_dir=tmp_path / "c", seed=3,
+                               **quiet)
+    assert (plain.adapter.seed, dropout.adapter.seed, forced.adapter.seed) == (None, 0, 3)
+    with pytest.raises(ValueError, match="seed=-1"):
+        GluonCheckpointer(*build(0, deferred=False, dropout=False), checkpoint_dir=tmp_path / "d", seed=-1, **quiet)
+    for ck in (plain, dropout, forced):
+        ck.close()
+
+
 def test_old_option_names_warn_and_still_work(tmp_path):
     net, trainer = build(0, deferred=False, dropout=False)
     with warnings.catch_warnings(record=True) as caught:

@@ -164,7 +164,7 @@ def main(argv=None) -> int:
     ckpt = GluonCheckpointer(
         net, trainer, checkpoint_dir=args.checkpoint_dir, every_steps=args.save_every_steps or None,
         every_seconds=args.save_every_seconds, background=not args.sync, keep=args.keep,
-        steps_per_epoch=spe, seed=args.seed,
+        steps_per_epoch=spe,
     )
     log = CsvLog((args.log_dir or default_log_dir()) / LOG_NAME)
     try:
