@@ -1,15 +1,19 @@
 """Resumable ``model.fit`` for Keras 3 on TensorFlow: exact mid-epoch resume, notices, background saves.
 
-A plain Keras script becomes resumable with two changed lines (docs/training.md)::
+A plain Keras script becomes resumable with three added lines and one changed (docs/training.md)::
 
-    from training.keras_adapter import ResumableFit                                  # + 1
-    ResumableFit(model, seed=0).fit(x, y, batch_size=32, epochs=10, callbacks=[...])  # was model.fit(...)
+    import training.early_notice                                          # + 1, first line
+    from training.keras_adapter import ResumableFit, make_deterministic  # + 1
+    make_deterministic(0)                                                 # + 1, before building the model
+    ResumableFit(model).fit(x, y, batch_size=32, epochs=10, callbacks=[...])  # was model.fit(...)
 
-``fit`` restores the newest valid checkpoint from ``$SPOT_TRAINING_CHECKPOINT_DIR`` (weights, optimizer
-slots and iteration counter, random-generator states, the step counter), feeds the batches that an
-uninterrupted run would have fed from that step on, saves every ``save_every_steps`` steps (default
-50) and on request (SIGUSR1 or the request file), and on SIGTERM finishes the current step, writes a
-final checkpoint and returns ``FitResult(stopped=True)`` so the script exits 0. After the last step it
+``fit`` runs on :class:`training.core.CheckpointDriver` with a :class:`KerasAdapter`: it restores
+the newest valid checkpoint from ``$SPOT_TRAINING_CHECKPOINT_DIR`` (weights, optimizer slots and
+iteration counter, random-generator states, stateful callbacks, the step counter), feeds the
+batches that an uninterrupted run would have fed from that step on (numpy arrays or a
+``tf.data.Dataset``), saves every ``every_steps`` steps (default 50) and on request (SIGUSR1 or the
+request file), and on SIGTERM finishes the current step, writes a final checkpoint and exits 0
+(``SystemExit``; ``exit_on_stop=False`` returns ``FitResult(stopped=True)``). After the last step it
 writes the final checkpoint and ``COMPLETED`` (docs/contracts.md).
 
 Why not ``keras.callbacks.BackupAndRestore`` (Keras 3.15, read in keras/src/callbacks/backup_and_restore.py):
