@@ -297,9 +297,15 @@ class CheckpointDriver:
             ``metadata["user"]``.
         logger: default ``logging.getLogger("training.core")``.
 
+    Class attribute ``storage_exit_code``: when set (the Keras, TF-loop and Gluon front-ends set
+    :data:`CHECKPOINT_STORAGE_EXIT_CODE`, 74), :meth:`steps` turns a CheckpointDiskFullError into
+    ``SystemExit`` with that status (:meth:`storage_exit`); None (the default) lets it propagate.
+
     Attributes: ``step`` (completed steps: the data position), ``restored`` (the checkpoint restored
     from, or None), ``last_saved_step``, ``save_seconds`` (training-thread seconds per save).
     """
+
+    storage_exit_code: int | None = None
 
     def __init__(
         self,
@@ -572,11 +578,14 @@ class CheckpointDriver:
 
     @contextlib.contextmanager
     def storage_exit(self) -> Iterator[None]:
-        """Turn a :class:`CheckpointDiskFullError` into ``SystemExit(74)``
-        (:data:`CHECKPOINT_STORAGE_EXIT_CODE`) after logging its message (path, bytes needed and
-        free), so the node agent does not restart a trainer that would fail the same way."""
+        """Turn a :class:`CheckpointDiskFullError` into ``SystemExit(storage_exit_code)`` (74,
+        :data:`CHECKPOINT_STORAGE_EXIT_CODE`, for the front-ends that set it) after logging its
+        message (path, bytes needed and free), so the node agent does not restart a trainer that
+        would fail the same way. No-op when ``storage_exit_code`` is None."""
         try:
             yield
         except CheckpointDiskFullError as err:
-            self.log.error("%s; exiting %d (checkpoint storage full)", err, CHECKPOINT_STORAGE_EXIT_CODE)
-            raise SystemExit(CHECKPOINT_STORAGE_EXIT_CODE) from err
+            if self.storage_exit_code is None:
+                raise
+            self.log.error("%s; exiting %d (checkpoint storage full)", err, self.storage_exit_code)
+            raise SystemExit(self.storage_exit_code) from err

@@ -55,7 +55,8 @@ from typing import Sequence
 import keras
 import numpy as np
 
-from training.core import DEFAULT, DEFAULT_KEEP, CheckpointDriver, StateAdapter, renamed_option
+from training.core import (CHECKPOINT_STORAGE_EXIT_CODE, DEFAULT, DEFAULT_KEEP, CheckpointDriver, StateAdapter,
+                           renamed_option)
 from training.datasets import batch_indices
 from training.datasets import steps_per_epoch as steps_per_epoch_of
 from training.notice import NoticeHandler
@@ -578,7 +579,9 @@ class ResumableFit:
         self.stopped = False
 
     def _new_driver(self) -> CheckpointDriver:
-        return CheckpointDriver(self.adapter, notices=self._notices, logger=log, **self._options)
+        driver = CheckpointDriver(self.adapter, notices=self._notices, logger=log, **self._options)
+        driver.storage_exit_code = CHECKPOINT_STORAGE_EXIT_CODE
+        return driver
 
     # The driver's state, under the names this class always had.
     @property

@@ -54,7 +54,8 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from training.core import DEFAULT, DEFAULT_KEEP, CheckpointDriver, StateAdapter, renamed_option
+from training.core import (CHECKPOINT_STORAGE_EXIT_CODE, DEFAULT, DEFAULT_KEEP, CheckpointDriver, StateAdapter,
+                           renamed_option)
 from training.datasets import batch_indices, steps_per_epoch
 from training.notice import NoticeHandler
 from training.store import Checkpoint, CheckpointError, ShapeMismatchError
@@ -524,6 +525,8 @@ class GluonCheckpointer(CheckpointDriver):
     Raises CheckpointPathError (naming the path) when the directory is a file or not writable.
     Attributes as the driver's (``step``, ``restored``, ``store``, ``notices``, ``schedule``...).
     """
+
+    storage_exit_code = CHECKPOINT_STORAGE_EXIT_CODE
 
     def __init__(self, net, trainer, *, checkpoint_dir: str | os.PathLike | None = None,
                  every_steps: int | None = DEFAULT, every_seconds: float | None = DEFAULT,

@@ -40,7 +40,8 @@ from typing import Any, Callable
 
 import tensorflow as tf
 
-from training.core import DEFAULT, DEFAULT_KEEP, CheckpointDriver, StateAdapter, renamed_option
+from training.core import (CHECKPOINT_STORAGE_EXIT_CODE, DEFAULT, DEFAULT_KEEP, CheckpointDriver, StateAdapter,
+                           renamed_option)
 from training.notice import NoticeHandler
 from training.store import Checkpoint, CheckpointError, ShapeMismatchError
 
@@ -192,6 +193,8 @@ class TFCheckpointer(CheckpointDriver):
     Attributes: ``step`` (completed steps, Python int), ``step_variable`` (the int64 tf.Variable in
     the checkpoint), ``checkpoint`` (the ``tf.train.Checkpoint``), ``restored``.
     """
+
+    storage_exit_code = CHECKPOINT_STORAGE_EXIT_CODE
 
     def __init__(
         self,
