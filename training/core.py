@@ -64,7 +64,10 @@ from training.store import (
 )
 
 __all__ = [
+    "CHECKPOINT_MISMATCH_EXIT_CODE",
     "CHECKPOINT_STORAGE_EXIT_CODE",
+    "cadence_flag",
+    "checkpoint_exit_code",
     "CheckpointDriver",
     "CheckpointDiskFullError",
     "DEFAULT_EVERY_STEPS",
@@ -89,9 +92,13 @@ DEFAULT_KEEP = 3
 HOST_RNG_FILE = "host_rng.json"
 #: Marks "use the environment or the documented default" (None means "off" for the cadence).
 DEFAULT: Any = object()
-#: Exit status of a trainer whose checkpoint storage is full (docs/contracts.md): the node agent's
-#: supervisor does not restart it, since every restart would fail the same way at its next save.
+#: Exit status of a trainer whose checkpoint storage is full or unusable (docs/contracts.md, "Trainer
+#: exit codes"): the node agent's supervisor does not restart it, since every restart would fail the
+#: same way.
 CHECKPOINT_STORAGE_EXIT_CODE = 74
+#: Exit status of a trainer whose checkpoint cannot serve this job (another framework's, another
+#: adapter's, another model's): permanent as well; nothing in the directory is changed.
+CHECKPOINT_MISMATCH_EXIT_CODE = 78
 
 
 class CheckpointDiskFullError(CheckpointError, OSError):
@@ -137,6 +144,29 @@ def renamed_option(options: dict, old: str, new: str, value: Any, *, owner: str,
         raise TypeError(f"{owner}: give {new!r} or the deprecated {old!r}, not both. "
                         f"Received: {new}={value!r}, {old}={old_value!r}")
     return old_value
+
+
+def cadence_flag(value: float | None) -> Any:
+    """Turn a command-line cadence flag (``--save-every-steps``/``--save-every-seconds``) into a
+    :class:`CheckpointDriver` argument: None (flag not given) -> :data:`DEFAULT` (the environment,
+    else the documented default), 0 -> None (off), any other value -> itself."""
+    if value is None:
+        return DEFAULT
+    return value or None
+
+
+def checkpoint_exit_code(err: BaseException) -> int | None:
+    """The trainer's exit status for a checkpoint error that no restart can fix (docs/contracts.md):
+    74 (:data:`CHECKPOINT_STORAGE_EXIT_CODE`) when the storage is full or unusable
+    (:class:`CheckpointDiskFullError`, :class:`~training.store.CheckpointPathError`), 78
+    (:data:`CHECKPOINT_MISMATCH_EXIT_CODE`) for any other :class:`~training.store.CheckpointError`
+    (another framework's, adapter's or model's checkpoint), None for anything else. Scripts use it as
+    ``except CheckpointError as err: log; return checkpoint_exit_code(err)``."""
+    if isinstance(err, (CheckpointDiskFullError, CheckpointPathError)):
+        return CHECKPOINT_STORAGE_EXIT_CODE
+    if isinstance(err, CheckpointError):
+        return CHECKPOINT_MISMATCH_EXIT_CODE
+    return None
 
 
 def check_writable(directory: str | os.PathLike) -> Path:

@@ -1,5 +1,6 @@
-"""Bad checkpoint input: a clear error naming the path, nothing deleted, exit 78 (restarting cannot
-help), never a crash loop inside the trainer (it exits at once)."""
+"""Bad checkpoint input: a clear error naming the path, nothing deleted, exit 74 (storage full or
+unusable) or 78 (a checkpoint that cannot serve this job): restarting cannot help, and the node
+agent's supervisor does not restart either (docs/contracts.md); the trainer exits at once."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ from training.store import CheckpointStore, write_file
 
 pytestmark = pytest.mark.torch
 
-EXIT_CHECKPOINT_ERROR = 78
+EXIT_STORAGE = 74
+EXIT_MISMATCH = 78
 
 
 def _tree(path: Path) -> dict[str, bytes]:
@@ -24,7 +26,7 @@ def _tree(path: Path) -> dict[str, bytes]:
 
 def test_checkpoint_path_that_is_a_file(job):
     job.checkpoint_dir.write_text("not a directory")
-    assert job.run() == EXIT_CHECKPOINT_ERROR
+    assert job.run() == EXIT_STORAGE
     text = job.stderr_text()
     assert str(job.checkpoint_dir) in text and "not a directory" in text
     assert job.checkpoint_dir.read_text() == "not a directory"
@@ -48,7 +50,7 @@ def read_only_dir(tmp_path):
 
 def test_read_only_checkpoint_directory(job, read_only_dir):
     job.extra_args = ("--checkpoint-dir", str(read_only_dir))
-    assert job.run() == EXIT_CHECKPOINT_ERROR
+    assert job.run() == EXIT_STORAGE
     text = job.stderr_text()
     assert str(read_only_dir) in text and "not writable" in text
     assert _tree(read_only_dir) == {"keep.txt": b"kept"}
@@ -71,7 +73,7 @@ def small_tmpfs(tmp_path):
 
 def test_disk_full_names_the_path_keeps_the_previous_checkpoint_and_exits(job, small_tmpfs):
     job.extra_args = ("--checkpoint-dir", str(small_tmpfs), "--save-every-steps", "5")
-    assert job.run() == EXIT_CHECKPOINT_ERROR, job.stderr_text()
+    assert job.run() == EXIT_STORAGE, job.stderr_text()
     text = job.stderr_text()
     assert "no space left" in text and str(small_tmpfs) in text and "bytes free" in text
     store = CheckpointStore(small_tmpfs, framework="pytorch")
@@ -79,7 +81,7 @@ def test_disk_full_names_the_path_keeps_the_previous_checkpoint_and_exits(job, s
     assert kept is not None and kept.step > 0  # the previous checkpoint verifies
     before = _tree(kept.path)
     # A restart resumes from it, meets the full disk again and exits again: no loop inside.
-    assert job.run() == EXIT_CHECKPOINT_ERROR
+    assert job.run() == EXIT_STORAGE
     assert f"restored {kept.path}" in job.stderr_text(job.started[-1])
     assert _tree(kept.path) == before
 
@@ -88,7 +90,7 @@ def test_another_frameworks_checkpoint_is_refused_and_kept(job):
     store = CheckpointStore(job.checkpoint_dir, framework="tensorflow")
     store.save(lambda d: write_file(d / "weights.bin", [b"\0" * 64]), step=10, epoch=0)
     before = _tree(job.checkpoint_dir)
-    assert job.run() == EXIT_CHECKPOINT_ERROR
+    assert job.run() == EXIT_MISMATCH
     text = job.stderr_text()
     assert "tensorflow" in text and str(job.checkpoint_dir / "ckpt-000000000010") in text
     assert _tree(job.checkpoint_dir) == before
@@ -98,7 +100,7 @@ def test_changed_model_is_refused_naming_path_and_variable(job):
     assert job.run("--steps", "10") == 0  # a finished 10-step job with the default 16 channels
     before = _tree(job.checkpoint_dir)
     shutil.rmtree(job.root / "logs")
-    assert job.run("--steps", "20", "--channels", "8") == EXIT_CHECKPOINT_ERROR
+    assert job.run("--steps", "20", "--channels", "8") == EXIT_MISMATCH
     text = job.stderr_text(job.started[-1])
     assert "ShapeMismatch" in text or "shape" in text
     assert str(job.checkpoint_dir / "ckpt-000000000010") in text and "'0.weight'" in text

@@ -37,6 +37,7 @@ if __package__ in (None, ""):  # run as a script: make `training` importable fro
 
 import numpy as np
 
+from training.core import cadence_flag, checkpoint_exit_code
 from training.datasets import (
     batch_indices,
     default_data_dir,
@@ -88,8 +89,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     length.add_argument("--epochs", type=int, default=5, help="total epochs when --steps is not given (default 5)")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--learning-rate", type=float, default=1e-3, help="Adam learning rate (default 1e-3)")
-    parser.add_argument("--save-every-steps", type=int, default=50, help="checkpoint cadence in steps (0: off)")
-    parser.add_argument("--save-every-seconds", type=float, default=None, help="checkpoint cadence in seconds")
+    parser.add_argument("--save-every-steps", type=int, default=None,
+                        help="checkpoint cadence in steps (0: off; default: $SPOT_TRAINING_CHECKPOINT_EVERY_STEPS or 50)")
+    parser.add_argument("--save-every-seconds", type=float, default=None,
+                        help="checkpoint cadence in seconds (default: $SPOT_TRAINING_CHECKPOINT_EVERY_SECONDS or off)")
     parser.add_argument("--keep", type=int, default=3, help="checkpoints kept (>= 2)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--sync", action="store_true", help="synchronous saves (default: background)")
@@ -111,7 +114,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         parser.error(f"--steps must be >= 1, got {args.steps}")
     if args.epochs is not None and args.epochs < 1:
         parser.error(f"--epochs must be >= 1, got {args.epochs}")
-    if args.save_every_steps < 0:
+    if args.save_every_steps is not None and args.save_every_steps < 0:
         parser.error(f"--save-every-steps must be >= 0 (0 turns step-based saves off), got {args.save_every_steps}")
     return args
 
@@ -135,6 +138,19 @@ class CsvLog:
 
 
 def main(argv=None) -> int:
+    """Train (resuming from the newest checkpoint) and return 0; a checkpoint error that no restart
+    can fix returns 74 or 78 (``training.core.checkpoint_exit_code``, docs/contracts.md)."""
+    from training.store import CheckpointError
+
+    try:
+        return train(argv)
+    except CheckpointError as err:
+        code = checkpoint_exit_code(err)
+        logging.error("checkpoint error (exit %d, restarting will not help): %s", code, err)
+        return code
+
+
+def train(argv=None) -> int:
     args = parse_args(argv)
     os.environ["OMP_NUM_THREADS"] = str(args.threads)  # before MXNet loads its OpenMP runtime
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -162,8 +178,8 @@ def main(argv=None) -> int:
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
 
     ckpt = GluonCheckpointer(
-        net, trainer, checkpoint_dir=args.checkpoint_dir, every_steps=args.save_every_steps or None,
-        every_seconds=args.save_every_seconds, background=not args.sync, keep=args.keep,
+        net, trainer, checkpoint_dir=args.checkpoint_dir, every_steps=cadence_flag(args.save_every_steps),
+        every_seconds=cadence_flag(args.save_every_seconds), background=not args.sync, keep=args.keep,
         steps_per_epoch=spe,
     )
     log = CsvLog((args.log_dir or default_log_dir()) / LOG_NAME)

@@ -38,6 +38,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import numpy as np
 
+from training.core import cadence_flag, checkpoint_exit_code
 from training.datasets import default_data_dir, default_log_dir, load_digits
 
 LOG_FIELDS = ("step", "epoch", "loss", "accuracy", "wall_time")
@@ -73,8 +74,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--epochs", type=int, default=5)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--learning-rate", type=float, default=1e-3, help="Adam learning rate (default 1e-3)")
-    parser.add_argument("--save-every-steps", type=int, default=50, help="checkpoint cadence in steps (0: off)")
-    parser.add_argument("--save-every-seconds", type=float, default=None, help="checkpoint cadence in seconds")
+    parser.add_argument("--save-every-steps", type=int, default=None,
+                        help="checkpoint cadence in steps (0: off; default: $SPOT_TRAINING_CHECKPOINT_EVERY_STEPS or 50)")
+    parser.add_argument("--save-every-seconds", type=float, default=None,
+                        help="checkpoint cadence in seconds (default: $SPOT_TRAINING_CHECKPOINT_EVERY_SECONDS or off)")
     parser.add_argument("--keep", type=int, default=3, help="checkpoints kept (>= 2)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--sync", action="store_true", help="synchronous saves (default: background)")
@@ -93,12 +96,25 @@ def parse_args(argv=None) -> argparse.Namespace:
     for name in ("epochs", "batch_size", "threads", "keep"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-    if args.save_every_steps < 0:
+    if args.save_every_steps is not None and args.save_every_steps < 0:
         parser.error(f"--save-every-steps must be >= 0 (0 turns step-based saves off), got {args.save_every_steps}")
     return args
 
 
 def main(argv=None) -> int:
+    """Train (resuming from the newest checkpoint) and return 0; a checkpoint error that no restart
+    can fix returns 74 or 78 (``training.core.checkpoint_exit_code``, docs/contracts.md)."""
+    from training.store import CheckpointError
+
+    try:
+        return train(argv)
+    except CheckpointError as err:
+        code = checkpoint_exit_code(err)
+        logging.error("checkpoint error (exit %d, restarting will not help): %s", code, err)
+        return code
+
+
+def train(argv=None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # Before TensorFlow: SIGTERM during the ~3 s import or model build must not kill us half-way.
@@ -117,8 +133,8 @@ def main(argv=None) -> int:
     model = build_model(channels=args.channels, blocks=args.blocks, dropout=args.dropout)
     model.compile(optimizer=keras.optimizers.Adam(args.learning_rate),
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
-    fitter = ResumableFit(model, args.checkpoint_dir, seed=args.seed, every_steps=args.save_every_steps or None,
-                          every_seconds=args.save_every_seconds, background=not args.sync, keep=args.keep,
+    fitter = ResumableFit(model, args.checkpoint_dir, seed=args.seed, every_steps=cadence_flag(args.save_every_steps),
+                          every_seconds=cadence_flag(args.save_every_seconds), background=not args.sync, keep=args.keep,
                           notices=notice)
 
     log_path = (args.log_dir or default_log_dir()) / LOG_NAME

@@ -48,13 +48,14 @@ if __package__ in (None, ""):  # run as a script: make `training` importable fro
 
 import numpy as np
 
+from training.core import cadence_flag
 from training.datasets import default_data_dir, default_log_dir, load_digits, steps_per_epoch
 
-#: Exit status when the checkpoint directory or its content cannot serve this run (a file instead of
-#: a directory, read-only, full, another framework's or another model's checkpoint): restarting
-#: cannot help, so the script says why (naming the path) and exits with 78 (EX_CONFIG, as the node
-#: agent's "bad config"); nothing in the directory is changed or deleted.
-EXIT_CHECKPOINT_ERROR = 78
+#: When the checkpoint directory or its content cannot serve this run, restarting cannot help: the
+#: script says why (naming the path) and exits 74 (storage full, read-only, a file instead of a
+#: directory) or 78 (another framework's or another model's checkpoint), as
+#: ``training.core.checkpoint_exit_code`` says (docs/contracts.md); nothing in the directory is
+#: changed or deleted.
 LOG_FIELDS = ("step", "epoch", "loss", "accuracy", "wall_time")
 LOG_NAME = "training_log.csv"
 
@@ -113,8 +114,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     length.add_argument("--epochs", type=int, default=5, help="total epochs when --steps is not given (default 5)")
     parser.add_argument("--batch-size", type=int, default=32, help="examples per step on each rank")
     parser.add_argument("--learning-rate", type=float, default=3e-3, help="OneCycleLR peak learning rate of AdamW")
-    parser.add_argument("--save-every-steps", type=int, default=50, help="checkpoint cadence in steps (0: off)")
-    parser.add_argument("--save-every-seconds", type=float, default=None, help="checkpoint cadence in seconds")
+    parser.add_argument("--save-every-steps", type=int, default=None,
+                        help="checkpoint cadence in steps (0: off; default: $SPOT_TRAINING_CHECKPOINT_EVERY_STEPS or 50)")
+    parser.add_argument("--save-every-seconds", type=float, default=None,
+                        help="checkpoint cadence in seconds (default: $SPOT_TRAINING_CHECKPOINT_EVERY_SECONDS or off)")
     parser.add_argument("--keep", type=int, default=3, help="checkpoints kept (>= 2)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--sync", action="store_true", help="synchronous saves (default: background)")
@@ -142,7 +145,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     for name in ("steps", "epochs"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             parser.error(f"--{name} must be >= 1, got {getattr(args, name)}")
-    if args.save_every_steps < 0:
+    if args.save_every_steps is not None and args.save_every_steps < 0:
         parser.error(f"--save-every-steps must be >= 0 (0 turns step-based saves off), got {args.save_every_steps}")
     return args
 
@@ -160,13 +163,15 @@ def state_arrays(model, optimizer) -> dict[str, np.ndarray]:
 
 
 def main(argv=None) -> int:
+    from training.core import checkpoint_exit_code
     from training.store import CheckpointError
 
     try:
         return train(argv)
     except CheckpointError as err:
-        logging.error("checkpoint error (exit %d, restarting will not help): %s", EXIT_CHECKPOINT_ERROR, err)
-        return EXIT_CHECKPOINT_ERROR
+        code = checkpoint_exit_code(err)
+        logging.error("checkpoint error (exit %d, restarting will not help): %s", code, err)
+        return code
 
 
 def train(argv=None) -> int:
@@ -218,7 +223,7 @@ def train(argv=None) -> int:
     loss_fn = nn.CrossEntropyLoss()
 
     ckpt = TorchCheckpointer(train_model, optimizer, scheduler, checkpoint_dir=args.checkpoint_dir,  # resumable
-                             every_steps=args.save_every_steps or None, every_seconds=args.save_every_seconds,
+                             every_steps=cadence_flag(args.save_every_steps), every_seconds=cadence_flag(args.save_every_seconds),
                              background=not args.sync, keep=args.keep, steps_per_epoch=spe, notices=notices,
                              snapshot_mode=args.snapshot_mode)
     dataset = TensorDataset(torch.from_numpy(x_train), torch.from_numpy(y_train))
