@@ -107,6 +107,18 @@ BAD_CONFIGS = {
                                     r"volume.tags.spot-training:stack: got \"Other\"; expected the stack name"),
     "typo in a key": (lambda c: _with(c, "/x", "volume", "mount_pont"), r"volume.mount_pont: got \"/x\"; expected no such key"),
     "not json": (lambda c: '{"schema_version": 1,', r"is not valid JSON: .* line 1 column"),
+    # issue 15, item 7: each of these exited 1 (a traceback) or was accepted
+    "deeply nested JSON": (lambda c: "[" * 200_000 + "]" * 200_000, r"is not valid JSON: nested too deeply"),
+    "5000-digit integer": (lambda c: json.dumps(c).replace('"keep_snapshots": 2', '"keep_snapshots": ' + "9" * 5000),
+                           r"is not valid JSON: .*integer"),
+    "keep_snapshots 10**30": (lambda c: _with(c, 10**30, "volume", "keep_snapshots"),
+                              r"volume.keep_snapshots: got 1000000000000000000000000000000; expected an integer >= 1 and <= 100"),
+    "mount point /": (lambda c: _with(c, "/", "volume", "mount_point"), r'volume.mount_point: got "/"; expected a directory'),
+    "checkpoints on the root disk": (lambda c: _with(c, "/var/lib/checkpoints", "training", "checkpoint_dir"),
+                                     r'training.checkpoint_dir: got "/var/lib/checkpoints"; expected a directory under '
+                                     r"the data volume's mount point"),
+    "git url is an option": (lambda c: _with(c, {"type": "git", "url": "--upload-pack=id", "ref": "v1"}, "training", "code"),
+                             r'training.code.url: got "--upload-pack=id"'),
 }
 
 
