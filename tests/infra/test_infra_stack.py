@@ -158,11 +158,13 @@ def test_launch_template_requires_imdsv2_and_encrypts_the_root_volume(default_sy
     )
 
 
-def test_launch_template_tags_instances_and_volumes(default_synth: Synth) -> None:
+def test_launch_template_tags_instances_but_not_root_volumes_with_the_stack_tag(default_synth: Synth) -> None:
+    # Root volumes must not carry the tag the instance role may delete by (issue 15, item 3); the
+    # instance needs it (AttachVolume and the fleet lookup are conditioned on it).
     (lt,) = default_synth.resources("AWS::EC2::LaunchTemplate").values()
     specs = {s["ResourceType"]: s["Tags"] for s in lt["Properties"]["LaunchTemplateData"]["TagSpecifications"]}
-    for resource_type in ("instance", "volume"):
-        assert {"Key": STACK_TAG_KEY, "Value": "SpotTraining"} in specs[resource_type]
+    assert {"Key": STACK_TAG_KEY, "Value": "SpotTraining"} in specs["instance"]
+    assert all(t["Key"] != STACK_TAG_KEY for t in specs.get("volume", []))
 
 
 def test_data_volume_is_encrypted_gp3_tagged_and_retained(default_synth: Synth) -> None:
