@@ -12,11 +12,13 @@ from enum import IntEnum
 class ExitCode(IntEnum):
     """Process exit status of ``python3 -m bootstrap``.
 
-    ``OK`` (0): done. ``TEMPFAIL`` (75, EX_TEMPFAIL): try again later (lease held by another node,
+    ``OK`` (0): done. ``UNAVAILABLE`` (69, EX_UNAVAILABLE): this node can no longer work (IMDS answered
+    403 during training); the agent powered it off for the fleet to replace it. ``TEMPFAIL`` (75, EX_TEMPFAIL): try again later (lease held by another node,
     volume still detaching). ``CONFIG`` (78, EX_CONFIG): bad configuration; nothing was touched.
     """
 
     OK = 0
+    UNAVAILABLE = 69
     TEMPFAIL = 75
     CONFIG = 78
 
@@ -56,3 +58,11 @@ class TemporaryError(AgentError):
     """A transient condition (lease held elsewhere, volume still detaching, throttling): exit 75."""
 
     exit_code = ExitCode.TEMPFAIL
+
+
+class NodeUnusableError(AgentError):
+    """This node can no longer work safely (IMDS answered 403 while training: no interruption notices
+    any more). The trainer was stopped the contract's way; the CLI powers the instance off so that the
+    fleet replaces it, and exits 69 (docs/agent.md, "A node that can no longer work")."""
+
+    exit_code = ExitCode.UNAVAILABLE

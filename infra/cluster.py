@@ -400,6 +400,7 @@ class ParameterServerCluster(constructs.Construct):
             http_put_response_hop_limit=2,
             http_endpoint=True,
             instance_metadata_tags=True,
+            instance_initiated_shutdown_behavior=ec2.InstanceInitiatedShutdownBehavior.TERMINATE,
             block_devices=[
                 ec2.BlockDevice(
                     device_name="/dev/sda1",

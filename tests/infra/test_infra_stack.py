@@ -158,6 +158,13 @@ def test_launch_template_requires_imdsv2_and_encrypts_the_root_volume(default_sy
     )
 
 
+def test_a_node_that_powers_itself_off_is_terminated_and_replaced(default_synth: Synth) -> None:
+    # The agent powers off a node that can no longer work (IMDS 403 during training, issue 15 item 8);
+    # EC2's default for an OS shutdown is stop, which would leave the spot fleet's capacity stuck.
+    (lt,) = default_synth.resources("AWS::EC2::LaunchTemplate").values()
+    assert lt["Properties"]["LaunchTemplateData"]["InstanceInitiatedShutdownBehavior"] == "terminate"
+
+
 def test_launch_template_tags_instances_but_not_root_volumes_with_the_stack_tag(default_synth: Synth) -> None:
     # Root volumes must not carry the tag the instance role may delete by (issue 15, item 3); the
     # instance needs it (AttachVolume and the fleet lookup are conditioned on it).
@@ -326,7 +333,7 @@ def test_user_data_fetches_the_asset_and_starts_the_agent_under_systemd(default_
     assert "python3 -m zipfile -e '/opt/spot-training/bootstrap.zip' /opt/spot-training/code" in text
     assert "ExecStart=/usr/bin/python3 -m bootstrap run --config /etc/spot-training/config.json" in text
     assert "WorkingDirectory=/opt/spot-training/code" in text
-    assert "Restart=on-failure" in text and "RestartPreventExitStatus=78" in text
+    assert "Restart=on-failure" in text and "RestartPreventExitStatus=78 69" in text  # 69: powered off (issue 15)
     # The agent waits up to 90 s for the trainer on stop; systemd must wait longer than that.
     assert "TimeoutStopSec=120" in text
     # The default AMI (Deep Learning Base AMI) ships no framework: it is installed before the agent starts.
