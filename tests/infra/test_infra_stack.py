@@ -538,3 +538,35 @@ def test_fis_experiment_template_only_with_fis_drill(default_synth: Synth, tmp_p
     (interrupt,) = [s for s in statements if s["Action"] == "ec2:SendSpotInstanceInterruptions"]
     assert interrupt["Condition"] == {"StringEquals": {f"aws:ResourceTag/{STACK_TAG_KEY}": "SpotTraining"}}
     assert synth.data["Outputs"]["FisExperimentTemplateId"]["Value"] == {"Ref": template_id}
+
+
+# ---- issue 15, item 6: least privilege ------------------------------------------------------------
+def test_nodes_delete_only_the_agents_bookkeeping_tags(default_synth: Synth) -> None:
+    """DeleteTags with no tag list strips every tag, the stack tag included: nodes may delete only the
+    agent's bookkeeping tags, and only by naming them."""
+    from bootstrap.ebs import CREATED_BY_TAG, MOVE_STATE_TAG, SOURCE_SNAPSHOT_TAG, SOURCE_VOLUME_TAG
+    from bootstrap.lease import LEASE_TAG
+
+    delete = [s for s in _policy_statements(default_synth, "NodeRole") if "ec2:DeleteTags" in _as_list(s["Action"])]
+    assert delete
+    bookkeeping = {LEASE_TAG, SOURCE_VOLUME_TAG, SOURCE_SNAPSHOT_TAG, MOVE_STATE_TAG, CREATED_BY_TAG}
+    for statement in delete:
+        assert set(_as_list(statement["Condition"]["ForAllValues:StringEquals"]["aws:TagKeys"])) == bookkeeping
+        assert statement["Condition"]["Null"] == {"aws:TagKeys": "false"}  # a DeleteTags naming no tag: denied
+
+
+def test_node_uses_the_volume_key_only_through_ec2(pinned_synth: Synth) -> None:
+    """The customer managed volume key is usable by the node only through EBS (kms:ViaService), and no
+    statement grants an action under a condition that never applies to it."""
+    kms_statements = [s for s in _policy_statements(pinned_synth, "NodeRole") if any(a.startswith("kms:") for a in _as_list(s["Action"]))]
+    for statement in kms_statements:
+        actions = set(_as_list(statement["Action"]))
+        if actions == {"kms:CreateGrant"}:
+            assert statement["Condition"]["Bool"] == {"kms:GrantIsForAWSResource": "true"}
+        else:
+            assert "kms:CreateGrant" not in actions
+            assert json.dumps(statement["Condition"]["StringEquals"]["kms:ViaService"]) == json.dumps(
+                {"Fn::Join": ["", ["ec2.", {"Ref": "AWS::Region"}, ".amazonaws.com"]]}), statement
+    used = {a for s in kms_statements for a in _as_list(s["Action"])}
+    assert {"kms:CreateGrant", "kms:Decrypt", "kms:DescribeKey", "kms:GenerateDataKeyWithoutPlaintext"} <= used
+    assert not [a for a in used if a in ("kms:Encrypt", "kms:GenerateDataKey")]  # EBS needs neither
