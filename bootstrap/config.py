@@ -283,7 +283,9 @@ def parse_config(data: Any) -> AgentConfig:
     if training is not None and node_role not in (None, "single") and training.framework not in CLUSTER_FRAMEWORKS:
         v.problem("training.framework", training.framework,
                   f"one of {', '.join(repr(f) for f in CLUSTER_FRAMEWORKS)} on a cluster node (node_role {node_role!r})")
-    if training is not None and volume is not None:
+    if training is not None and volume is not None and node_role == "single":
+        # Cluster nodes ignore the volume section; their checkpoints live where the cluster stack puts
+        # them (EFS, docs/contracts.md "Parameter-server cluster").
         _checkpoints_not_on_root_disk(v, training, volume, efs)
     cleanup = _cleanup(v, root)
     monitoring = _monitoring(v, root)
