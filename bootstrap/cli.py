@@ -32,13 +32,18 @@ from pathlib import Path
 from typing import Any, Callable
 
 from bootstrap.config import DEFAULT_CONFIG_PATH, AgentConfig, load_config
-from bootstrap.errors import AgentError, ConfigError, ExitCode
+from bootstrap.errors import AgentError, ConfigError, ExitCode, NodeUnusableError
 from bootstrap.logs import add_file_handler, flush_logs, setup_logging
 
 log = logging.getLogger("bootstrap.cli")
 
 #: Local mode: volumes are directories under this path (bootstrap.blockdev.DirectoryBlockDevices).
 BLOCKDEV_DIR_ENV = "SPOT_TRAINING_BLOCKDEV_DIR"
+#: The command that powers a node off when it can no longer work (shell words). Default on an
+#: instance: ``systemctl poweroff`` (the launch template sets InstanceInitiatedShutdownBehavior=terminate,
+#: so the spot fleet replaces the instance); in local mode nothing is powered off unless this is set.
+POWEROFF_COMMAND_ENV = "SPOT_TRAINING_POWEROFF_COMMAND"
+DEFAULT_POWEROFF_COMMAND = ("systemctl", "poweroff")
 # AWS error codes that waiting will not fix: the instance role or the config is wrong.
 _PERMANENT_AWS_ERRORS = frozenset({"UnauthorizedOperation", "AccessDenied", "AccessDeniedException",
                                    "AuthFailure", "InvalidClientTokenId", "OptInRequired"})
@@ -82,6 +87,8 @@ def main(argv: list[str] | None = None) -> int:
         return _fail(exc, ExitCode.CONFIG)
     try:
         return int(COMMANDS[args.command](config))
+    except NodeUnusableError as exc:
+        return _hand_node_back(exc)
     except AgentError as exc:
         return _fail(exc, exc.exit_code)
     except Exception as exc:  # botocore errors: classified, not swallowed (logged with the traceback)
@@ -98,6 +105,35 @@ def _fail(exc: BaseException, code: ExitCode) -> int:
     flush_logs()
     print(f"bootstrap: error: {exc}", file=sys.stderr)
     return int(code)
+
+
+def _hand_node_back(exc: NodeUnusableError) -> int:
+    """Log why this node stops working, then power it off (docs/agent.md, "A node that can no longer
+    work"): exit 78 would leave an idle instance billing under systemd; powering off with the launch
+    template's terminate behaviour lets the spot fleet launch a replacement. Returns 69."""
+    log.error(str(exc), extra={"event": "node_unusable", "error": type(exc).__name__,
+                               "exit_code": int(ExitCode.UNAVAILABLE)})
+    raw = os.environ.get(POWEROFF_COMMAND_ENV)
+    if raw is None and _local_mode():
+        log.warning("local mode: not powering off this machine", extra={"event": "poweroff_skipped"})
+        print("bootstrap: local mode: not powering off this machine", file=sys.stderr)
+    else:
+        import shlex
+        import subprocess
+
+        argv = shlex.split(raw) if raw is not None else list(DEFAULT_POWEROFF_COMMAND)
+        log.warning("powering the node off so that the fleet replaces it", extra={"event": "poweroff", "argv": argv})
+        flush_logs()
+        try:
+            done = subprocess.run(argv, check=False, capture_output=True, text=True, timeout=60)
+            if done.returncode != 0:
+                log.error("power-off command failed", extra={"argv": argv, "exit_status": done.returncode,
+                                                             "stderr": done.stderr.strip()[-300:]})
+        except (OSError, subprocess.TimeoutExpired) as error:
+            log.error("power-off command could not run", extra={"argv": argv, "error": str(error)})
+    flush_logs()
+    print(f"bootstrap: error: {exc}", file=sys.stderr)
+    return int(ExitCode.UNAVAILABLE)
 
 
 def _aws_exit_code(exc: BaseException) -> ExitCode | None:
@@ -201,6 +237,7 @@ def _is_mounted(devices: Any, mount_point: Path, *, device: str | None = None) -
 
 
 def _supervise(config: AgentConfig, imds: Any, is_mounted: Callable[[], bool], publisher: Any = None):
+    from bootstrap.imds import ImdsForbiddenError
     from bootstrap.interruption import InterruptionWatcher, imds_monitors
     from bootstrap.supervisor import Supervisor
 
@@ -210,6 +247,13 @@ def _supervise(config: AgentConfig, imds: Any, is_mounted: Callable[[], bool], p
     previous = {sig: signal.signal(sig, lambda *_: supervisor.request_stop()) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         outcome = supervisor.run(watcher)
+    except ImdsForbiddenError as exc:
+        if supervisor.starts == 0:
+            raise  # never trained here: IMDS is off from the start, a launch template problem (exit 78)
+        # IMDS worked, then turned 403: this node can no longer see interruption notices. The
+        # supervisor already stopped the trainer the contract's way (it checkpointed).
+        raise NodeUnusableError(f"IMDS answered 403 during training ({exc}); this node can no longer see spot "
+                                "interruption notices, so it stops training and hands itself back to the fleet") from exc
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)

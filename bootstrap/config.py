@@ -48,6 +48,17 @@ CODE_TYPES = ("asset", "git")
 DEFAULT_NOTICE_POLL_INTERVAL_S = 5.0
 MIN_NOTICE_POLL_INTERVAL_S = 0.5
 MAX_NOTICE_POLL_INTERVAL_S = 60.0
+#: Migration snapshots kept: the same range the stack's ``keep_snapshots`` context key allows
+#: (infra/config.py; docs/contracts.md, "Node config JSON").
+MIN_KEEP_SNAPSHOTS, MAX_KEEP_SNAPSHOTS = 1, 100
+#: Deepest JSON nesting the agent reads (the contract's documents nest 4 levels; the cluster section
+#: a few more). Deeper input is refused before ``json.loads``, which would raise RecursionError.
+MAX_JSON_DEPTH = 32
+#: Mount points that would hide or be the operating system (``mount_point`` may not be one of these),
+#: and trees a mount point may not be inside of.
+SYSTEM_DIRS = frozenset({"/", "/bin", "/boot", "/dev", "/etc", "/home", "/lib", "/lib32", "/lib64", "/media",
+                         "/mnt", "/opt", "/proc", "/root", "/run", "/sbin", "/srv", "/sys", "/tmp", "/usr", "/var"})
+SYSTEM_TREES = ("/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/proc", "/run", "/sbin", "/sys", "/usr")
 
 # CloudFormation stack names: a letter, then letters, digits and hyphens, at most 128 characters.
 _STACK_NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9-]{0,127}$")
@@ -202,12 +213,41 @@ def load_config(path: str | os.PathLike[str]) -> AgentConfig:
                           f"the node config JSON (on an instance: {DEFAULT_CONFIG_PATH})") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"config file {str(path)!r} cannot be read: {exc}") from None
+    depth = _json_depth(text)
+    if depth > MAX_JSON_DEPTH:
+        raise ConfigError(f"config file {str(path)!r} is not valid JSON: nested too deeply ({depth} levels of "
+                          f"[ or {{); expected at most {MAX_JSON_DEPTH} (the node config nests 4)")
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise ConfigError(f"config file {str(path)!r} is not valid JSON: {exc.msg} at line {exc.lineno} "
                           f"column {exc.colno}") from None
+    except (ValueError, RecursionError) as exc:  # an integer longer than Python's digit limit, say
+        raise ConfigError(f"config file {str(path)!r} is not valid JSON: {exc}; expected the node config "
+                          "(integers of a few digits)") from None
     return parse_config(data)
+
+
+def _json_depth(text: str) -> int:
+    """The deepest nesting of ``[``/``{`` in JSON ``text``, skipping strings (linear, no recursion)."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for char in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                in_string = False
+        elif char == '"':
+            in_string = True
+        elif char in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif char in "]}":
+            depth -= 1
+    return deepest
 
 
 def parse_config(data: Any) -> AgentConfig:
@@ -243,6 +283,10 @@ def parse_config(data: Any) -> AgentConfig:
     if training is not None and node_role not in (None, "single") and training.framework not in CLUSTER_FRAMEWORKS:
         v.problem("training.framework", training.framework,
                   f"one of {', '.join(repr(f) for f in CLUSTER_FRAMEWORKS)} on a cluster node (node_role {node_role!r})")
+    if training is not None and volume is not None and node_role == "single":
+        # Cluster nodes ignore the volume section; their checkpoints live where the cluster stack puts
+        # them (EFS, docs/contracts.md "Parameter-server cluster").
+        _checkpoints_not_on_root_disk(v, training, volume, efs)
     cleanup = _cleanup(v, root)
     monitoring = _monitoring(v, root)
     imds_endpoint = None
@@ -293,7 +337,14 @@ def _volume(v: "_Validator", root: Mapping[str, Any], stack_name: str | None) ->
                            allowed="an EBS device name such as '/dev/sdf' or '/dev/xvdf'")
     mount_point = v.abs_path(section, "mount_point", "volume")
     fs_type = v.choice(section, "fs_type", "volume", FS_TYPES, default="xfs")
-    keep = v.integer(section, "keep_snapshots", "volume", minimum=1, default=2)
+    if mount_point is not None and (str(mount_point) in SYSTEM_DIRS or any(
+            mount_point.is_relative_to(tree) for tree in SYSTEM_TREES)):
+        v.problem("volume.mount_point", str(mount_point),
+                  "a directory of its own such as '/dltraining', not '/', a system directory "
+                  f"({', '.join(sorted(SYSTEM_DIRS - {'/'}))}) or inside {', '.join(SYSTEM_TREES)}")
+        mount_point = None
+    keep = v.integer(section, "keep_snapshots", "volume", minimum=MIN_KEEP_SNAPSHOTS, maximum=MAX_KEEP_SNAPSHOTS,
+                     default=2)
     interval = v.integer(section, "snapshot_interval_s", "volume", minimum=0, default=0)
     if interval is not None and 0 < interval < MIN_SNAPSHOT_INTERVAL_S:
         v.problem("volume.snapshot_interval_s", interval, f"0 (no periodic snapshots) or an integer >= {MIN_SNAPSHOT_INTERVAL_S} (seconds)")
@@ -308,6 +359,22 @@ def _volume(v: "_Validator", root: Mapping[str, Any], stack_name: str | None) ->
         return None
     return VolumeConfig(tags=MappingProxyType(dict(tags)), device_name=device_name, mount_point=mount_point,
                         fs_type=fs_type, keep_snapshots=keep, snapshot_interval_s=interval, initialization_rate_mibps=rate)
+
+
+def _checkpoints_not_on_root_disk(v: "_Validator", training: TrainingConfig, volume: VolumeConfig,
+                                  efs: EfsConfig | None) -> None:
+    """``checkpoint_dir`` must be below the data volume's or the EFS mount point: anywhere else it is
+    on the root disk, deleted with the instance at the next interruption (the original blog post's
+    failure)."""
+    homes = [volume.mount_point] + ([efs.mount_point] if efs is not None else [])
+    ckpt = training.checkpoint_dir
+    if not any(ckpt != home and ckpt.is_relative_to(home) for home in homes):
+        where = f"the data volume's mount point {str(volume.mount_point)!r}"
+        if efs is not None:
+            where += f" or the EFS mount point {str(efs.mount_point)!r}"
+        v.problem("training.checkpoint_dir", str(ckpt),
+                  f"a directory under {where} (e.g. '{volume.mount_point}/checkpoints'); anywhere else the "
+                  "checkpoints are on the root disk and lost with the instance")
 
 
 def _efs(v: "_Validator", root: Mapping[str, Any]) -> EfsConfig | None:
@@ -373,9 +440,11 @@ def _code(v: "_Validator", training: Mapping[str, Any]) -> CodeConfig | None:
         return CodeConfig(type="asset", path=path) if path is not None else None
     if kind == "git":
         v.keys(section, "training.code", required=("type", "url", "ref"), optional=())
-        url = v.string(section, "url", "training.code")
-        ref = v.string(section, "ref", "training.code", pattern=re.compile(r"^[^\s~^:?*\[\\]+$"),
-                       allowed="a pinned commit or tag (no spaces or git revision operators)")
+        # Neither may start with '-': git would read it as an option (--upload-pack=<command>).
+        url = v.string(section, "url", "training.code", pattern=re.compile(r"^[^-\s]\S*$"),
+                       allowed="a git URL (https://..., ssh://..., git@host:path) not starting with '-'")
+        ref = v.string(section, "ref", "training.code", pattern=re.compile(r"^[^-\s~^:?*\[\\][^\s~^:?*\[\\]*$"),
+                       allowed="a pinned commit or tag (no spaces or git revision operators, not starting with '-')")
         if url is None or ref is None:
             return None
         return CodeConfig(type="git", url=url, ref=ref)
@@ -482,13 +551,15 @@ class _Validator:
         return value
 
     def integer(self, section: Mapping[str, Any], key: str, parent: str, *, minimum: int,
-                default: int | None = None) -> int | None:
+                maximum: int | None = None, default: int | None = None) -> int | None:
         if key not in section:
             return default
         value = section[key]
         # bool is a subclass of int: reject true/false explicitly.
-        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-            self.problem(self._join(parent, key), value, f"an integer >= {minimum}")
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum or (
+                maximum is not None and value > maximum):
+            self.problem(self._join(parent, key), value,
+                         f"an integer >= {minimum}" + ("" if maximum is None else f" and <= {maximum}"))
             return None
         return value
 

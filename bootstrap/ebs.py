@@ -250,7 +250,9 @@ class _VolumeStep:
             # Same AZ, nobody moving it: AttachVolume itself is the arbiter (a second attach gets
             # VolumeInUse), so no lease is needed; a mover re-checks the source before retiring it.
             # A volume the interrupted instance still holds is waited for (bounded) first.
-            return self.mount(self.attach_same_az(plan.current))
+            volume_id = self.attach_same_az(plan.current)
+            self.back_off_if_moved(volume_id)
+            return self.mount(volume_id)
 
         # Leases of ours left by an earlier run of this instance that was killed mid-way.
         earlier = {v["VolumeId"] for v in volumes if (lease_of(v) or _NO_LEASE).owner == self.instance_id}
@@ -460,9 +462,57 @@ class _VolumeStep:
         self.event("copy_verified", "new volume attached and its device present; it now holds the data",
                    volume_id=copy_id, source_volume_id=source["VolumeId"])
         if fresh is not None:
-            self.retire(fresh, reason="moved to this AZ")
+            self.retire_moved_source(fresh, copy_id)
         self.prune_snapshots()
         return copy_id
+
+    def retire_moved_source(self, source: dict[str, Any], copy_id: str) -> None:
+        """Delete the source of a move whose copy was just marked verified. An agent in the source's AZ
+        attaches without the lease, so it can attach the source between the re-check and this delete
+        (issue 15, item 2). DeleteVolume is the arbiter: ``VolumeInUse`` means that agent may be training
+        on the source, so the copy is marked ``abandoned`` (never left ``verified``, which would make the
+        next boot retire the source that was trained on) and the step exits 75; a later run deletes the
+        copy and moves the source afresh."""
+        source_id = source["VolumeId"]
+        deadline = Deadline(self.t.detach_wait_s, f"delete {source_id}", self.clock)
+
+        def delete_once() -> bool:
+            try:
+                self.ec2.delete_volume(VolumeId=source_id)
+            except ClientError as error:
+                if error_code(error) == "VolumeInUse":
+                    return False  # not retried: someone attached it; waiting would only delay the abandon
+                if error_code(error) != "InvalidVolume.NotFound":
+                    raise
+            return True
+
+        if self.retry(delete_once, f"DeleteVolume {source_id}", deadline):
+            self.leased.discard(source_id)
+            self.event("old_volume_retired", "old volume deleted", volume_id=source_id, reason="moved to this AZ")
+            return
+        holder = _attached_instance(self.describe_volume(source_id) or {})
+        self.ec2.create_tags(Resources=[copy_id], Tags=[{"Key": MOVE_STATE_TAG, "Value": ABANDONED}])
+        problem = (f"source volume {source_id} was attached to {holder or 'another instance'} after the final re-check "
+                   "of the move, so it may hold data newer than the copy")
+        self.event("copy_abandoned", f"{problem}; abandoning the copy", volume_id=copy_id, source_volume_id=source_id)
+        raise TemporaryError(f"{problem}; the copy {copy_id} is abandoned and the source keeps the data")
+
+    def back_off_if_moved(self, volume_id: str) -> None:
+        """After a lease-free attach in the volume's AZ: re-read the move state, and if a mover elsewhere
+        committed a copy of this volume meanwhile (``move-state=verified``: the next boot retires this
+        volume), detach it again and exit 75 before anything is written to it (issue 15, item 2). A copy
+        still ``copying`` is no reason: its mover's re-check sees this attachment and abandons it."""
+        committed = [v["VolumeId"] for v in self.read()
+                     if _tags(v).get(SOURCE_VOLUME_TAG) == volume_id and _tags(v).get(MOVE_STATE_TAG) == VERIFIED]
+        if not committed:
+            return
+        self.event("attach_backed_off", "a move of this volume committed while it was being attached; letting it go",
+                   volume_id=volume_id, verified_copies=committed)
+        deadline = Deadline(self.t.attach_s, f"detach {volume_id}", self.clock)
+        self.ec2.detach_volume(VolumeId=volume_id, InstanceId=self.instance_id)
+        self.wait("volume_available", deadline, VolumeIds=[volume_id])
+        raise TemporaryError(f"volume {volume_id} has a verified copy {', '.join(committed)} made by a move that finished "
+                             "while this instance attached it; detached it again without writing to it (try again)")
 
     def retire(self, volume: dict[str, Any], *, reason: str) -> None:
         volume_id = volume["VolumeId"]

@@ -12,14 +12,17 @@ from enum import IntEnum
 class ExitCode(IntEnum):
     """Process exit status of ``python3 -m bootstrap``.
 
-    ``OK`` (0): done. ``CHECKPOINT_STORAGE`` (74, EX_IOERR): the trainer exited 74 because its
-    checkpoint storage is full or unusable; a restart would fail the same way, so systemd does not
-    restart (``RestartPreventExitStatus``). ``TEMPFAIL`` (75, EX_TEMPFAIL): try again later (lease
-    held by another node, volume still detaching). ``CONFIG`` (78, EX_CONFIG): bad configuration;
-    nothing was touched.
+    ``OK`` (0): done. ``UNAVAILABLE`` (69, EX_UNAVAILABLE): this node can no longer work (IMDS
+    answered 403 during training); the agent powered it off for the fleet to replace it.
+    ``CHECKPOINT_STORAGE`` (74, EX_IOERR): the trainer exited 74 because its checkpoint storage is
+    full or unusable; a restart would fail the same way, so systemd does not restart
+    (``RestartPreventExitStatus``). ``TEMPFAIL`` (75, EX_TEMPFAIL): try again later (lease held by
+    another node, volume still detaching). ``CONFIG`` (78, EX_CONFIG): bad configuration, nothing
+    was touched; or the trainer exited 78 (its checkpoint cannot serve this job).
     """
 
     OK = 0
+    UNAVAILABLE = 69
     CHECKPOINT_STORAGE = 74
     TEMPFAIL = 75
     CONFIG = 78
@@ -60,3 +63,11 @@ class TemporaryError(AgentError):
     """A transient condition (lease held elsewhere, volume still detaching, throttling): exit 75."""
 
     exit_code = ExitCode.TEMPFAIL
+
+
+class NodeUnusableError(AgentError):
+    """This node can no longer work safely (IMDS answered 403 while training: no interruption notices
+    any more). The trainer was stopped the contract's way; the CLI powers the instance off so that the
+    fleet replaces it, and exits 69 (docs/agent.md, "A node that can no longer work")."""
+
+    exit_code = ExitCode.UNAVAILABLE

@@ -72,20 +72,32 @@ def setup_logging(*, level: int | str = logging.INFO, stream: IO[str] | None = N
     return logger
 
 
+class _NoFollowFileHandler(logging.FileHandler):
+    """A FileHandler that opens its file with :func:`bootstrap.safepath.open_file`: the log lives on
+    the data volume, which the training user controls, and the agent runs as root, so neither the
+    directory nor ``agent.jsonl`` may be a symlink the user planted (issue 15, item 4)."""
+
+    def _open(self):  # type: ignore[override]
+        from bootstrap.safepath import open_file
+
+        fd = open_file(self.baseFilename, os.O_WRONLY | os.O_APPEND | os.O_CREAT, create_parents=True)
+        return os.fdopen(fd, "a", encoding=self.encoding, errors=self.errors)
+
+
 def add_file_handler(log_dir: str | os.PathLike[str]) -> Path:
     """Also write the agent's log to ``<log_dir>/agent.jsonl`` (appending), creating ``log_dir``.
 
     Call it only after the data volume is mounted, so the file lands on the volume and not on the
-    root disk. Idempotent for the same path. Returns the file's path. Raises OSError if the directory
-    cannot be created.
+    root disk. Idempotent for the same path. Returns the file's path. Never follows a symlink the
+    training user planted: raises :class:`bootstrap.safepath.UnsafePathError` (exit 78) instead;
+    OSError if the directory cannot be created.
     """
     path = Path(log_dir) / AGENT_LOG_FILE
     logger = logging.getLogger(LOGGER_NAME)
     for handler in logger.handlers:
-        if isinstance(handler, logging.FileHandler) and Path(handler.baseFilename) == path.resolve():
+        if isinstance(handler, logging.FileHandler) and Path(handler.baseFilename) == Path(os.path.abspath(path)):
             return path
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handler = logging.FileHandler(path, encoding="utf-8")
+    handler = _NoFollowFileHandler(path, encoding="utf-8")
     handler.setFormatter(JsonLineFormatter())
     logger.addHandler(handler)
     return path

@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from bootstrap.config import AgentConfig
 from bootstrap.errors import AgentError, ConfigError, ExitCode, TemporaryError
+from bootstrap.safepath import UnsafePathError, open_directory, write_file_replacing
 
 if TYPE_CHECKING:
     from bootstrap.interruption import InterruptionWatcher
@@ -184,13 +185,15 @@ class Supervisor:
             return code.path
         self._require_mounted()
         dest = self.config.volume.mount_point / WORKSPACE_DIR
-        _git_checkout(code.url, code.ref, dest, env=self._git_env())
-        self._chown_tree(dest)
+        _git_checkout(code.url, code.ref, dest, env=self._git_env(), account=self._account())
         return dest
 
     def _git_env(self) -> dict[str, str]:
         env = dict(self.environ)
         env["GIT_TERMINAL_PROMPT"] = "0"  # never wait for a password on a headless node
+        account = self._account()
+        if account is not None:  # git runs as the training user, with their home (credentials, config)
+            env.update({"HOME": account.pw_dir, "USER": account.pw_name, "LOGNAME": account.pw_name})
         return env
 
     # ---- user and environment -----------------------------------------------------------------
@@ -214,18 +217,9 @@ class Supervisor:
             raise ConfigError(f"training.user: {self.training.user!r} does not exist on this node; expected an "
                               "existing Unix user (the agent runs as root and will not run training as root)") from None
 
-    def _chown(self, path: Path) -> None:
+    def _owner(self) -> tuple[int, int] | None:
         account = self._account()
-        if account is not None:
-            os.chown(path, account.pw_uid, account.pw_gid)
-
-    def _chown_tree(self, root: Path) -> None:
-        account = self._account()
-        if account is None:
-            return
-        for dirpath, dirnames, filenames in os.walk(root):
-            for name in [dirpath, *(os.path.join(dirpath, n) for n in dirnames + filenames)]:
-                os.lchown(name, account.pw_uid, account.pw_gid)
+        return None if account is None else (account.pw_uid, account.pw_gid)
 
     def trainer_environment(self) -> dict[str, str]:
         """The trainer's environment: the base environment plus the four SPOT_TRAINING_* variables (and
@@ -244,9 +238,10 @@ class Supervisor:
         return env
 
     def _prepare_dirs(self) -> None:
+        # Root never follows a symlink the training user planted on the volume (bootstrap.safepath):
+        # `checkpoints -> /etc` would otherwise hand /etc to the user. Raises UnsafePathError (exit 78).
         for directory in (self.training.dataset_dir, self.training.checkpoint_dir, self.training.log_dir):
-            directory.mkdir(parents=True, exist_ok=True)
-            self._chown(directory)
+            os.close(open_directory(directory, create=True, owner=self._owner()))
 
     def _require_mounted(self) -> None:
         if not self.is_mounted():
@@ -399,10 +394,10 @@ class Supervisor:
         if self.checkpoint_request == "signal":
             os.killpg(proc.pid, signal.SIGUSR1)
             return True
-        tmp = self.request_file.with_name(f".{CHECKPOINT_REQUEST_FILE}.tmp")
-        tmp.write_text(json.dumps({"reason": "rebalance-recommendation", "time": time.time()}))
-        self._chown(tmp)  # the trainer deletes it when it has saved
-        os.replace(tmp, self.request_file)
+        # Written without following links the user planted (bootstrap.safepath); owned by the training
+        # user, who deletes it when the checkpoint is saved.
+        body = json.dumps({"reason": "rebalance-recommendation", "time": time.time()}).encode()
+        write_file_replacing(self.request_file, body, owner=self._owner())
         return True
 
     def request_stop(self) -> None:
@@ -433,41 +428,66 @@ def _copy_output(pipe: Any, output: Callable[[str], None]) -> None:
     pipe.close()
 
 
-def _git(args: list[str], *, cwd: Path | None, env: Mapping[str, str]) -> subprocess.CompletedProcess:
-    return subprocess.run(["git", *args], cwd=cwd, env=dict(env), capture_output=True, text=True, timeout=600)
+#: Options for every git command the agent runs: hooks off (a hook planted in the checkout would
+#: otherwise run at every boot), never prompt.
+_GIT_OPTIONS = ("-c", "core.hooksPath=/dev/null")
 
 
-def _git_checkout(url: str, ref: str, dest: Path, *, env: Mapping[str, str]) -> None:
+def _git(args: list[str], *, cwd: Path | None, env: Mapping[str, str],
+         account: pwd.struct_passwd | None = None) -> subprocess.CompletedProcess:
+    """Run git (``-C cwd`` when given) as ``account`` (None: the current user), hooks disabled."""
+    kwargs: dict = {}
+    if account is not None:
+        kwargs = {"user": account.pw_uid, "group": account.pw_gid,
+                  "extra_groups": os.getgrouplist(account.pw_name, account.pw_gid)}
+    where = ["-C", str(cwd)] if cwd is not None else []
+    return subprocess.run(["git", *_GIT_OPTIONS, *where, *args], env=dict(env), capture_output=True, text=True,
+                          timeout=600, stdin=subprocess.DEVNULL, **kwargs)
+
+
+def _git_checkout(url: str, ref: str, dest: Path, *, env: Mapping[str, str],
+                  account: pwd.struct_passwd | None = None) -> None:
     """Make ``dest`` a checkout of ``url`` at ``ref`` (detached). Idempotent: an existing checkout at
     that ref is left alone; one at another ref is fetched and switched. A clone goes to a sibling
-    directory first and is renamed into place, so a crash never leaves a half clone at ``dest``."""
+    directory first and is renamed into place, so a crash never leaves a half clone at ``dest``.
+
+    git runs as ``account`` (the training user, who owns the checkout) with hooks disabled: run as
+    root in a directory the user controls, a planted hook, ``core.fsmonitor`` or filter in
+    ``.git/config`` would run as root (issue 15, item 5). ``url`` and ``ref`` never start with ``-``
+    (bootstrap.config rejects that: git would read them as options). Raises UnsafePathError when
+    ``dest`` or its ``.partial`` sibling is a symbolic link."""
     if shutil.which("git", path=env.get("PATH")) is None:
         raise ConfigError("training.code.type is 'git' but there is no git executable on this node's PATH")
-    safe = ["-c", f"safe.directory={dest}"]  # the checkout belongs to the training user, git runs as root
+    partial = dest.with_name(dest.name + ".partial")
+    for path in (dest, partial):
+        if path.is_symlink():
+            raise UnsafePathError(f"{str(path)!r} is a symbolic link on the data volume; the agent does not follow it. "
+                                  f"Remove it (rm {path}) and boot again")
     if (dest / ".git").exists():
-        head = _git([*safe, "rev-parse", "HEAD"], cwd=dest, env=env).stdout.strip()
-        want = _git([*safe, "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}"], cwd=dest, env=env).stdout.strip()
+        head = _git(["rev-parse", "HEAD"], cwd=dest, env=env, account=account).stdout.strip()
+        want = _git(["rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}"], cwd=dest, env=env,
+                    account=account).stdout.strip()
         if head and head == want:
             log.info("training code already checked out", extra={"ref": ref, "commit": head, "path": str(dest)})
             return
-        fetched = _git([*safe, "fetch", "--tags", "--force", "origin"], cwd=dest, env=env)
+        fetched = _git(["fetch", "--tags", "--force", "origin"], cwd=dest, env=env, account=account)
         if fetched.returncode != 0:
             raise TemporaryError(f"git fetch of {url} failed: {fetched.stderr.strip()[-500:]}")
         target = dest
     else:
-        partial = dest.with_name(dest.name + ".partial")
         if partial.exists():
-            shutil.rmtree(partial)  # our own unfinished clone from a crashed run: only code, no data
-        cloned = _git(["clone", "--quiet", "--no-checkout", url, str(partial)], cwd=None, env=env)
+            shutil.rmtree(partial)  # our own unfinished clone from a crashed run (rmtree never follows links)
+        cloned = _git(["clone", "--quiet", "--no-checkout", "--", url, str(partial)], cwd=None, env=env,
+                      account=account)
         if cloned.returncode != 0:
             raise TemporaryError(f"git clone of {url} failed: {cloned.stderr.strip()[-500:]}")
         target = partial
-    tsafe = ["-c", f"safe.directory={target}"]
-    checked = _git([*tsafe, "checkout", "--quiet", "--detach", "--force", ref], cwd=target, env=env)
+    checked = _git(["checkout", "--quiet", "--detach", "--force", ref], cwd=target, env=env, account=account)
     if checked.returncode != 0:
         raise ConfigError(f"training.code.ref: {ref!r} cannot be checked out from {url}: "
                           f"{checked.stderr.strip()[-300:]}; expected an existing commit or tag")
     if target != dest:
         os.rename(target, dest)
-    commit = _git([*safe, "rev-parse", "HEAD"], cwd=dest, env=env).stdout.strip()
-    log.info("training code checked out", extra={"url": url, "ref": ref, "commit": commit, "path": str(dest)})
+    commit = _git(["rev-parse", "HEAD"], cwd=dest, env=env, account=account).stdout.strip()
+    log.info("training code checked out", extra={"url": url, "ref": ref, "commit": commit, "path": str(dest),
+                                                 "user": account.pw_name if account else None})

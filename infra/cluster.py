@@ -31,7 +31,8 @@ from .asset import BootstrapAsset
 from .config import DEFAULT_TRAINING_PYTHON, FRAMEWORK_CPU_REQUIREMENTS, FRAMEWORK_REQUIREMENTS, FRAMEWORKS
 from .config import training_requirements as checked_requirements
 from .filesystem import SharedFileSystem
-from .fleet import DEFAULT_INSTANCE_TYPES, AllocationStrategy, SpotTrainingFleet, validate_instance_type
+from .fleet import (DEFAULT_INSTANCE_TYPES, AllocationStrategy, SpotTrainingFleet, keep_stack_tag_off_root_volumes,
+                    validate_instance_type)
 from .roles import TrainingNodeRole, node_policy_statements
 from .tags import CLUSTER_MEMBER_TAG_KEY, CLUSTER_MEMBER_TAG_VALUE, PURPOSE_DATA_VOLUME, PURPOSE_TAG_KEY, STACK_TAG_KEY
 from .userdata import node_config
@@ -399,6 +400,7 @@ class ParameterServerCluster(constructs.Construct):
             http_put_response_hop_limit=2,
             http_endpoint=True,
             instance_metadata_tags=True,
+            instance_initiated_shutdown_behavior=ec2.InstanceInitiatedShutdownBehavior.TERMINATE,
             block_devices=[
                 ec2.BlockDevice(
                     device_name="/dev/sda1",
@@ -411,6 +413,7 @@ class ParameterServerCluster(constructs.Construct):
                 )
             ],
         )
+        keep_stack_tag_off_root_volumes(template)  # root volumes: not deletable by every node's role
         # Fixed size (min = max): the group exists to replace a lost node, not to scale.
         # A changed launch template (a new node config: servers, ports, ...) replaces the nodes one
         # at a time, old one first: the coordinator reads its config only at boot, and two

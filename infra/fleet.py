@@ -17,6 +17,7 @@ from collections.abc import Sequence
 
 import aws_cdk as cdk
 import constructs
+import jsii
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
@@ -193,6 +194,9 @@ class SpotTrainingFleet(constructs.Construct):
             http_put_response_hop_limit=2,
             http_endpoint=True,
             instance_metadata_tags=instance_metadata_tags or None,
+            # The agent powers off a node that can no longer work (IMDS 403 during training): that
+            # must terminate it, so that the fleet launches a replacement (EC2's default is stop).
+            instance_initiated_shutdown_behavior=ec2.InstanceInitiatedShutdownBehavior.TERMINATE,
             block_devices=[
                 ec2.BlockDevice(
                     device_name=root_device_name,
@@ -206,6 +210,13 @@ class SpotTrainingFleet(constructs.Construct):
                 )
             ],
         )
+        # Root volumes (DeleteOnTermination) get the construct's tags but not the stack tag: the
+        # instance role may delete volumes carrying it (the agent's data volume and its copies), so
+        # with it every node could delete every other node's root volume, and the data-cleanup
+        # handler would wait for volumes EC2 deletes with their instances (issue 15, item 3). The L2
+        # renders the same tags for instances and volumes, so its TagSpecifications are replaced by
+        # ones computed from the same tags at synth time.
+        keep_stack_tag_off_root_volumes(self.launch_template)
         self.fleet_role: iam.IRole = fleet_role or SpotFleetRole(self, "FleetRole").role
 
         subnets = vpc.select_subnets(**_subnet_selection_kwargs(vpc_subnets)).subnets
@@ -246,6 +257,37 @@ class SpotTrainingFleet(constructs.Construct):
             ),
         )
         self.fleet_request_id: str = self.resource.ref
+
+
+def keep_stack_tag_off_root_volumes(launch_template: ec2.LaunchTemplate) -> None:
+    """Render ``launch_template``'s TagSpecifications so that its instances get all its tags and their
+    volumes all but ``spot-training:stack`` (the tag the instance role may delete volumes by). The L2
+    gives instances and volumes the same tags and has no option for this, hence the override; the
+    tags are read at synth time, after every ``Tags.of(...)`` aspect has run."""
+    cfn_launch_template = launch_template.node.default_child
+    assert isinstance(cfn_launch_template, ec2.CfnLaunchTemplate)
+    cfn_launch_template.add_property_override(
+        "LaunchTemplateData.TagSpecifications", cdk.Lazy.any(_InstanceAndRootVolumeTags(launch_template)))
+
+
+@jsii.implements(cdk.IStableAnyProducer)
+class _InstanceAndRootVolumeTags:
+    """The launch template's TagSpecifications: all its tags on instances; all but the stack tag on
+    their (root) volumes; None when it has no tags."""
+
+    def __init__(self, launch_template: ec2.LaunchTemplate) -> None:
+        self._launch_template = launch_template
+
+    def produce(self) -> object:
+        manager = cdk.TagManager.of(self._launch_template)
+        tags = [{"Key": t["Key"], "Value": t["Value"]} for t in (manager.render_tags() if manager else None) or []]
+        if not tags:
+            return None
+        specs = [{"ResourceType": "instance", "Tags": tags}]
+        volume_tags = [t for t in tags if t["Key"] != STACK_TAG_KEY]
+        if volume_tags:
+            specs.append({"ResourceType": "volume", "Tags": volume_tags})
+        return specs
 
 
 def _subnet_selection_kwargs(selection: ec2.SubnetSelection | None) -> dict[str, object]:

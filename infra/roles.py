@@ -21,7 +21,7 @@ from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
 from aws_cdk import aws_s3_assets as s3_assets
 
-from .tags import STACK_TAG_KEY
+from .tags import AGENT_BOOKKEEPING_TAG_KEYS, STACK_TAG_KEY
 
 #: Read-only EC2 calls the agents make; EC2 does not support resource-level permissions for them.
 DESCRIBE_ACTIONS: tuple[str, ...] = (
@@ -47,11 +47,11 @@ class TrainingNodeRole(constructs.Construct):
     - ``ec2:AttachVolume`` / ``ec2:DetachVolume`` on tagged volumes and tagged instances;
     - ``ec2:DeleteVolume`` / ``ec2:DeleteSnapshot`` on tagged volumes and snapshots;
     - ``ec2:CreateTags`` on volumes and snapshots while creating them (``ec2:CreateAction``), and
-      ``ec2:CreateTags`` / ``ec2:DeleteTags`` on already tagged ones for any key but the stack tag
-      itself (the agent's attach lease);
+      ``ec2:CreateTags`` on already tagged ones for any key but the stack tag itself (the agent's
+      attach lease); ``ec2:DeleteTags`` only of the agent's bookkeeping tags, named in the request;
     - ``ec2:CancelSpotFleetRequests`` on this stack's fleet request only;
     - read access to the bootstrap asset (``grant_read``), if given;
-    - use of a customer managed volume key, if :meth:`grant_volume_key` is called;
+    - use of a customer managed volume key through EBS only, if :meth:`grant_volume_key` is called;
     - the AWS managed policy ``AmazonSSMManagedInstanceCore`` (Session Manager instead of SSH).
 
     Attributes:
@@ -108,16 +108,27 @@ class TrainingNodeRole(constructs.Construct):
     def grant_volume_key(self, key: kms.IKey) -> None:
         """Let the nodes use a customer managed KMS key of the data volume.
 
-        Moving the volume (snapshot, new volume from it) and attaching it need the key:
-        encrypt/decrypt through aws-cdk-lib's ``grant_encrypt_decrypt``, plus ``kms:CreateGrant`` only
-        for AWS resources (``kms:GrantIsForAWSResource``, i.e. EBS on the node's behalf) and
-        ``kms:DescribeKey``.
+        Moving the volume (snapshot, new volume from it) and attaching it need the key, only ever
+        through EBS: ``kms:Decrypt``, ``kms:DescribeKey``, ``kms:GenerateDataKeyWithoutPlaintext`` and
+        ``kms:ReEncrypt*`` with ``kms:ViaService = ec2.<region>.amazonaws.com`` (the node cannot use the
+        key directly), plus ``kms:CreateGrant`` only for AWS resources (``kms:GrantIsForAWSResource``).
+        These are the permissions the EBS documentation lists for a customer managed key ("Amazon EBS
+        encryption", key policy for EBS); aws-cdk-lib's ``grant_encrypt_decrypt`` has no ViaService
+        condition and grants ``kms:Encrypt``/``GenerateDataKey*`` EBS does not use, hence own statements.
         """
-        key.grant_encrypt_decrypt(self.role)
+        self.role.add_to_principal_policy(
+            iam.PolicyStatement(
+                sid="UseVolumeKeyThroughEbs",
+                actions=["kms:Decrypt", "kms:DescribeKey", "kms:GenerateDataKeyWithoutPlaintext",
+                         "kms:ReEncryptFrom", "kms:ReEncryptTo"],
+                resources=[key.key_arn],
+                conditions={"StringEquals": {"kms:ViaService": f"ec2.{cdk.Aws.REGION}.amazonaws.com"}},
+            )
+        )
         self.role.add_to_principal_policy(
             iam.PolicyStatement(
                 sid="EbsGrantsOnVolumeKey",
-                actions=["kms:CreateGrant", "kms:DescribeKey"],
+                actions=["kms:CreateGrant"],
                 resources=[key.key_arn],
                 conditions={"Bool": {"kms:GrantIsForAWSResource": "true"}},
             )
@@ -199,11 +210,24 @@ def node_policy_statements(stack_tag_value: str) -> list[iam.PolicyStatement]:
         ),
         iam.PolicyStatement(
             sid="RetagOwnResources",
-            actions=["ec2:CreateTags", "ec2:DeleteTags"],
+            actions=["ec2:CreateTags"],
             resources=[volume, snapshot],
             conditions={
                 **tagged,
                 "ForAllValues:StringNotEquals": {"aws:TagKeys": [STACK_TAG_KEY]},
+            },
+        ),
+        # DeleteTags naming no tag deletes every tag (the stack tag too): only the agent's bookkeeping
+        # tags, and only when named (Null: aws:TagKeys must be present).
+        iam.PolicyStatement(
+            sid="UntagOwnBookkeeping",
+            actions=["ec2:DeleteTags"],
+            resources=[volume, snapshot],
+            conditions={
+                **tagged,
+                "ForAllValues:StringNotEquals": {"aws:TagKeys": [STACK_TAG_KEY]},
+                "ForAllValues:StringEquals": {"aws:TagKeys": list(AGENT_BOOKKEEPING_TAG_KEYS)},
+                "Null": {"aws:TagKeys": "false"},
             },
         ),
         iam.PolicyStatement(

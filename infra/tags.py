@@ -14,6 +14,15 @@ PURPOSE_TAG_KEY = "spot-training:purpose"
 PURPOSE_DATA_VOLUME = "data-volume"
 #: ``spot-training:purpose`` value on the snapshots the agent takes to move the volume.
 PURPOSE_MIGRATION_SNAPSHOT = "migration-snapshot"
+#: The agent's bookkeeping tags on the data volume, its copies and snapshots (docs/contracts.md, the
+#: second table of "Resource tags"): the only tags a node may delete (infra.roles).
+AGENT_BOOKKEEPING_TAG_KEYS: tuple[str, ...] = (
+    "spot-training:lease",
+    "spot-training:source-volume",
+    "spot-training:source-snapshot",
+    "spot-training:move-state",
+    "spot-training:created-by",
+)
 #: Tag on every cluster worker instance; removing it asks the worker to leave (the Dynamic Training
 #: article's mechanism; ``cluster.member_tag`` in the node config, docs/contracts.md).
 CLUSTER_MEMBER_TAG_KEY = "spot-training:cluster-member"

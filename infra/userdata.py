@@ -22,6 +22,8 @@ SERVICE_NAME = "spot-training-agent"
 EXIT_BAD_CONFIG = 78
 #: ... nor after this one (74: the trainer's checkpoint storage is full or unusable; docs/contracts.md).
 EXIT_CHECKPOINT_STORAGE = 74
+#: ... nor after this one (69: the node could no longer work and was powered off; docs/agent.md).
+EXIT_NODE_UNUSABLE = 69
 _HEREDOC_TAG = "SPOT_TRAINING_CONFIG_JSON"
 _HEREDOC_START = re.compile(r"<<\s*'(?P<tag>[A-Za-z_][A-Za-z0-9_]*)'\s*$")
 
@@ -33,7 +35,8 @@ STOP_TIMEOUT_S = 120
 
 def systemd_unit(stop_timeout_s: int = STOP_TIMEOUT_S) -> str:
     """The systemd unit that runs the agent. ``Restart=on-failure`` retries exit 75 (try again later)
-    and crashes; ``RestartPreventExitStatus=78 74`` stops the loop on a bad config or unusable checkpoint storage; ``TimeoutStopSec``
+    and crashes; ``RestartPreventExitStatus=78 74 69`` stops the loop on a bad config, on unusable
+    checkpoint storage, and after the agent powered off a node that can no longer work; ``TimeoutStopSec``
     is ``stop_timeout_s`` seconds (default :data:`STOP_TIMEOUT_S`)."""
     return f"""[Unit]
 Description=spot-training node agent (volume, trainer, interruption notices, cleanup)
@@ -46,7 +49,7 @@ WorkingDirectory={CODE_DIR}
 ExecStart=/usr/bin/python3 -m bootstrap run --config {CONFIG_PATH}
 Restart=on-failure
 RestartSec=15
-RestartPreventExitStatus={EXIT_BAD_CONFIG} {EXIT_CHECKPOINT_STORAGE}
+RestartPreventExitStatus={EXIT_BAD_CONFIG} {EXIT_CHECKPOINT_STORAGE} {EXIT_NODE_UNUSABLE}
 TimeoutStopSec={stop_timeout_s}
 Environment=PYTHONUNBUFFERED=1
 

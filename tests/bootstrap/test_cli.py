@@ -107,6 +107,18 @@ BAD_CONFIGS = {
                                     r"volume.tags.spot-training:stack: got \"Other\"; expected the stack name"),
     "typo in a key": (lambda c: _with(c, "/x", "volume", "mount_pont"), r"volume.mount_pont: got \"/x\"; expected no such key"),
     "not json": (lambda c: '{"schema_version": 1,', r"is not valid JSON: .* line 1 column"),
+    # issue 15, item 7: each of these exited 1 (a traceback) or was accepted
+    "deeply nested JSON": (lambda c: "[" * 200_000 + "]" * 200_000, r"is not valid JSON: nested too deeply"),
+    "5000-digit integer": (lambda c: json.dumps(c).replace('"keep_snapshots": 2', '"keep_snapshots": ' + "9" * 5000),
+                           r"is not valid JSON: .*integer"),
+    "keep_snapshots 10**30": (lambda c: _with(c, 10**30, "volume", "keep_snapshots"),
+                              r"volume.keep_snapshots: got 1000000000000000000000000000000; expected an integer >= 1 and <= 100"),
+    "mount point /": (lambda c: _with(c, "/", "volume", "mount_point"), r'volume.mount_point: got "/"; expected a directory'),
+    "checkpoints on the root disk": (lambda c: _with(c, "/var/lib/checkpoints", "training", "checkpoint_dir"),
+                                     r'training.checkpoint_dir: got "/var/lib/checkpoints"; expected a directory under '
+                                     r"the data volume's mount point"),
+    "git url is an option": (lambda c: _with(c, {"type": "git", "url": "--upload-pack=id", "ref": "v1"}, "training", "code"),
+                             r'training.code.url: got "--upload-pack=id"'),
 }
 
 
@@ -384,3 +396,46 @@ def test_run_with_efs_on_a_node_without_efs_utils_exits_78_before_touching_anyth
     assert "no anonymous NFS fallback" in result.stderr
     assert aws_state(ec2) == before
     assert not (node["dir"] / "efs").exists() and events(node["dir"]) == []
+
+
+def test_imds_403_during_training_checkpoints_and_hands_the_node_back_to_the_fleet(node):
+    """IMDS starts answering 403 while training runs (issue 15, item 8): the node can no longer see
+    interruption notices. The agent stops the trainer the contract's way (it checkpoints), logs why,
+    powers the instance off (the launch template makes that a termination, so the spot fleet launches a
+    replacement) and exits 69, which systemd does not restart: no idle instance keeps billing."""
+    marker = node["dir"] / "powered-off"
+    env = _mounted_volume(node["dir"]) | {
+        "SPOT_TRAINING_POWEROFF_COMMAND": f"{sys.executable} -c \"open('{marker}', 'w').write('off')\""}
+    config = _with(node["config"], 0.5, "notice_poll_interval_s")
+    proc = _start_agent("supervise", _write(node["dir"] / "config.json", config), env)
+    try:
+        _wait_for(lambda: events(node["dir"]))
+        time.sleep(0.5)  # the trainer installs its SIGTERM handler right after "start"
+        node["imds"].set_fail_mode(status=403)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == ExitCode.UNAVAILABLE == 69, err
+    assert marker.read_text() == "off"
+    assert [e[0] for e in events(node["dir"])] == ["start", "sigterm-checkpoint"]
+    logged = [json.loads(line) for line in out.splitlines() if line.startswith("{\"time\"")]
+    assert any(line.get("event") == "node_unusable" and "403" in line["message"] for line in logged)
+
+
+def test_imds_403_in_local_mode_without_a_poweroff_command_only_exits_69(node):
+    env = _mounted_volume(node["dir"])
+    config = _with(node["config"], 0.5, "notice_poll_interval_s")
+    proc = _start_agent("supervise", _write(node["dir"] / "config.json", config), env)
+    try:
+        _wait_for(lambda: events(node["dir"]))
+        time.sleep(0.5)
+        node["imds"].set_fail_mode(status=403)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 69, err
+    assert "not powering off" in err + out

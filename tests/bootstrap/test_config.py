@@ -129,6 +129,21 @@ def test_notice_poll_interval_is_read():
     ("training", _DELETE, "training: missing; expected a value (required key)"),
     ("volume.device_name", _DELETE, "volume.device_name: missing"),
     ("colour", "blue", 'colour: got "blue"; expected no such key'),
+    # issue 15: option injection into git, absurd sizes, system paths, checkpoints on the root disk
+    ("training.code", {"type": "git", "url": "--upload-pack=touch /tmp/x", "ref": "v1"},
+     'training.code.url: got "--upload-pack=touch /tmp/x"; expected a git URL'),
+    ("training.code", {"type": "git", "url": "https://example.com/r.git", "ref": "--orphan"},
+     'training.code.ref: got "--orphan"; expected a pinned commit or tag'),
+    ("volume.keep_snapshots", 10**30, "volume.keep_snapshots: got 1000000000000000000000000000000; expected an "
+     "integer >= 1 and <= 100"),
+    ("volume.keep_snapshots", 101, "volume.keep_snapshots: got 101; expected an integer >= 1 and <= 100"),
+    ("volume.mount_point", "/", 'volume.mount_point: got "/"; expected a directory of its own'),
+    ("volume.mount_point", "/etc", 'volume.mount_point: got "/etc"; expected a directory of its own'),
+    ("volume.mount_point", "/usr/local/data", 'volume.mount_point: got "/usr/local/data"; expected a directory'),
+    ("training.checkpoint_dir", "/var/lib/checkpoints", 'training.checkpoint_dir: got "/var/lib/checkpoints"; '
+     "expected a directory under the data volume's mount point '/dltraining'"),
+    ("training.checkpoint_dir", "/dltraining", "training.checkpoint_dir: got \"/dltraining\"; expected a directory "
+     "under the data volume's mount point"),
 ])
 def test_each_bad_value_is_named(path, value, expected):
     problems = _problems(_set(path, value))
@@ -188,3 +203,21 @@ def test_load_config_file_errors(tmp_path):
     good = tmp_path / "good.json"
     good.write_text(json.dumps(CONTRACT_EXAMPLE))
     assert load_config(good).stack_name == "SpotTraining"
+
+
+def test_checkpoint_dir_on_efs_is_allowed():
+    data = _set("efs", {"file_system_id": "fs-0123abcd", "mount_point": "/mnt/efs"})
+    data["training"]["checkpoint_dir"] = "/mnt/efs/checkpoints"
+    assert parse_config(data).training.checkpoint_dir == Path("/mnt/efs/checkpoints")
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("[" * 200_000 + "]" * 200_000, "nested too deeply"),
+    ('{"schema_version": ' + "9" * 5000 + "}", "integer"),
+])
+def test_pathological_json_is_a_config_error(tmp_path, text, expected):
+    path = tmp_path / "config.json"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=expected) as info:
+        load_config(path)
+    assert info.value.exit_code == ExitCode.CONFIG

@@ -143,3 +143,34 @@ def test_fails_on_bad_properties_and_touches_nothing(ec2, resources, props, mess
 def test_fails_on_unknown_request_type(moto_server):
     with pytest.raises(ValueError, match="RequestType.*'Destroy'"):
         cleanup.handler({"RequestType": "Destroy", "ResourceProperties": {"StackName": STACK}}, None)
+
+
+def test_a_volume_that_disappears_while_waited_for_is_done(ec2, resources, monkeypatch):
+    """A root volume (DeleteOnTermination) of an instance that is shutting down: EC2 deletes it with the
+    instance while the handler waits for it to become available. Gone is done, not an error (issue 15,
+    item 3: `cdk destroy` failed with 'did not become available ... InvalidVolume.NotFound')."""
+    import boto3
+
+    root_volume = _volume(ec2, STACK)
+    instance_id = _instance(ec2)
+    ec2.attach_volume(VolumeId=root_volume, InstanceId=instance_id, Device="/dev/sda1")
+    ec2.stop_instances(InstanceIds=[instance_id])  # on its way out: the handler waits for the volume
+    real_client = boto3.client
+
+    def client_that_sees_ec2_delete_the_volume(*args, **kwargs):
+        client = real_client(*args, **kwargs)
+
+        def ec2_deletes_it(params, **_):
+            if params.get("VolumeIds") == [root_volume] and root_volume in _state(ec2)[0]:
+                ec2.detach_volume(VolumeId=root_volume, Force=True)
+                ec2.delete_volume(VolumeId=root_volume)
+
+        client.meta.events.register("before-parameter-build.ec2.DescribeVolumes", ec2_deletes_it)
+        return client
+
+    monkeypatch.setattr(cleanup.boto3, "client", client_that_sees_ec2_delete_the_volume)
+    result = cleanup.handler(_event("Delete"), None)
+    volumes, snapshots = _state(ec2)
+    assert not volumes & {root_volume, *resources["ours"]}
+    assert not snapshots & set(resources["our_snaps"])
+    assert set(resources["ours"]) <= set(result["Data"]["DeletedVolumes"].split(","))

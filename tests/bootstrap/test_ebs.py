@@ -57,8 +57,9 @@ def test_same_az_attaches_mounts_formats_once_and_keeps_the_volume(ec2, moto_ser
     assert mount_point.resolve() == volume_dir(moto_server.ebs_dir, volume_id).resolve()
     assert (volume_dir(moto_server.ebs_dir, volume_id) / DirectoryBlockDevices.FS_MARKER).read_text() == "xfs"
     assert migration_snapshots(ec2) == []
-    # The article's three calls (it described twice, attached once); AttachVolume is the arbiter here.
-    assert agent_calls == ["DescribeVolumes", "AttachVolume", "DescribeVolumes"]
+    # The article's three calls (it described twice, attached once); AttachVolume is the arbiter here;
+    # plus one DescribeVolumes after the attach: did a move of this volume commit meanwhile (issue 15)?
+    assert agent_calls == ["DescribeVolumes", "AttachVolume", "DescribeVolumes", "DescribeVolumes"]
     verify_mounted(DirectoryBlockDevices(moto_server.volumes_dir), volume_id, mount_point)
 
 
@@ -242,3 +243,90 @@ def test_copy_is_abandoned_when_the_source_was_attached_during_the_move(ec2, mot
     [volume] = data_volumes(ec2)
     assert volume["VolumeId"] not in (source_id, copy_id)
     assert [a["InstanceId"] for a in volume["Attachments"]] == [me]
+
+
+# ---- issue 15, item 2: a lease-free attach in the source's AZ racing a move --------------------------
+def _other_client(moto_server):
+    import boto3
+    from botocore.config import Config
+
+    return boto3.client("ec2", region_name="us-east-1", endpoint_url=moto_server.endpoint_url,
+                        aws_access_key_id="testing", aws_secret_access_key="testing",
+                        config=Config(retries={"mode": "standard"}))
+
+
+def test_source_attached_between_the_final_recheck_and_the_delete_is_never_retired(ec2, moto_server, tmp_path):
+    """The mover re-checked the source (free) and marked its copy verified; right then an agent in the
+    source's AZ attaches the source (no lease needed there) and trains on. The mover's DeleteVolume
+    fails with VolumeInUse: its copy must not stay 'verified' (the next boot would retire the source
+    that was trained on); the newer data wins."""
+    config, _ = make_config(tmp_path)
+    source_id = create_data_volume(ec2, "us-east-1a")
+    source_dir = volume_dir(moto_server.ebs_dir, source_id)
+    (source_dir / DirectoryBlockDevices.FS_MARKER).write_text("xfs")
+    (source_dir / "epoch").write_text("1")
+    mover = run_instance(ec2, "us-east-1b")
+    other = run_instance(ec2, "us-east-1a")
+    other_ec2 = _other_client(moto_server)
+    attached: list[str] = []
+
+    def attach_right_after_verified(params, **_):
+        tags = {t["Key"]: t["Value"] for t in params.get("Tags", [])}
+        if tags.get(MOVE_STATE_TAG) == "verified" and not attached:
+            attached.append(source_id)
+            other_ec2.attach_volume(VolumeId=source_id, InstanceId=other, Device="/dev/sdf")
+            (source_dir / "epoch").write_text("2")  # the other node trains on the source
+
+    calls: list[dict] = []  # CreateTags requests; right after the one marking the copy verified, attach
+    ec2.meta.events.register("before-parameter-build.ec2.CreateTags", lambda params, **kw: calls.append(dict(params)))
+    ec2.meta.events.register("after-call.ec2.CreateTags",
+                             lambda **kw: attach_right_after_verified(calls[-1]) if calls else None)
+
+    with pytest.raises(TemporaryError):
+        _prepare(ec2, moto_server, config, mover, "us-east-1b")
+    copies = [v for v in data_volumes(ec2) if v["VolumeId"] != source_id]
+    assert copies and all(_tags(c).get(MOVE_STATE_TAG) != "verified" for c in copies), [_tags(c) for c in copies]
+    assert (source_dir / "epoch").read_text() == "2"
+
+    # The other node is interrupted in turn; the mover's agent boots again and moves the source afresh.
+    ec2.terminate_instances(InstanceIds=[other])
+    mount_point = _prepare(ec2, moto_server, config, mover, "us-east-1b")
+    assert (mount_point / "epoch").read_text() == "2"  # the data trained on after the first move attempt
+    [volume] = data_volumes(ec2)
+    assert [a["InstanceId"] for a in volume["Attachments"]] == [mover]
+
+
+def test_lease_free_attach_backs_off_when_a_move_committed_meanwhile(ec2, moto_server, tmp_path):
+    """An agent in the volume's AZ saw no lease and attaches without one; between its read and its
+    AttachVolume a mover elsewhere finished and marked its copy verified (the source is about to be
+    retired). The attacher must re-read the move state after attaching, detach and exit 75 instead
+    of training on a volume that the next boot retires."""
+    config, _ = make_config(tmp_path)
+    source_id = create_data_volume(ec2, "us-east-1a")
+    source_dir = volume_dir(moto_server.ebs_dir, source_id)
+    (source_dir / DirectoryBlockDevices.FS_MARKER).write_text("xfs")
+    me = run_instance(ec2, "us-east-1a")
+    mover = run_instance(ec2, "us-east-1b")
+    other_ec2 = _other_client(moto_server)
+    done: list[str] = []
+
+    def mover_commits(**_):
+        if done:
+            return
+        snapshot_id = other_ec2.create_snapshot(VolumeId=source_id)["SnapshotId"]
+        copy_id = other_ec2.create_volume(AvailabilityZone="us-east-1b", SnapshotId=snapshot_id, VolumeType="gp3",
+                                          TagSpecifications=[{"ResourceType": "volume", "Tags": [
+                                              {"Key": "spot-training:stack", "Value": "SpotTraining"},
+                                              {"Key": "spot-training:purpose", "Value": "data-volume"},
+                                              {"Key": SOURCE_VOLUME_TAG, "Value": source_id},
+                                              {"Key": MOVE_STATE_TAG, "Value": "verified"},
+                                              {"Key": "spot-training:created-by", "Value": mover}]}])["VolumeId"]
+        other_ec2.attach_volume(VolumeId=copy_id, InstanceId=mover, Device="/dev/sdf")
+        done.append(copy_id)
+
+    ec2.meta.events.register("before-call.ec2.AttachVolume", mover_commits)
+    with pytest.raises(TemporaryError, match="verified copy"):
+        _prepare(ec2, moto_server, config, me, "us-east-1a")
+    source = ec2.describe_volumes(VolumeIds=[source_id])["Volumes"][0]
+    assert source["State"] == "available" and not source.get("Attachments")  # let go again
+    assert not (tmp_path / "dltraining").exists()  # never mounted, so never trained on

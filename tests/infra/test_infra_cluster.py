@@ -149,6 +149,7 @@ def test_only_workers_carry_the_member_tag(cluster_synth: Synth) -> None:
     for role, lt in _launch_templates(cluster_synth).items():
         specs = {s["ResourceType"]: s["Tags"] for s in lt["Properties"]["LaunchTemplateData"]["TagSpecifications"]}
         assert {"Key": STACK_TAG_KEY, "Value": "DistributedTraining"} in specs["instance"], role
+        assert all(t["Key"] != STACK_TAG_KEY for t in specs.get("volume", [])), role  # root volumes: issue 15
         has_member_tag = {"Key": CLUSTER_MEMBER_TAG_KEY, "Value": "true"} in specs["instance"]
         assert has_member_tag == (role == "worker"), role
         # Instance tags in metadata allow no '/' or space in keys (EC2 rejects the launch otherwise).

@@ -158,11 +158,20 @@ def test_launch_template_requires_imdsv2_and_encrypts_the_root_volume(default_sy
     )
 
 
-def test_launch_template_tags_instances_and_volumes(default_synth: Synth) -> None:
+def test_a_node_that_powers_itself_off_is_terminated_and_replaced(default_synth: Synth) -> None:
+    # The agent powers off a node that can no longer work (IMDS 403 during training, issue 15 item 8);
+    # EC2's default for an OS shutdown is stop, which would leave the spot fleet's capacity stuck.
+    (lt,) = default_synth.resources("AWS::EC2::LaunchTemplate").values()
+    assert lt["Properties"]["LaunchTemplateData"]["InstanceInitiatedShutdownBehavior"] == "terminate"
+
+
+def test_launch_template_tags_instances_but_not_root_volumes_with_the_stack_tag(default_synth: Synth) -> None:
+    # Root volumes must not carry the tag the instance role may delete by (issue 15, item 3); the
+    # instance needs it (AttachVolume and the fleet lookup are conditioned on it).
     (lt,) = default_synth.resources("AWS::EC2::LaunchTemplate").values()
     specs = {s["ResourceType"]: s["Tags"] for s in lt["Properties"]["LaunchTemplateData"]["TagSpecifications"]}
-    for resource_type in ("instance", "volume"):
-        assert {"Key": STACK_TAG_KEY, "Value": "SpotTraining"} in specs[resource_type]
+    assert {"Key": STACK_TAG_KEY, "Value": "SpotTraining"} in specs["instance"]
+    assert all(t["Key"] != STACK_TAG_KEY for t in specs.get("volume", []))
 
 
 def test_data_volume_is_encrypted_gp3_tagged_and_retained(default_synth: Synth) -> None:
@@ -324,7 +333,7 @@ def test_user_data_fetches_the_asset_and_starts_the_agent_under_systemd(default_
     assert "python3 -m zipfile -e '/opt/spot-training/bootstrap.zip' /opt/spot-training/code" in text
     assert "ExecStart=/usr/bin/python3 -m bootstrap run --config /etc/spot-training/config.json" in text
     assert "WorkingDirectory=/opt/spot-training/code" in text
-    assert "Restart=on-failure" in text and "RestartPreventExitStatus=78 74" in text
+    assert "Restart=on-failure" in text and "RestartPreventExitStatus=78 74 69" in text  # 74: storage, 69: powered off
     # The agent waits up to 90 s for the trainer on stop; systemd must wait longer than that.
     assert "TimeoutStopSec=120" in text
     # The default AMI (Deep Learning Base AMI) ships no framework: it is installed before the agent starts.
@@ -529,3 +538,35 @@ def test_fis_experiment_template_only_with_fis_drill(default_synth: Synth, tmp_p
     (interrupt,) = [s for s in statements if s["Action"] == "ec2:SendSpotInstanceInterruptions"]
     assert interrupt["Condition"] == {"StringEquals": {f"aws:ResourceTag/{STACK_TAG_KEY}": "SpotTraining"}}
     assert synth.data["Outputs"]["FisExperimentTemplateId"]["Value"] == {"Ref": template_id}
+
+
+# ---- issue 15, item 6: least privilege ------------------------------------------------------------
+def test_nodes_delete_only_the_agents_bookkeeping_tags(default_synth: Synth) -> None:
+    """DeleteTags with no tag list strips every tag, the stack tag included: nodes may delete only the
+    agent's bookkeeping tags, and only by naming them."""
+    from bootstrap.ebs import CREATED_BY_TAG, MOVE_STATE_TAG, SOURCE_SNAPSHOT_TAG, SOURCE_VOLUME_TAG
+    from bootstrap.lease import LEASE_TAG
+
+    delete = [s for s in _policy_statements(default_synth, "NodeRole") if "ec2:DeleteTags" in _as_list(s["Action"])]
+    assert delete
+    bookkeeping = {LEASE_TAG, SOURCE_VOLUME_TAG, SOURCE_SNAPSHOT_TAG, MOVE_STATE_TAG, CREATED_BY_TAG}
+    for statement in delete:
+        assert set(_as_list(statement["Condition"]["ForAllValues:StringEquals"]["aws:TagKeys"])) == bookkeeping
+        assert statement["Condition"]["Null"] == {"aws:TagKeys": "false"}  # a DeleteTags naming no tag: denied
+
+
+def test_node_uses_the_volume_key_only_through_ec2(pinned_synth: Synth) -> None:
+    """The customer managed volume key is usable by the node only through EBS (kms:ViaService), and no
+    statement grants an action under a condition that never applies to it."""
+    kms_statements = [s for s in _policy_statements(pinned_synth, "NodeRole") if any(a.startswith("kms:") for a in _as_list(s["Action"]))]
+    for statement in kms_statements:
+        actions = set(_as_list(statement["Action"]))
+        if actions == {"kms:CreateGrant"}:
+            assert statement["Condition"]["Bool"] == {"kms:GrantIsForAWSResource": "true"}
+        else:
+            assert "kms:CreateGrant" not in actions
+            assert json.dumps(statement["Condition"]["StringEquals"]["kms:ViaService"]) == json.dumps(
+                {"Fn::Join": ["", ["ec2.", {"Ref": "AWS::Region"}, ".amazonaws.com"]]}), statement
+    used = {a for s in kms_statements for a in _as_list(s["Action"])}
+    assert {"kms:CreateGrant", "kms:Decrypt", "kms:DescribeKey", "kms:GenerateDataKeyWithoutPlaintext"} <= used
+    assert not [a for a in used if a in ("kms:Encrypt", "kms:GenerateDataKey")]  # EBS needs neither

@@ -13,7 +13,8 @@ Create and Update do nothing but return a ``PhysicalResourceId``. Delete, unless
 ``"true"``, deletes every EBS snapshot (owned by this account) and every EBS volume carrying
 ``TagKey=TagValue``. A volume is deleted only once it is ``available``: one still attached to an
 instance that is shutting down or stopping is waited for with the boto3 ``volume_available`` waiter
-(bounded by the Lambda's remaining time); one attached to a running instance is an error, because
+(bounded by the Lambda's remaining time), and one that disappears meanwhile (a root volume EC2 deletes
+with its instance: ``InvalidVolume.NotFound``) is done; one attached to a running instance is an error, because
 the stack's fleet should already be gone (make the fleet depend on this resource so CloudFormation
 deletes the fleet first).
 
@@ -136,6 +137,10 @@ def _delete_volumes(ec2: Any, volumes: list[dict[str, Any]], max_wait_s: int) ->
                     WaiterConfig={"Delay": WAIT_DELAY_S, "MaxAttempts": max(1, max_wait_s // WAIT_DELAY_S)},
                 )
             except WaiterError as error:
+                if _gone(ec2, volume_id):
+                    # A root volume (DeleteOnTermination) that EC2 deleted with its instance: done.
+                    LOG.info("volume %s was deleted by EC2 while waiting for it; nothing to do", volume_id)
+                    continue
                 raise RuntimeError(f"volume {volume_id} did not become available within {max_wait_s} s: {error}") from error
         try:
             ec2.delete_volume(VolumeId=volume_id)
@@ -144,6 +149,17 @@ def _delete_volumes(ec2: Any, volumes: list[dict[str, Any]], max_wait_s: int) ->
                 raise
         deleted.append(volume_id)
     return deleted
+
+
+def _gone(ec2: Any, volume_id: str) -> bool:
+    """True when ``volume_id`` no longer exists (``InvalidVolume.NotFound``) or is being deleted."""
+    try:
+        volumes = ec2.describe_volumes(VolumeIds=[volume_id])["Volumes"]
+    except ClientError as error:
+        if error.response["Error"]["Code"] == "InvalidVolume.NotFound":
+            return True
+        raise
+    return all(v["State"] in ("deleting", "deleted") for v in volumes)
 
 
 def _instance_state(ec2: Any, instance_id: str) -> str | None:
