@@ -12,7 +12,8 @@ The supervisor (docs/contracts.md, "Environment the agent gives the trainer" and
    ``_CHECKPOINT_REQUEST_FILE`` in its environment;
 4. restarts it after a crash with bounded, jittered exponential backoff, giving up after
    ``max_restarts`` consecutive crashes (:class:`TrainerFailedError`, exit 75); never restarts a
-   trainer that exited 74, "checkpoint storage full or unusable" (:class:`CheckpointStorageError`, exit 74);
+   trainer that exited 74, "checkpoint storage full or unusable" (:class:`CheckpointStorageError`, exit 74),
+   or 78, "the checkpoint cannot serve this job" (:class:`CheckpointMismatchError`, exit 78);
 5. returns :attr:`Outcome.COMPLETED` only when the trainer exited 0, the agent did not stop it, and
    ``<checkpoint_dir>/COMPLETED`` exists (a node that boots and finds COMPLETED returns it at once).
 
@@ -88,6 +89,19 @@ class CheckpointStorageError(AgentError):
     supervisor does not restart it. Exit 74."""
 
     exit_code = ExitCode.CHECKPOINT_STORAGE
+
+
+#: Trainer exit status meaning "the newest checkpoint cannot serve this job" (another framework's,
+#: adapter's or model's; docs/contracts.md): permanent, like a bad config.
+TRAINER_EXIT_CHECKPOINT_MISMATCH = 78
+
+
+class CheckpointMismatchError(AgentError):
+    """The trainer exited 78: the newest checkpoint in its directory was written by another framework,
+    adapter or model (its log names the path). Every restart would refuse it the same way, so the
+    supervisor does not restart it. Exit 78."""
+
+    exit_code = ExitCode.CONFIG
 
 
 class VolumeNotMountedError(AgentError):
@@ -327,6 +341,12 @@ class Supervisor:
                     f"the trainer exited {status}: its checkpoint storage {str(self.training.checkpoint_dir)!r} is "
                     "full or unusable (its log names the path, the bytes needed and free); not restarting it, since "
                     "every restart would fail the same way; free space or fix the directory, then start the agent again")
+            if status == TRAINER_EXIT_CHECKPOINT_MISMATCH:
+                raise CheckpointMismatchError(
+                    f"the trainer exited {status}: the newest checkpoint in {str(self.training.checkpoint_dir)!r} "
+                    "cannot serve this job (another framework's, adapter's or model's; its log names the path); "
+                    "not restarting it; point the job at another checkpoint directory or restore the model it was "
+                    "written for, then start the agent again")
             crashes = 1 if ran_s >= self.stable_after_s else crashes + 1
             why = "exited 0 without writing COMPLETED" if status == 0 else f"exited with status {status}"
             if crashes > self.max_restarts:

@@ -17,8 +17,8 @@ import pytest
 
 from bootstrap.config import parse_config
 from bootstrap.errors import ConfigError, ExitCode
-from bootstrap.supervisor import (CHECKPOINT_REQUEST_FILE, CheckpointStorageError, Outcome, Supervisor,
-                                  TrainerFailedError, VolumeNotMountedError)
+from bootstrap.supervisor import (CHECKPOINT_REQUEST_FILE, CheckpointMismatchError, CheckpointStorageError,
+                                  Outcome, Supervisor, TrainerFailedError, VolumeNotMountedError)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -48,6 +48,8 @@ if mode == "crash-once" and not (ckpt / "crashed-once").exists():
     sys.exit(4)
 if mode == "exit0":
     sys.exit(0)
+if mode == "checkpoint-mismatch":
+    sys.exit(78)
 if mode == "storage-full":
     sys.exit(74)
 if mode == "ignore-sigterm":
@@ -159,6 +161,15 @@ def test_trainer_exit_74_checkpoint_storage_is_permanent_and_not_restarted(tmp_p
         sup.run()
     assert info.value.exit_code == ExitCode.CHECKPOINT_STORAGE == 74
     assert str(tmp_path) in str(info.value)
+    assert [e[0] for e in events(tmp_path)] == ["start"] and sup.restarts == 0
+
+
+def test_trainer_exit_78_checkpoint_mismatch_is_permanent_and_not_restarted(tmp_path):
+    # docs/contracts.md: 78 = the newest checkpoint is another framework's, adapter's or model's.
+    sup = make_supervisor(tmp_path, env={"FAKE_MODE": "checkpoint-mismatch"}, max_restarts=5)
+    with pytest.raises(CheckpointMismatchError, match="exited 78.*cannot serve this job") as info:
+        sup.run()
+    assert info.value.exit_code == ExitCode.CONFIG == 78
     assert [e[0] for e in events(tmp_path)] == ["start"] and sup.restarts == 0
 
 
