@@ -113,7 +113,7 @@ def test_fails_when_model_shapes_do_not_match_and_deletes_nothing(job):
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=60) == 0
     before = job.tree()
-    assert job.run("--channels", "8") != 0
+    assert job.run("--channels", "8") == 78  # docs/contracts.md: the checkpoint cannot serve this job
     err = job.stderr_text()
     assert "ShapeMismatchError" in err and str(job.checkpoint_dir / "ckpt-") in err
     assert "expects (3, 3, 1, 8)" in err and "(3, 3, 1, 16)" in err
@@ -124,7 +124,7 @@ def test_fails_when_checkpoint_is_of_the_other_framework_and_deletes_nothing(job
     CheckpointStore(job.checkpoint_dir, framework="mxnet", framework_version="1.9.1").save(
         lambda d: (d / "model.params.npz").write_bytes(b"mxnet"), step=30, epoch=0)
     before = job.tree()
-    assert job.run() != 0
+    assert job.run() == 78
     err = job.stderr_text()
     assert "FrameworkMismatchError" in err and str(job.checkpoint_dir / "ckpt-000000000030") in err
     assert "'mxnet'" in err and "'tensorflow'" in err
@@ -134,7 +134,7 @@ def test_fails_when_checkpoint_is_of_the_other_framework_and_deletes_nothing(job
 def test_fails_when_checkpoint_path_is_a_file(job):
     job.root.mkdir(parents=True)
     job.checkpoint_dir.write_text("keep me")
-    assert job.run() != 0
+    assert job.run() == 74  # docs/contracts.md: checkpoint storage unusable
     err = job.stderr_text()
     assert "CheckpointPathError" in err and str(job.checkpoint_dir) in err and "not a directory" in err
     assert job.checkpoint_dir.read_text() == "keep me"

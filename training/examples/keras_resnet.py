@@ -110,7 +110,7 @@ def main(argv=None) -> int:
         return train(argv)
     except CheckpointError as err:
         code = checkpoint_exit_code(err)
-        logging.error("checkpoint error (exit %d, restarting will not help): %s", code, err)
+        logging.error("%s (exit %d, restarting will not help): %s", type(err).__name__, code, err)
         return code
 
 
