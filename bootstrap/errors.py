@@ -16,11 +16,14 @@ class ExitCode(IntEnum):
     checkpoint storage is full or unusable; a restart would fail the same way, so systemd does not
     restart (``RestartPreventExitStatus``). ``TEMPFAIL`` (75, EX_TEMPFAIL): try again later (lease
     held by another node, volume still detaching). ``CONFIG`` (78, EX_CONFIG): bad configuration;
-    nothing was touched.
+    nothing was touched. ``GAVE_UP`` (69, EX_UNAVAILABLE): a boot failure was reported and the node is
+    shutting down or its fleet was cancelled (docs/agent.md, "Boot failures"); systemd must not restart
+    the agent.
     """
 
     OK = 0
     CHECKPOINT_STORAGE = 74
+    GAVE_UP = 69
     TEMPFAIL = 75
     CONFIG = 78
 

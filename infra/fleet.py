@@ -193,6 +193,9 @@ class SpotTrainingFleet(constructs.Construct):
             http_put_response_hop_limit=2,
             http_endpoint=True,
             instance_metadata_tags=instance_metadata_tags or None,
+            # A failed boot shuts the node down (infra/userdata.py, boot-failed); terminate, not stop, so the
+            # fleet replaces it (EC2 User Guide, "Change instance initiated shutdown behavior").
+            instance_initiated_shutdown_behavior=ec2.InstanceInitiatedShutdownBehavior.TERMINATE,
             block_devices=[
                 ec2.BlockDevice(
                     device_name=root_device_name,
