@@ -21,7 +21,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 CDK_FLAGS := --no-notices --no-version-reporting
 PYTEST := $(BIN)/python -m pytest
 
-.PHONY: setup system-deps test test-fast demo synth bench-synth bench-checkpoint bench-agent bench-elastic clean
+.PHONY: setup system-deps test test-fast demo synth bench-synth bench-checkpoint bench-agent bench-elastic bench-boot clean
 
 setup: system-deps $(STAMP) $(TORCH_STAMP) $(CDK)
 
@@ -79,6 +79,10 @@ bench-agent: setup
 
 bench-elastic: setup
 	$(BIN)/python bench/bench_elastic.py
+
+# Boot -> first training step of a local node, trainer's environment cold (built) and warm (reused).
+bench-boot: setup
+	$(BIN)/python bench/bench_boot.py
 
 clean:
 	rm -rf cdk.out out .pytest_cache

@@ -16,7 +16,8 @@ bad config exits 78 before any AWS client is created or any request made.
 
 Local mode: when ``SPOT_TRAINING_BLOCKDEV_DIR`` is set, volumes are directories under it
 (``bootstrap.blockdev.DirectoryBlockDevices``) instead of Linux block devices, and a training user that
-does not exist falls back to the current user.
+does not exist falls back to the current user; ``SPOT_TRAINING_ROOT`` is the node's file-system root,
+put in front of the config's paths (``bootstrap.config.with_root``).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from bootstrap.config import DEFAULT_CONFIG_PATH, AgentConfig, load_config
+from bootstrap.config import DEFAULT_CONFIG_PATH, ROOT_ENV, AgentConfig, load_config
 from bootstrap.errors import AgentError, ConfigError, ExitCode, NodeUnusableError
 from bootstrap.logs import add_file_handler, flush_logs, setup_logging
 
@@ -44,6 +45,8 @@ BLOCKDEV_DIR_ENV = "SPOT_TRAINING_BLOCKDEV_DIR"
 #: so the spot fleet replaces the instance); in local mode nothing is powered off unless this is set.
 POWEROFF_COMMAND_ENV = "SPOT_TRAINING_POWEROFF_COMMAND"
 DEFAULT_POWEROFF_COMMAND = ("systemctl", "poweroff")
+#: The boot-failure script the unit names (infra/userdata.py writes it; docs/agent.md, "Boot failures").
+ON_BOOT_FAILURE_ENV = "SPOT_TRAINING_ON_BOOT_FAILURE"
 # AWS error codes that waiting will not fix: the instance role or the config is wrong.
 _PERMANENT_AWS_ERRORS = frozenset({"UnauthorizedOperation", "AccessDenied", "AccessDeniedException",
                                    "AuthFailure", "InvalidClientTokenId", "OptInRequired"})
@@ -81,26 +84,82 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the exit status (see the module docstring)."""
     args = parse_args(argv)
     setup_logging(level=args.log_level)
+    booting = args.command == "run"
     try:
-        config = load_config(args.config)
+        config = load_config(args.config, root=os.environ.get(ROOT_ENV))
     except ConfigError as exc:
-        return _fail(exc, ExitCode.CONFIG)
+        return _fail(exc, ExitCode.CONFIG, boot_step="config" if booting else None)
     try:
         return int(COMMANDS[args.command](config))
     except NodeUnusableError as exc:
         return _hand_node_back(exc)
     except AgentError as exc:
-        return _fail(exc, exc.exit_code)
+        return _fail(exc, exc.exit_code, boot_step=_boot_step(exc) if booting else None)
     except Exception as exc:  # botocore errors: classified, not swallowed (logged with the traceback)
         code = _aws_exit_code(exc)
         if code is None:
             raise
-        return _fail(exc, code)
+        return _fail(exc, code, boot_step="config" if booting and code is ExitCode.CONFIG else None)
     finally:
         flush_logs()
 
 
-def _fail(exc: BaseException, code: ExitCode) -> int:
+def _boot_step(exc: AgentError) -> str | None:
+    """The boot step an error of ``run`` ends the node at, or None when systemd should just retry.
+
+    ``config`` (exit 78: a replacement would fail alike), ``environment`` (the trainer's venv could not
+    be built: counted, the node is replaced up to the failed-boot bound), ``trainer`` (it crashed more
+    than ``max_restarts`` times in a row).
+    """
+    from bootstrap.supervisor import EnvironmentBuildFailed, TrainerFailedError
+
+    if isinstance(exc, EnvironmentBuildFailed):
+        return "environment"
+    if isinstance(exc, TrainerFailedError):
+        return "trainer"
+    if exc.exit_code is ExitCode.CONFIG:
+        return "config"
+    return None
+
+
+#: Boot steps whose failure a replacement node would repeat: the fleet is cancelled at once.
+_FINAL_BOOT_STEPS = frozenset({"config", "trainer"})
+
+
+def report_boot_failure(step: str, message: str, *, environ: Any = None, timeout_s: float = 300.0) -> bool:
+    """Run the unit's boot-failure script (``$SPOT_TRAINING_ON_BOOT_FAILURE STEP MESSAGE count|final``):
+    it reports where the user sees it (console output, the ``spot-training:boot-error`` instance tag),
+    counts the failed boot on the data volume, cancels the fleet when the bound is reached or the step
+    is final, and shuts the instance down (docs/agent.md, "Boot failures").
+
+    Returns False (and logs why) when no script is configured (the agent runs outside its unit) or it
+    could not be run; True when it ran (whatever its exit status: it shuts the instance down).
+    """
+    import subprocess
+
+    env = os.environ if environ is None else environ
+    script = env.get(ON_BOOT_FAILURE_ENV)
+    mode = "final" if step in _FINAL_BOOT_STEPS else "count"
+    if not script:
+        log.warning("boot failure not reported: no boot-failure script (the agent runs outside its unit)",
+                    extra={"boot_step": step, "variable": ON_BOOT_FAILURE_ENV})
+        return False
+    log.error("boot failed; reporting and shutting down", extra={"boot_step": step, "mode": mode, "script": script})
+    flush_logs()
+    try:
+        done = subprocess.run([script, step, " ".join(message.split())[:500], mode], timeout=timeout_s,
+                              stdin=subprocess.DEVNULL, capture_output=True, text=True)
+    except (OSError, subprocess.SubprocessError) as exc:
+        log.error("the boot-failure script could not run", extra={"script": script, "error": repr(exc)})
+        return False
+    log.info("boot-failure script done", extra={"exit_status": done.returncode, "output": done.stderr.strip()[-2000:]})
+    return True
+
+
+def _fail(exc: BaseException, code: ExitCode, *, boot_step: str | None = None) -> int:
+    """Report ``exc`` (and, for a boot step of ``run``, run the boot-failure script); the exit status."""
+    if boot_step is not None and report_boot_failure(boot_step, str(exc)):
+        code = ExitCode.UNAVAILABLE
     log.error(str(exc), extra={"error": type(exc).__name__, "exit_code": int(code)})
     flush_logs()
     print(f"bootstrap: error: {exc}", file=sys.stderr)
@@ -236,13 +295,18 @@ def _is_mounted(devices: Any, mount_point: Path, *, device: str | None = None) -
     return lambda: devices.mounted_source(str(mount_point)) == device
 
 
-def _supervise(config: AgentConfig, imds: Any, is_mounted: Callable[[], bool], publisher: Any = None):
+def _supervise(config: AgentConfig, imds: Any, is_mounted: Callable[[], bool], publisher: Any = None,
+               on_environment_ready: Callable[[], None] | None = None):
     from bootstrap.imds import ImdsForbiddenError
     from bootstrap.interruption import InterruptionWatcher, imds_monitors
     from bootstrap.supervisor import Supervisor
 
     supervisor = Supervisor(config, is_mounted=is_mounted, run_as_current_user_if_missing=_local_mode(),
                             output=publisher.add_line if publisher is not None else None)
+    if not supervisor.completed():
+        supervisor.prepare_environment()
+        if on_environment_ready is not None:
+            on_environment_ready()
     watcher = InterruptionWatcher(imds_monitors(imds), supervisor, poll_interval_s=config.notice_poll_interval_s)
     previous = {sig: signal.signal(sig, lambda *_: supervisor.request_stop()) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
@@ -282,6 +346,24 @@ def _start_publisher(config: AgentConfig, imds: Any, identity: Identity) -> Any:
         log.warning("instance type and launch time unknown for publishing", extra={"error": str(exc)})
     return start_publisher(config, instance_id=identity.instance_id, instance_type=instance_type,
                            availability_zone=identity.availability_zone, boot_time=boot_time)
+
+
+def _reset_failed_boots(config: AgentConfig, ec2: Any, identity: Identity) -> None:
+    """The boot succeeded (volume mounted, trainer's environment ready): remove the failed-boot count
+    from the data volume attached here. Best effort: a failure is logged, never fatal."""
+    from bootstrap.config import FAILED_BOOTS_TAG
+
+    filters = [{"Name": "attachment.instance-id", "Values": [identity.instance_id]}]
+    filters += [{"Name": f"tag:{k}", "Values": [v]} for k, v in config.volume.tags.items()]
+    try:
+        for volume in ec2.describe_volumes(Filters=filters)["Volumes"]:
+            count = {t["Key"]: t["Value"] for t in volume.get("Tags", [])}.get(FAILED_BOOTS_TAG)
+            if count is not None:
+                ec2.delete_tags(Resources=[volume["VolumeId"]], Tags=[{"Key": FAILED_BOOTS_TAG}])
+                log.info("boot succeeded; failed-boot count cleared", extra={"volume_id": volume["VolumeId"],
+                                                                              "failed_boots": count})
+    except Exception as exc:  # noqa: BLE001 - botocore errors; the count is advisory
+        log.warning("could not clear the failed-boot count", extra={"error": repr(exc)})
 
 
 def _cleanup(config: AgentConfig, ec2: Any, identity: Identity) -> None:
@@ -326,7 +408,8 @@ def cmd_run(config: AgentConfig) -> ExitCode:
         snapshots = PeriodicSnapshots(ec2=ec2, stack_name=config.stack_name, volume=config.volume,
                                       instance_id=identity.instance_id, log=logging.getLogger("bootstrap.snapshots")).start()
         try:
-            outcome = _supervise(config, imds, _is_mounted(blockdev, mount_point, device=device), publisher)
+            outcome = _supervise(config, imds, _is_mounted(blockdev, mount_point, device=device), publisher,
+                                 on_environment_ready=lambda: _reset_failed_boots(config, ec2, identity))
         finally:
             snapshots.stop()
         if outcome is Outcome.COMPLETED:

@@ -734,13 +734,14 @@ def run_node(config: Any, imds: Any, *, instance_id: str, local_mode: bool) -> s
     settings = settings_from_config(config.extensions.get("cluster"))
     supervisor = Supervisor(config, is_mounted=lambda: True, run_as_current_user_if_missing=local_mode)
     workdir = supervisor.prepare_code()
+    python = supervisor.prepare_environment()  # once on EFS; every later node reuses it
     account = supervisor._account()
     user = (account.pw_uid, account.pw_gid, os.getgrouplist(account.pw_name, account.pw_gid)) if account else None
     for directory in (config.training.checkpoint_dir, config.training.log_dir):
         directory.mkdir(parents=True, exist_ok=True)
     agent = NodeAgent(settings, framework=config.training.framework, role=config.node_role, node_id=instance_id,
-                      host=imds.private_ipv4(), training_argv=config.training.argv(),
-                      python=str(config.training.python), environ=supervisor.trainer_environment(), workdir=workdir,
+                      host=imds.private_ipv4(), training_argv=config.training.argv(python),
+                      python=python, environ=supervisor.trainer_environment(), workdir=workdir,
                       checkpoint_dir=config.training.checkpoint_dir, dataset_dir=config.training.dataset_dir,
                       log_dir=config.training.log_dir,
                       monitors=[SpotInterruptionMonitor(imds), MemberTagMonitor(imds, settings.member_tag)],

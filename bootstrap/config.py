@@ -28,6 +28,9 @@ SCHEMA_VERSION = 1
 STACK_TAG = "spot-training:stack"
 PURPOSE_TAG = "spot-training:purpose"
 DATA_VOLUME_PURPOSE = "data-volume"
+#: Data-volume tag counting failed boots in a row (written by the boot-failure script of the user data,
+#: infra/userdata.py); the agent removes it once the trainer's environment is ready.
+FAILED_BOOTS_TAG = "spot-training:failed-boots"
 MIGRATION_SNAPSHOT_PURPOSE = "migration-snapshot"
 #: Purpose tag value of the snapshots the agent takes of the data volume while training.
 PERIODIC_SNAPSHOT_PURPOSE = "periodic-snapshot"
@@ -123,6 +126,17 @@ class CodeConfig:
 
 
 @dataclass(frozen=True)
+class VenvConfig:
+    """The trainer's virtual environment (``bootstrap.trainer_env``): ``requirements`` (pip specifiers)
+    installed once into a venv of ``training.python`` under ``root`` (on the data volume or EFS) and
+    reused by every later node; ``inherit_site_packages`` lets it see the base interpreter's packages."""
+
+    requirements: tuple[str, ...]
+    root: Path
+    inherit_site_packages: bool = False
+
+
+@dataclass(frozen=True)
 class TrainingConfig:
     """The trainer: ``framework`` (``tensorflow``/``mxnet``/``pytorch``), its interpreter ``python`` (absolute path),
     ``command`` (argv; ``{python}`` is replaced by ``python``), the Unix ``user`` it runs as, and the
@@ -136,10 +150,14 @@ class TrainingConfig:
     checkpoint_dir: Path
     log_dir: Path
     code: CodeConfig
+    #: None: run ``python`` as it is (an AMI that ships the framework); else build/reuse a venv.
+    venv: VenvConfig | None = None
 
-    def argv(self) -> list[str]:
-        """The command with every ``{python}`` placeholder replaced by ``self.python``."""
-        return [part.replace("{python}", str(self.python)) for part in self.command]
+    def argv(self, python: str | os.PathLike[str] | None = None) -> list[str]:
+        """The command with every ``{python}`` placeholder replaced by ``python`` (default
+        ``self.python``; the agent passes the venv's interpreter when ``venv`` is set)."""
+        exe = str(python if python is not None else self.python)
+        return [part.replace("{python}", exe) for part in self.command]
 
 
 @dataclass(frozen=True)
@@ -199,8 +217,49 @@ def known_regions() -> frozenset[str]:
     return frozenset(regions)
 
 
-def load_config(path: str | os.PathLike[str]) -> AgentConfig:
-    """Read and validate the config file at ``path``.
+#: Local mode only (docs/localmode.md, "The boot script"): the node's file-system root. The boot script
+#: writes under it, and the agent reads every file-system path of the config beneath it.
+ROOT_ENV = "SPOT_TRAINING_ROOT"
+
+
+def with_root(data: Any, root: str | os.PathLike[str] | None) -> Any:
+    """The config document with ``root`` put in front of every file-system path the node uses: the
+    volume and EFS mount points, the dataset/checkpoint/log directories, ``training.code.path``,
+    ``training.venv.root``, and each ``training.command`` argument under a mount point. The interpreter
+    (``training.python``) is left alone: it is a program, not node data. ``root`` None or empty:
+    ``data`` unchanged. Anything malformed is left for :func:`parse_config` to report. Returns a copy."""
+    if not root:
+        return data
+    data = json.loads(json.dumps(data))
+    prefix = str(root).rstrip("/")
+
+    def put(section: Any, key: str) -> None:
+        if isinstance(section, dict) and isinstance(section.get(key), str) and section[key].startswith("/"):
+            section[key] = prefix + section[key]
+
+    if not isinstance(data, dict):
+        return data
+    mounts = [m for m in ((data.get("volume") or {}).get("mount_point") if isinstance(data.get("volume"), dict) else None,
+                          (data.get("efs") or {}).get("mount_point") if isinstance(data.get("efs"), dict) else None)
+              if isinstance(m, str) and m.startswith("/")]
+    put(data.get("volume"), "mount_point")
+    put(data.get("efs"), "mount_point")
+    training = data.get("training")
+    if isinstance(training, dict):
+        for key in ("dataset_dir", "checkpoint_dir", "log_dir"):
+            put(training, key)
+        put(training.get("code"), "path")
+        put(training.get("venv"), "root")
+        if isinstance(training.get("command"), list):
+            training["command"] = [prefix + part if isinstance(part, str) and any(
+                part == m or part.startswith(m.rstrip("/") + "/") for m in mounts) else part
+                for part in training["command"]]
+    return data
+
+
+def load_config(path: str | os.PathLike[str], *, root: str | os.PathLike[str] | None = None) -> AgentConfig:
+    """Read and validate the config file at ``path``; ``root`` (local mode: ``$SPOT_TRAINING_ROOT``) is
+    put in front of its file-system paths (:func:`with_root`).
 
     Raises ConfigError (exit 78) when the file is missing or unreadable, is not JSON (with line and
     column), or fails validation (every problem listed).
@@ -225,7 +284,7 @@ def load_config(path: str | os.PathLike[str]) -> AgentConfig:
     except (ValueError, RecursionError) as exc:  # an integer longer than Python's digit limit, say
         raise ConfigError(f"config file {str(path)!r} is not valid JSON: {exc}; expected the node config "
                           "(integers of a few digits)") from None
-    return parse_config(data)
+    return parse_config(with_root(data, root))
 
 
 def _json_depth(text: str) -> int:
@@ -401,7 +460,7 @@ def _training(v: "_Validator", root: Mapping[str, Any]) -> TrainingConfig | None
         return None
     v.keys(section, "training",
            required=("framework", "python", "command", "user", "checkpoint_dir", "code"),
-           optional=("dataset_dir", "log_dir"))
+           optional=("dataset_dir", "log_dir", "venv"))
     framework = v.choice(section, "framework", "training", FRAMEWORKS)
     python = v.abs_path(section, "python", "training")
     command = None
@@ -420,11 +479,42 @@ def _training(v: "_Validator", root: Mapping[str, Any]) -> TrainingConfig | None
     checkpoint_dir = v.abs_path(section, "checkpoint_dir", "training")
     log_dir = v.abs_path(section, "log_dir", "training", default="/dltraining/logs")
     code = _code(v, section)
+    venv = _venv(v, section)
     values = (framework, python, command, user, dataset_dir, checkpoint_dir, log_dir, code)
-    if any(x is None for x in values):
+    if any(x is None for x in values) or venv is False:
         return None
     return TrainingConfig(framework=framework, python=python, command=command, user=user,
-                          dataset_dir=dataset_dir, checkpoint_dir=checkpoint_dir, log_dir=log_dir, code=code)
+                          dataset_dir=dataset_dir, checkpoint_dir=checkpoint_dir, log_dir=log_dir, code=code,
+                          venv=venv or None)
+
+
+# A pip requirement specifier as the stack accepts it (infra/config.py): a name, optional extras, optional
+# version clauses; no options, URLs, quotes or whitespace inside (the agent passes each as one argv item).
+_REQUIREMENT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(\[[A-Za-z0-9,._-]+\])?\s*([<>=!~]=?[^\s',;]+(,\s*[<>=!~]=?[^\s',;]+)*)?$")
+
+
+def _venv(v: "_Validator", training: Mapping[str, Any]) -> VenvConfig | None | bool:
+    """None when absent or null; False when invalid (problems recorded)."""
+    if training.get("venv") is None:
+        return None
+    section = v.object(training["venv"], "training.venv", allowed="null or an object")
+    if section is None:
+        return False
+    v.keys(section, "training.venv", required=("requirements", "root"), optional=("inherit_site_packages",))
+    ok = True
+    requirements = section.get("requirements")
+    if not isinstance(requirements, list) or not all(isinstance(r, str) and _REQUIREMENT_RE.match(r) for r in requirements):
+        v.problem("training.venv.requirements", requirements,
+                  "a list of pip requirement specifiers such as 'tensorflow[and-cuda]>=2.17,<2.18'")
+        ok = False
+    root = v.abs_path(section, "root", "training.venv")
+    inherit = section.get("inherit_site_packages", False)
+    if not isinstance(inherit, bool):
+        v.problem("training.venv.inherit_site_packages", inherit, "true or false")
+        ok = False
+    if not ok or root is None:
+        return False
+    return VenvConfig(requirements=tuple(requirements), root=root, inherit_site_packages=inherit)
 
 
 def _code(v: "_Validator", training: Mapping[str, Any]) -> CodeConfig | None:

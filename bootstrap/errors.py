@@ -12,13 +12,15 @@ from enum import IntEnum
 class ExitCode(IntEnum):
     """Process exit status of ``python3 -m bootstrap``.
 
-    ``OK`` (0): done. ``UNAVAILABLE`` (69, EX_UNAVAILABLE): this node can no longer work (IMDS
-    answered 403 during training); the agent powered it off for the fleet to replace it.
-    ``CHECKPOINT_STORAGE`` (74, EX_IOERR): the trainer exited 74 because its checkpoint storage is
-    full or unusable; a restart would fail the same way, so systemd does not restart
-    (``RestartPreventExitStatus``). ``TEMPFAIL`` (75, EX_TEMPFAIL): try again later (lease held by
-    another node, volume still detaching). ``CONFIG`` (78, EX_CONFIG): bad configuration, nothing
-    was touched; or the trainer exited 78 (its checkpoint cannot serve this job).
+    ``OK`` (0): done. ``UNAVAILABLE`` (69, EX_UNAVAILABLE): this node can no longer work and gave
+    up: IMDS answered 403 during training (the agent powered it off for the fleet to replace it), or a
+    boot failure was reported and the node is shutting down or its fleet was cancelled (docs/agent.md,
+    "Boot failures"); systemd must not restart the agent. ``CHECKPOINT_STORAGE`` (74, EX_IOERR): the
+    trainer exited 74 because its checkpoint storage is full or unusable; a restart would fail the
+    same way, so systemd does not restart (``RestartPreventExitStatus``). ``TEMPFAIL`` (75,
+    EX_TEMPFAIL): try again later (lease held by another node, volume still detaching). ``CONFIG``
+    (78, EX_CONFIG): bad configuration, nothing was touched; or the trainer exited 78 (its checkpoint
+    cannot serve this job).
     """
 
     OK = 0

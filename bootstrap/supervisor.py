@@ -43,6 +43,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
+from bootstrap import trainer_env
 from bootstrap.config import AgentConfig
 from bootstrap.errors import AgentError, ConfigError, ExitCode, TemporaryError
 from bootstrap.safepath import UnsafePathError, open_directory, write_file_replacing
@@ -104,6 +105,13 @@ class CheckpointMismatchError(AgentError):
     exit_code = ExitCode.CONFIG
 
 
+class EnvironmentBuildFailed(AgentError):
+    """The trainer's virtual environment could not be built (pip failed every attempt): exit 75.
+    The node reports it as a failed boot (docs/agent.md, "Boot failures")."""
+
+    exit_code = ExitCode.TEMPFAIL
+
+
 class VolumeNotMountedError(AgentError):
     """The data volume is not mounted: training must not start on the root disk. Exit 75."""
 
@@ -124,6 +132,8 @@ class Supervisor:
             (default 90).
         checkpoint_request: ``"file"`` (create SPOT_TRAINING_CHECKPOINT_REQUEST_FILE, default) or
             ``"signal"`` (SIGUSR1 to the trainer's group; kills a trainer that does not handle it).
+        venv_attempts, venv_backoff_s: whole ``pip install`` attempts when building ``training.venv``
+            (default 3), ``venv_backoff_s * n`` seconds apart (default 5 s); bootstrap.trainer_env's defaults.
         run_as_current_user_if_missing: when root and ``training.user`` does not exist, run as root
             instead of raising ConfigError (local mode only; default False).
         environ: base environment for the trainer (default ``os.environ``).
@@ -139,6 +149,7 @@ class Supervisor:
                  backoff_base_s: float = 2.0, backoff_max_s: float = 60.0, stable_after_s: float = 600.0,
                  stop_timeout_s: float = 90.0, checkpoint_request: str = "file",
                  run_as_current_user_if_missing: bool = False, environ: Mapping[str, str] | None = None,
+                 venv_attempts: int = trainer_env.DEFAULT_ATTEMPTS, venv_backoff_s: float = trainer_env.BACKOFF_S,
                  poll_s: float = 0.2, output: Callable[[str], None] | None = None,
                  clock: Callable[[], float] = time.monotonic,
                  sleep: Callable[[float], None] = time.sleep, rng: Callable[[], float] = random.random) -> None:
@@ -170,6 +181,10 @@ class Supervisor:
         self.restarts = 0
         self.starts = 0
         self.last_status: int | None = None
+        #: The trainer's interpreter: ``training.python``, or the venv's once :meth:`prepare_environment` ran.
+        self.python: str = str(config.training.python)
+        self._environment_ready = False
+        self.venv_attempts, self.venv_backoff_s = max(1, int(venv_attempts)), float(venv_backoff_s)
 
     # ---- paths ------------------------------------------------------------------------------
     @property
@@ -201,6 +216,72 @@ class Supervisor:
         dest = self.config.volume.mount_point / WORKSPACE_DIR
         _git_checkout(code.url, code.ref, dest, env=self._git_env(), account=self._account())
         return dest
+
+    # ---- the trainer's virtual environment ------------------------------------------------------
+    def prepare_environment(self) -> str:
+        """Reuse or build the trainer's venv (``training.venv``; :mod:`bootstrap.trainer_env`) and make
+        its interpreter the one ``{python}`` stands for. Without ``training.venv`` (an AMI that ships
+        the framework) nothing is built and ``training.python`` runs as it is.
+
+        The build runs as a child process **as the training user** (never root: the environment
+        directory belongs to that user), with pip's ``PIP_*`` settings from the agent's environment.
+        The environment root is created by the agent and handed to the user; an existing root that is
+        a symbolic link is refused. Logs ``environment built`` or ``environment reused``.
+
+        Returns the interpreter path. Raises :class:`EnvironmentBuildFailed` (exit 75) when the build
+        failed (pip's last lines in the message), VolumeNotMountedError when the storage is gone.
+        """
+        if self._environment_ready:
+            return self.python
+        venv = self.training.venv
+        if venv is None:
+            self._environment_ready = True
+            log.info("no training.venv: the trainer runs training.python as it is",
+                     extra={"python": str(self.training.python)})
+            return self.python
+        self._require_mounted()
+        root = venv.root
+        root.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            root.mkdir()
+        except FileExistsError:
+            pass
+        if root.is_symlink() or not root.is_dir():
+            raise ConfigError(f"training.venv.root: {str(root)!r} is not a plain directory (a link or a file is "
+                              "there); the agent will not follow it as root. Remove it and restart the agent")
+        self._chown(root)
+        argv = [sys.executable, "-m", "bootstrap.trainer_env", "ensure", "--python", str(self.training.python),
+                "--root", str(root)]
+        for requirement in venv.requirements:
+            argv += ["--requirement", requirement]
+        if venv.inherit_site_packages:
+            argv.append("--inherit-site-packages")
+        argv += ["--attempts", str(self.venv_attempts), "--backoff-s", str(self.venv_backoff_s)]
+        account = self._account()
+        kwargs: dict = {}
+        if account is not None:
+            kwargs = {"user": account.pw_uid, "group": account.pw_gid,
+                      "extra_groups": os.getgrouplist(account.pw_name, account.pw_gid)}
+        env = self.trainer_environment()
+        # The child imports bootstrap from the agent's code directory (the asset or a checkout).
+        env["PYTHONPATH"] = str(Path(__file__).resolve().parent.parent)
+        log.info("preparing the trainer's environment", extra={"root": str(root), "requirements": list(venv.requirements)})
+        done = subprocess.run(argv, env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL,
+                              cwd=str(root), **kwargs)
+        lines = done.stdout.strip().splitlines()
+        try:
+            result = json.loads(lines[-1]) if lines else {}
+        except ValueError:
+            result = {}
+        if done.returncode != 0 or "python" not in result:
+            reason = result.get("error") or done.stderr.strip()[-1500:] or f"exit status {done.returncode}"
+            raise EnvironmentBuildFailed(f"building the trainer's environment under {root} failed: {reason}")
+        self.python = result["python"]
+        self._environment_ready = True
+        log.info(f"environment {result['status']}", extra={
+            "key": result["key"], "python": self.python, "seconds": result["seconds"],
+            "pip_attempts": result["attempts"], "requirements": list(venv.requirements)})
+        return self.python
 
     def _git_env(self) -> dict[str, str]:
         env = dict(self.environ)
@@ -268,7 +349,7 @@ class Supervisor:
         """Start one trainer process in its own session/process group; returns the Popen."""
         self._require_mounted()
         self._prepare_dirs()
-        argv = self.training.argv()
+        argv = self.training.argv(self.python)
         account = self._account()
         kwargs: dict = {}
         if account is not None:
@@ -307,6 +388,7 @@ class Supervisor:
                      extra={"completed_file": str(self.completed_file)})
             return Outcome.COMPLETED
         workdir = self.prepare_code()
+        self.prepare_environment()
         try:
             return self._supervise(workdir, watcher)
         except BaseException as exc:

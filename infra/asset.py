@@ -14,7 +14,7 @@ import constructs
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_s3_assets as s3_assets
 
-from .userdata import STOP_TIMEOUT_S, agent_commands, config_block, efs_utils_install_commands
+from .userdata import DEFAULT_MAX_FAILED_BOOTS, STOP_TIMEOUT_S, boot_script
 
 #: What the node agents install when the AMI's system Python lacks boto3 (requirements-agent.txt).
 BOTO3_REQUIREMENT = "boto3>=1.34,<2"
@@ -52,7 +52,7 @@ def stage_packages(root: Path, packages: Sequence[str]) -> Path:
 class BootstrapAsset(constructs.Construct):
     """One S3 asset (a zip file) holding the node agent and the training library.
 
-    Nodes download it with ``aws s3 cp`` (see :func:`infra.userdata.agent_commands`) and unpack it
+    Nodes download it with ``aws s3 cp`` (see :func:`infra.userdata.boot_script`) and unpack it
     to ``/opt/spot-training/code``; grant them ``asset.grant_read``.
 
     Attributes:
@@ -85,39 +85,33 @@ class BootstrapAsset(constructs.Construct):
         config: Mapping[str, Any],
         *,
         region: str,
-        training_python: str | None = None,
-        training_requirements: Sequence[str] = (),
         stop_timeout_s: int = STOP_TIMEOUT_S,
+        max_failed_boots: int = DEFAULT_MAX_FAILED_BOOTS,
     ) -> ec2.UserData:
-        """Linux user data that downloads this asset, writes ``config`` (the node config dict,
-        docs/contracts.md) to ``/etc/spot-training/config.json``, installs ``training_requirements``
-        into ``training_python`` (if any) and starts the agent under systemd (``TimeoutStopSec`` =
-        ``stop_timeout_s`` seconds, default 120).
+        """Linux user data (:func:`infra.userdata.boot_script`): write the boot-failure script and
+        ``config`` (the node config dict, docs/contracts.md) to ``/etc/spot-training/config.json``,
+        then, each step retried and reported on failure, download and unpack this asset and start the
+        agent under systemd (``TimeoutStopSec`` = ``stop_timeout_s`` seconds, default 120). The trainer's
+        framework is not installed at boot: ``config["training"]["venv"]`` has the agent build it once
+        on the data volume (or EFS). After ``max_failed_boots`` failed boots in a row (default 3) a node
+        cancels its fleet instead of being replaced again.
 
-        ``region`` and values in ``config`` may be tokens. The nodes need ``asset.grant_read``.
-
-        Raises:
-            ValueError: from :func:`infra.userdata.agent_commands` (a malformed requirement).
+        ``region`` and values in ``config`` may be tokens. The nodes need ``asset.grant_read``. Raises nothing.
         """
         user_data = ec2.UserData.for_linux()
-        user_data.add_commands("set -euo pipefail")
-        archive = user_data.add_s3_download_command(
-            bucket=self.asset.bucket, bucket_key=self.asset.s3_object_key, local_file=ARCHIVE_PATH, region=region
-        )
         # json.dumps, not Stack.to_json_string: the latter drops null values ("efs": null), which the
         # contract spells out. The only tokens here (region, EFS ids) need no JSON escaping, and
         # CDK resolves tokens embedded in strings.
-        user_data.add_commands(*config_block(json.dumps(config, indent=2)))
-        if config.get("efs"):
+        user_data.add_commands(*boot_script(
+            asset_url=self.asset.s3_object_url,
+            region=region,
+            stack_name=config["stack_name"],
+            volume_tags=config["volume"]["tags"],
+            config_json=json.dumps(config, indent=2),
+            boto3_requirement=BOTO3_REQUIREMENT,
+            stop_timeout_s=stop_timeout_s,
+            max_failed_boots=max_failed_boots,
             # The agent mounts EFS only with amazon-efs-utils (TLS + IAM); no anonymous NFS fallback.
-            user_data.add_commands(*efs_utils_install_commands())
-        user_data.add_commands(
-            *agent_commands(
-                archive_path=archive,
-                boto3_requirement=BOTO3_REQUIREMENT,
-                training_python=training_python,
-                training_requirements=training_requirements,
-                stop_timeout_s=stop_timeout_s,
-            )
-        )
+            efs=bool(config.get("efs")),
+        ))
         return user_data

@@ -156,6 +156,7 @@ class ParameterServerCluster(constructs.Construct):
         training_python: str | None = None,
         training_requirements: Sequence[str] | None = None,
         training_user: str = "ubuntu",
+        training_inherit_site_packages: bool = False,
         code: Mapping[str, str] | None = None,
         allocation_strategy: AllocationStrategy = AllocationStrategy.PRICE_CAPACITY_OPTIMIZED,
         max_price: str | None = None,
@@ -193,6 +194,8 @@ class ParameterServerCluster(constructs.Construct):
                 on workers (``infra.config.FRAMEWORK_REQUIREMENTS``) and its CPU build on the
                 scheduler and servers (``FRAMEWORK_CPU_REQUIREMENTS``); else none.
             training_user: OS user of the trainer; default ``ubuntu``.
+            training_inherit_site_packages: the trainer's virtual environment also sees
+                ``training_python``'s own packages; default False.
             code: ``{"type": "git", "url": ..., "ref": ...}``; default: the bootstrap asset.
             allocation_strategy: the worker fleet's; default ``PRICE_CAPACITY_OPTIMIZED``.
             max_price: highest spot price per worker instance-hour (USD, decimal string); default:
@@ -341,9 +344,11 @@ class ParameterServerCluster(constructs.Construct):
                 data_root=EFS_MOUNT_POINT,
                 cluster=cluster_section,
                 monitoring=monitoring,
+                requirements=requirements[role],
+                inherit_site_packages=training_inherit_site_packages,
             )
             user_data[role] = self.bootstrap_asset.user_data(
-                self.node_configs[role], region=stack.region, training_python=python, training_requirements=requirements[role],
+                self.node_configs[role], region=stack.region,
                 stop_timeout_s=AGENT_STOP_TIMEOUT_S,
             )
 
@@ -400,6 +405,8 @@ class ParameterServerCluster(constructs.Construct):
             http_put_response_hop_limit=2,
             http_endpoint=True,
             instance_metadata_tags=True,
+            # Powered off by the agent (IMDS 403) or by a failed boot (infra/userdata.py, boot-failed):
+            # terminate, so the group replaces it.
             instance_initiated_shutdown_behavior=ec2.InstanceInitiatedShutdownBehavior.TERMINATE,
             block_devices=[
                 ec2.BlockDevice(

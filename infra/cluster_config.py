@@ -62,8 +62,8 @@ CLUSTER_CONTEXT_KEYS: tuple[ContextKey, ...] = (
     ContextKey("cluster_worker_port", 9002, "TCP port", "ps-lite worker PORT (MXNet) / worker gRPC port (TensorFlow), 1024..65535"),
     ContextKey("cluster_training_command", None, "list", "trainer command; default per framework: "
                + "; ".join(f"{f.value}: {' '.join(c)}" for f, c in DEFAULT_TRAINING_COMMANDS.items())),
-    ContextKey("cluster_training_python", None, "-", f"trainer's interpreter on every node; default: {DEFAULT_TRAINING_PYTHON} with `cluster_training_requirements` installed at boot"),
-    ContextKey("cluster_training_requirements", None, "list", "pip requirements installed at boot on every node; default when "
+    ContextKey("cluster_training_python", None, "-", f"trainer's interpreter on every node; default: {DEFAULT_TRAINING_PYTHON}, with `cluster_training_requirements` in virtual environments built once on EFS"),
+    ContextKey("cluster_training_requirements", None, "list", "pip requirements of the trainer's virtual environment on every node (built once per requirement set on EFS, reused); default when "
                "`cluster_training_python` is not set: the framework's GPU build on workers ("
                + "; ".join(f"{f.value}: {', '.join(FRAMEWORK_REQUIREMENTS[f.value])}" for f in Framework) + "), its CPU build on scheduler and servers ("
                + "; ".join(f"{f.value}: {', '.join(FRAMEWORK_CPU_REQUIREMENTS[f.value])}" for f in Framework) + "); else none; `[]`: none"),

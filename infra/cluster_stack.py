@@ -97,6 +97,7 @@ class DistributedTrainingStack(SettingsStack):
             training_python=None if settings.training_requirements is None else settings.training_python,
             training_requirements=settings.training_requirements,
             training_user=base.training_user,
+            training_inherit_site_packages=base.training_inherit_site_packages,
             code=code,
             allocation_strategy=base.allocation_strategy,
             max_price=base.max_price,

@@ -128,9 +128,10 @@ CONTEXT_KEYS: tuple[ContextKey, ...] = (
     ContextKey("ami_ssm_parameter", DEFAULT_AMI_SSM_PARAMETER, "-", "public SSM parameter resolved to the AMI id at deploy time"),
     ContextKey("framework", DEFAULT_FRAMEWORK, "-", "one of " + ", ".join(FRAMEWORKS)
                + "; picks the default `training_command` and `training_requirements`"),
-    ContextKey("training_python", None, "-", f"trainer's interpreter; default: {DEFAULT_TRAINING_PYTHON} (the Base AMI's Python) with `training_requirements` installed at boot"),
-    ContextKey("training_requirements", None, "list", "pip requirements installed into `training_python` at boot; default: the framework's ("
+    ContextKey("training_python", None, "-", f"trainer's interpreter; default: {DEFAULT_TRAINING_PYTHON} (the Base AMI's Python), with `training_requirements` in a virtual environment the agent builds once on the data volume"),
+    ContextKey("training_requirements", None, "list", "pip requirements of the trainer's virtual environment (built from `training_python` on the data volume once, reused by every replacement); default: the framework's ("
                + "; ".join(f"{k}: {', '.join(v)}" for k, v in FRAMEWORK_REQUIREMENTS.items()) + ") when `training_python` is not set, else none; `[]`: none"),
+    ContextKey("training_inherit_site_packages", False, "bool", "the trainer's virtual environment also sees `training_python`'s own packages (an AMI that ships a framework, plus a few `training_requirements`; local mode)"),
     ContextKey("training_command", None, "list", "trainer command; `{python}` becomes `training_python`; default: the framework's ("
                + "; ".join(f"{k}: {' '.join(f.training_command)}" for k, f in FRAMEWORKS.items()) + ")"),
     ContextKey("training_user", "ubuntu", "-", "OS user that runs the trainer"),
@@ -145,6 +146,7 @@ CONTEXT_KEYS: tuple[ContextKey, ...] = (
     ContextKey("efs", False, "bool", "add an encrypted EFS file system (with access point) mounted at /mnt/efs"),
     ContextKey("retain_data", False, "bool", "keep the data volume and snapshots on `cdk destroy`"),
     ContextKey("fis_drill", False, "bool", "add an AWS FIS experiment template (and its role) that sends a spot interruption notice to the stack's running instance, for `spot-train drill --aws`"),
+    ContextKey("notice_poll_interval_s", None, "s", "how often the agent polls instance metadata for an interruption notice, 0.5..60; default: the agent's (5 s, as AWS recommends; local mode: 1 s for its tiny models)"),
     ContextKey("imds_endpoint", None, "URL", "instance metadata endpoint for the agent; default: http://169.254.169.254 (local mode sets its emulator)"),
     ContextKey("monitoring", True, "bool", "the agents publish logs and metrics to CloudWatch; the stack adds the log group, dashboard and alarms"),
     ContextKey("log_retention_days", 30, "days", "retention of the nodes' CloudWatch Logs group `/spot-training/<stack>`: one of " + ", ".join(map(str, LOG_RETENTION_DAYS))),
@@ -301,6 +303,7 @@ class StackSettings:
     training_python: str = DEFAULT_TRAINING_PYTHON
     #: None: the framework's (see the class docstring); set after construction.
     training_requirements: tuple[str, ...] = None  # type: ignore[assignment]
+    training_inherit_site_packages: bool = False
     #: None: the framework's (see the class docstring); set after construction.
     training_command: tuple[str, ...] = None  # type: ignore[assignment]
     training_user: str = "ubuntu"
@@ -322,6 +325,7 @@ class StackSettings:
     alarm_no_progress_minutes: int = 30
     alarm_no_capacity_minutes: int = 60
     notification_email: str | None = None
+    notice_poll_interval_s: float | None = None
 
     def __post_init__(self) -> None:
         if self.framework not in FRAMEWORKS:
@@ -469,9 +473,18 @@ class StackSettings:
             out["volume_initialization_rate_mibps"] = None
         else:
             out["volume_initialization_rate_mibps"] = _as_int("volume_initialization_rate_mibps", rate, 100, 300, "(MiB/s), or none")
-        for key in ("cancel_fleet_on_success", "efs", "retain_data", "pin_to_volume_az", "fis_drill", "monitoring"):
+        for key in ("cancel_fleet_on_success", "efs", "retain_data", "pin_to_volume_az", "fis_drill", "monitoring",
+                    "training_inherit_site_packages"):
             if v[key] is not None:
                 out[key] = _as_bool(key, v[key])
+        if v["notice_poll_interval_s"] is not None:
+            try:
+                poll = float(v["notice_poll_interval_s"])
+            except (TypeError, ValueError):
+                poll = -1.0
+            if isinstance(v["notice_poll_interval_s"], bool) or not 0.5 <= poll <= 60:
+                raise _bad("notice_poll_interval_s", v["notice_poll_interval_s"], "a number of seconds from 0.5 to 60")
+            out["notice_poll_interval_s"] = poll
         out["imds_endpoint"] = _as_optional_str(
             "imds_endpoint", v["imds_endpoint"], re.compile(r"^https?://[^\s/]+/?$"), "an http(s)://host[:port] URL"
         )

@@ -194,8 +194,9 @@ class SpotTrainingFleet(constructs.Construct):
             http_put_response_hop_limit=2,
             http_endpoint=True,
             instance_metadata_tags=instance_metadata_tags or None,
-            # The agent powers off a node that can no longer work (IMDS 403 during training): that
-            # must terminate it, so that the fleet launches a replacement (EC2's default is stop).
+            # The agent powers off a node that can no longer work (IMDS 403 during training), and a failed
+            # boot shuts the node down (infra/userdata.py, boot-failed): terminate, not stop (EC2's
+            # default), so the fleet replaces it (EC2 User Guide, "Change instance initiated shutdown behavior").
             instance_initiated_shutdown_behavior=ec2.InstanceInitiatedShutdownBehavior.TERMINATE,
             block_devices=[
                 ec2.BlockDevice(

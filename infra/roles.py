@@ -22,6 +22,7 @@ from aws_cdk import aws_kms as kms
 from aws_cdk import aws_s3_assets as s3_assets
 
 from .tags import AGENT_BOOKKEEPING_TAG_KEYS, STACK_TAG_KEY
+from .userdata import BOOT_ERROR_TAG
 
 #: Read-only EC2 calls the agents make; EC2 does not support resource-level permissions for them.
 DESCRIBE_ACTIONS: tuple[str, ...] = (
@@ -49,6 +50,8 @@ class TrainingNodeRole(constructs.Construct):
     - ``ec2:CreateTags`` on volumes and snapshots while creating them (``ec2:CreateAction``), and
       ``ec2:CreateTags`` on already tagged ones for any key but the stack tag itself (the agent's
       attach lease); ``ec2:DeleteTags`` only of the agent's bookkeeping tags, named in the request;
+    - ``ec2:CreateTags`` of the ``spot-training:boot-error`` key only, on this stack's instances (a
+      failed boot reports itself there; docs/agent.md, "Boot failures");
     - ``ec2:CancelSpotFleetRequests`` on this stack's fleet request only;
     - read access to the bootstrap asset (``grant_read``), if given;
     - use of a customer managed volume key through EBS only, if :meth:`grant_volume_key` is called;
@@ -241,6 +244,14 @@ def node_policy_statements(stack_tag_value: str) -> list[iam.PolicyStatement]:
             actions=["ec2:DeleteVolume", "ec2:DeleteSnapshot"],
             resources=[volume, snapshot],
             conditions=tagged,
+        ),
+        # The boot-failure script (infra/userdata.py) tags its own instance with the failed step, where
+        # the user sees it in the console; only that key, only on this stack's instances.
+        iam.PolicyStatement(
+            sid="TagOwnInstanceBootError",
+            actions=["ec2:CreateTags"],
+            resources=[instance],
+            conditions={**tagged, "ForAllValues:StringEquals": {"aws:TagKeys": [BOOT_ERROR_TAG]}},
         ),
         iam.PolicyStatement(
             sid="CancelOwnSpotFleet",

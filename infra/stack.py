@@ -215,12 +215,13 @@ class SpotTrainingStack(SettingsStack):
             cancel_fleet_on_success=settings.cancel_fleet_on_success,
             imds_endpoint=settings.imds_endpoint,
             monitoring=self.monitoring.node_config(interval_s=settings.monitoring_interval_s) if self.monitoring else None,
+            notice_poll_interval_s=settings.notice_poll_interval_s,
+            requirements=settings.training_requirements,
+            inherit_site_packages=settings.training_inherit_site_packages,
         )
         user_data = self.bootstrap_asset.user_data(
             self.node_config,
             region=self.region,
-            training_python=settings.training_python,
-            training_requirements=settings.training_requirements,
         )
         # pin_to_volume_az: only the subnets of the data volume's AZ, so a replacement never lands
         # elsewhere and the volume never moves (fewer spot capacity pools; docs/agent-storage.md).

@@ -22,6 +22,7 @@ AGENT_BOOKKEEPING_TAG_KEYS: tuple[str, ...] = (
     "spot-training:source-snapshot",
     "spot-training:move-state",
     "spot-training:created-by",
+    "spot-training:failed-boots",
 )
 #: Tag on every cluster worker instance; removing it asks the worker to leave (the Dynamic Training
 #: article's mechanism; ``cluster.member_tag`` in the node config, docs/contracts.md).

@@ -1,4 +1,10 @@
-"""The node's user data: fetch the bootstrap asset, write the node config, start the agent under systemd.
+"""The node's user data: only what must run before the agent, each step retried, a failure reported.
+
+:func:`boot_script` writes the boot-failure script (:func:`boot_failed_script`) and the node config,
+then fetches and unpacks the bootstrap asset and starts the agent under systemd. The trainer's framework
+is not installed here: the agent builds it into a virtual environment on the data volume (or EFS) once
+(``training.venv`` in the config; bootstrap/trainer_env.py). docs/agent.md, "What a node does" and
+"Boot failures".
 
 The node config JSON (schema: docs/contracts.md, "Node config JSON") sits in the user data between
 the lines ``# BEGIN spot-training config`` and ``# END spot-training config``, inside a quoted
@@ -22,7 +28,9 @@ SERVICE_NAME = "spot-training-agent"
 EXIT_BAD_CONFIG = 78
 #: ... nor after this one (74: the trainer's checkpoint storage is full or unusable; docs/contracts.md).
 EXIT_CHECKPOINT_STORAGE = 74
-#: ... nor after this one (69: the node could no longer work and was powered off; docs/agent.md).
+#: ... nor after this one (69: the agent gave up for good: the node could no longer work and was
+#: powered off, or a boot failure was reported and the node is shutting down or its fleet cancelled;
+#: sysexits EX_UNAVAILABLE; docs/contracts.md, "Agent exit codes").
 EXIT_NODE_UNUSABLE = 69
 _HEREDOC_TAG = "SPOT_TRAINING_CONFIG_JSON"
 _HEREDOC_START = re.compile(r"<<\s*'(?P<tag>[A-Za-z_][A-Za-z0-9_]*)'\s*$")
@@ -34,9 +42,10 @@ STOP_TIMEOUT_S = 120
 
 
 def systemd_unit(stop_timeout_s: int = STOP_TIMEOUT_S) -> str:
-    """The systemd unit that runs the agent. ``Restart=on-failure`` retries exit 75 (try again later)
-    and crashes; ``RestartPreventExitStatus=78 74 69`` stops the loop on a bad config, on unusable
-    checkpoint storage, and after the agent powered off a node that can no longer work; ``TimeoutStopSec``
+    """The systemd unit that runs the agent, as the boot script writes it through an unquoted heredoc
+    (``${CODE}``, ``${AGENT_PYTHON}``, ``${ST_ROOT}`` and ``${BOOT_FAILED}`` are the script's variables).
+    ``Restart=on-failure`` retries exit 75 (try again later) and crashes; ``RestartPreventExitStatus``
+    stops the loop on 78 (bad config), 74 (unusable checkpoint storage) and 69 (gave up: reported and shutting down); ``TimeoutStopSec``
     is ``stop_timeout_s`` seconds (default :data:`STOP_TIMEOUT_S`)."""
     return f"""[Unit]
 Description=spot-training node agent (volume, trainer, interruption notices, cleanup)
@@ -45,13 +54,14 @@ After=network-online.target
 
 [Service]
 Type=simple
-WorkingDirectory={CODE_DIR}
-ExecStart=/usr/bin/python3 -m bootstrap run --config {CONFIG_PATH}
+WorkingDirectory=${{CODE}}
+ExecStart=${{AGENT_PYTHON}} -m bootstrap run --config ${{ST_ROOT}}{CONFIG_PATH}
 Restart=on-failure
 RestartSec=15
 RestartPreventExitStatus={EXIT_BAD_CONFIG} {EXIT_CHECKPOINT_STORAGE} {EXIT_NODE_UNUSABLE}
 TimeoutStopSec={stop_timeout_s}
 Environment=PYTHONUNBUFFERED=1
+Environment={ON_BOOT_FAILURE_ENV}=${{BOOT_FAILED}}
 
 [Install]
 WantedBy=multi-user.target
@@ -81,6 +91,9 @@ def node_config(
     data_root: str | None = None,
     cluster: Mapping[str, Any] | None = None,
     monitoring: Mapping[str, Any] | None = None,
+    requirements: Sequence[str] = (),
+    inherit_site_packages: bool = False,
+    notice_poll_interval_s: float | None = None,
 ) -> dict[str, Any]:
     """The node config dict (schema version 1, docs/contracts.md).
 
@@ -92,8 +105,13 @@ def node_config(
     (a moved volume's provisioned initialization rate) go in the ``volume`` section only when set.
     ``node_role``: ``single`` (default) or a cluster role ``scheduler``/``server``/``worker``, which
     come with a ``cluster`` section (docs/contracts.md, "Parameter-server cluster"); the key is left
-    out when ``cluster`` is None. ``monitoring``: the CloudWatch publishing section
-    (``TrainingMonitoring.node_config()``); left out when None. Raises nothing; the stack validated the values.
+    out when ``cluster`` is None. ``requirements`` (pip specifiers): when any, ``training.venv`` asks the
+    agent for a virtual environment of ``python`` with them under ``<data root>/envs``, built once on
+    the volume (or EFS) and reused (``inherit_site_packages``: it also sees ``python``'s packages);
+    none (an AMI that ships the framework): ``training.venv`` is null and ``python`` runs as it is.
+    ``notice_poll_interval_s`` (seconds): written only when given; the agent's default otherwise.
+    ``monitoring``: the CloudWatch publishing section (``TrainingMonitoring.node_config()``); left out
+    when None. Raises nothing; the stack validated the values.
     """
     root = data_root or mount_point
     config: dict[str, Any] = {
@@ -118,6 +136,8 @@ def node_config(
             "checkpoint_dir": f"{root}/checkpoints",
             "log_dir": f"{root}/logs",
             "code": dict(code) if code is not None else {"type": "asset", "path": CODE_DIR},
+            "venv": ({"requirements": list(requirements), "root": f"{root}/envs",
+                      "inherit_site_packages": bool(inherit_site_packages)} if requirements else None),
         },
         "cleanup": {"cancel_fleet_on_success": cancel_fleet_on_success},
         "imds_endpoint": imds_endpoint,
@@ -131,69 +151,219 @@ def node_config(
         config["cluster"] = dict(cluster)
     if monitoring is not None:
         config["monitoring"] = dict(monitoring)
+    if notice_poll_interval_s is not None:  # else the agent's default (AWS's recommended 5 s)
+        config["notice_poll_interval_s"] = notice_poll_interval_s
     return config
 
 
 def config_block(config_json: str) -> list[str]:
-    """User-data lines that write ``config_json`` (text, may hold tokens) to :data:`CONFIG_PATH`."""
+    """User-data lines that write ``config_json`` (text, may hold tokens) to :data:`CONFIG_PATH`
+    (under ``$SPOT_TRAINING_ROOT`` in local mode; empty on an instance)."""
     return [
         CONFIG_BEGIN,
-        f"install -d -m 0755 {CONFIG_PATH.rsplit('/', 1)[0]}",
-        f"cat > {CONFIG_PATH} <<'{_HEREDOC_TAG}'",
+        f'install -d -m 0755 "{_ROOT}{CONFIG_PATH.rsplit("/", 1)[0]}"',
+        f'cat > "{_ROOT}{CONFIG_PATH}" <<\'{_HEREDOC_TAG}\'',
         config_json,
         _HEREDOC_TAG,
         CONFIG_END,
     ]
 
 
-def _pip_install(python: str, requirements: Sequence[str]) -> str:
-    quoted = " ".join(f"'{r}'" for r in requirements)
-    # Ubuntu 23.04+ marks the system Python externally managed (PEP 668); 22.04 does not know the flag.
-    return (f"{python} -m pip install --quiet {quoted} "
-            f"|| {python} -m pip install --quiet --break-system-packages {quoted}")
+#: Local mode only (docs/localmode.md, "The boot script"): the node's file-system root, prefixed to every
+#: path the boot script and the agent write (``/etc``, ``/opt``, the mount points). Unset on an instance.
+ROOT_ENV = "SPOT_TRAINING_ROOT"
+#: Local mode only: the interpreter that runs the agent (default ``/usr/bin/python3``, the AMI's).
+AGENT_PYTHON_ENV = "SPOT_TRAINING_AGENT_PYTHON"
+#: Local mode only: where boot failures are written for the user to see (default ``/dev/console``,
+#: which EC2 keeps as the instance's console output: ``aws ec2 get-console-output``).
+CONSOLE_ENV = "SPOT_TRAINING_CONSOLE"
+#: Set by the unit for the agent: the boot-failure script (:func:`boot_failed_script`).
+ON_BOOT_FAILURE_ENV = "SPOT_TRAINING_ON_BOOT_FAILURE"
+BOOT_FAILED_PATH = "/opt/spot-training/boot-failed"
+#: Instance tag that carries a failed boot step and its message (docs/agent.md, "Boot failures").
+BOOT_ERROR_TAG = "spot-training:boot-error"
+#: Data-volume tag that counts consecutive failed boots; the agent removes it once the trainer's
+#: environment is ready.
+FAILED_BOOTS_TAG = "spot-training:failed-boots"
+#: Failed boots in a row after which a node cancels its spot fleet instead of being replaced again.
+DEFAULT_MAX_FAILED_BOOTS = 3
+#: Attempts of each boot step (``BOOT_STEP_BACKOFF_S * n`` seconds apart).
+BOOT_STEP_ATTEMPTS = 4
+BOOT_STEP_BACKOFF_S = 5
+_ROOT = "${SPOT_TRAINING_ROOT:-}"
 
 
-def agent_commands(
-    *,
-    archive_path: str,
-    boto3_requirement: str,
-    training_python: str | None = None,
-    training_requirements: Sequence[str] = (),
-    stop_timeout_s: int = STOP_TIMEOUT_S,
-) -> list[str]:
-    """User-data lines that unpack the bootstrap asset and start the agent as a systemd service.
+STACK_TAG = "spot-training:stack"
 
-    Args:
-        archive_path: where the asset's zip file was downloaded on the node.
-        boto3_requirement: pip requirement installed when the system Python lacks boto3 (the agent
-            needs only the standard library and boto3), e.g. ``boto3>=1.34,<2``.
-        training_python: the trainer's interpreter; needed only with ``training_requirements``.
-        training_requirements: pip requirements installed into ``training_python`` before the agent
-            starts (the framework, when the AMI ships none); default: none.
-        stop_timeout_s: the unit's ``TimeoutStopSec``; default :data:`STOP_TIMEOUT_S` (120).
 
-    Raises:
-        ValueError: a requirement holds a quote or whitespace-only text, or requirements come without
-            ``training_python``.
+def _jq(text: str) -> str:
+    """A JMESPath raw string literal (``'text'``) inside a double-quoted bash word."""
+    if any(c in text for c in "'\"$`\\"):
+        raise ValueError(f"{text!r} cannot be quoted for the boot script")
+    return f"'{text}'"
+
+
+def _q(text: str) -> str:
+    """Single-quote ``text`` for bash (tokens stay inside the quotes)."""
+    return "'" + text.replace("'", "'\\''") + "'"
+
+
+def boot_failed_script(*, region: str, stack_name: str, volume_tags: Mapping[str, str],
+                       max_failed_boots: int = DEFAULT_MAX_FAILED_BOOTS) -> str:
+    """The bash script ``boot-failed STEP MESSAGE [final]`` that user data writes first, and that the
+    user data's steps and the agent call when a boot step failed for good (docs/agent.md, "Boot failures").
+
+    It (1) writes ``spot-training: boot failed at step STEP: MESSAGE`` to stderr and the console
+    (``$SPOT_TRAINING_CONSOLE``, default ``/dev/console``); (2) tags the instance with
+    :data:`BOOT_ERROR_TAG` = ``STEP: MESSAGE`` (shortened); (3) adds one to :data:`FAILED_BOOTS_TAG` on
+    the data volume (found by ``volume_tags``); (4) when that count reaches ``max_failed_boots``, or
+    with ``final`` (a failure a replacement would repeat), cancels the instance's spot fleet request
+    with its instances (only a request tagged with this stack: IAM allows no other), else (5) shuts the
+    instance down; the launch template's shutdown behaviour is terminate, so the fleet replaces it.
+    Every AWS call is best effort: a failure to report never keeps the instance running.
     """
-    for requirement in training_requirements:
-        if not isinstance(requirement, str) or not requirement.strip() or "'" in requirement or "\n" in requirement:
-            raise ValueError(f"training_requirements: {requirement!r} is not a pip requirement such as 'tensorflow[and-cuda]>=2.17,<2.18'")
-    if training_requirements and not training_python:
-        raise ValueError("training_requirements need training_python (the interpreter to install them into)")
-    install = [_pip_install(training_python, training_requirements)] if training_requirements else []
+    filters = " ".join(_q(f"Name=tag:{k},Values={v}") for k, v in volume_tags.items())
+    return f"""#!/bin/bash
+# spot-training: report a failed boot step, count it, then stop paying for this instance.
+# Usage: boot-failed STEP MESSAGE [final]   (docs/agent.md, "Boot failures")
+set -u
+STEP="${{1:-unknown}}"; MESSAGE="${{2:-}}"; MODE="${{3:-count}}"
+MAX_FAILED_BOOTS={int(max_failed_boots)}
+export AWS_DEFAULT_REGION={_q(region)} AWS_RETRY_MODE=standard AWS_MAX_ATTEMPTS=5
+CONSOLE="${{{CONSOLE_ENV}:-/dev/console}}"
+IMDS="${{AWS_EC2_METADATA_SERVICE_ENDPOINT:-http://169.254.169.254}}"; IMDS="${{IMDS%/}}"
+say() {{
+  local line="spot-training: boot failed at step '$STEP': $*"
+  echo "$line" >&2
+  {{ echo "$line" >> "$CONSOLE"; }} 2>/dev/null || true
+}}
+say "$MESSAGE"
+TOKEN=$(curl -sf -m 5 -X PUT "$IMDS/latest/api/token" -H 'X-aws-ec2-metadata-token-ttl-seconds: 300') || TOKEN=
+ID=$(curl -sf -m 5 -H "X-aws-ec2-metadata-token: $TOKEN" "$IMDS/latest/meta-data/instance-id") || ID=
+# Tag values: at most 256 characters; keep to characters the CLI shorthand passes unchanged.
+SHORT=$(printf '%s: %s' "$STEP" "$MESSAGE" | tr -c '[:alnum:] ._:/=+@-' ' ' | cut -c1-250)
+if [ -n "$ID" ]; then
+  aws ec2 create-tags --resources "$ID" --tags "Key={BOOT_ERROR_TAG},Value=$SHORT" >/dev/null \\
+    || say "could not tag instance $ID with {BOOT_ERROR_TAG}"
+fi
+VOLUME=$(aws ec2 describe-volumes --filters {filters} --query 'Volumes[0].VolumeId' --output text 2>/dev/null) || VOLUME=
+COUNT=0
+if [ -n "$VOLUME" ] && [ "$VOLUME" != None ]; then
+  PREVIOUS=$(aws ec2 describe-volumes --volume-ids "$VOLUME" \\
+    --query "Volumes[0].Tags[?Key=='{FAILED_BOOTS_TAG}'].Value | [0]" --output text 2>/dev/null) || PREVIOUS=0
+  case "$PREVIOUS" in ''|*[!0-9]*) PREVIOUS=0 ;; esac
+  COUNT=$((PREVIOUS + 1))
+  aws ec2 create-tags --resources "$VOLUME" --tags "Key={FAILED_BOOTS_TAG},Value=$COUNT" >/dev/null \\
+    || say "could not count the failed boot on $VOLUME"
+fi
+if [ "$MODE" = final ] || [ "$COUNT" -ge "$MAX_FAILED_BOOTS" ]; then
+  say "giving up (failed boots in a row: $COUNT of at most $MAX_FAILED_BOOTS; mode $MODE): cancelling this instance's spot fleet"
+  FLEET=$(aws ec2 describe-tags --filters "Name=resource-id,Values=$ID" Name=key,Values=aws:ec2spot:fleet-request-id \\
+    --query 'Tags[0].Value' --output text 2>/dev/null) || FLEET=
+  if [ -z "$FLEET" ] || [ "$FLEET" = None ]; then  # no fleet tag: find the instance in this stack's fleets
+    for CANDIDATE in $(aws ec2 describe-spot-fleet-requests --output text --query \\
+        "SpotFleetRequestConfigs[?Tags[?Key=='{STACK_TAG}' && Value=={_jq(stack_name)}]].SpotFleetRequestId" 2>/dev/null); do
+      aws ec2 describe-spot-fleet-instances --spot-fleet-request-id "$CANDIDATE" --output text \\
+        --query 'ActiveInstances[].InstanceId' 2>/dev/null | tr -s '[:space:]' '\\n' | grep -qx "$ID" && FLEET=$CANDIDATE
+    done
+  fi
+  if [ -n "$FLEET" ] && [ "$FLEET" != None ]; then
+    aws ec2 cancel-spot-fleet-requests --spot-fleet-request-ids "$FLEET" --terminate-instances >/dev/null \\
+      || say "could not cancel spot fleet request $FLEET"
+  fi
+fi
+say "shutting down (the fleet replaces a terminated instance)"
+shutdown -h now
+exit 1
+"""
+
+
+def _step_function() -> list[str]:
     return [
-        f"rm -rf {CODE_DIR} && install -d -m 0755 {CODE_DIR}",
+        "# Each step is retried (bounded); a step that fails every attempt reports and shuts down.",
+        "step() {",
+        '  local name="$1"; shift',
+        "  local attempt=1",
+        "  while true; do",
+        '    if "$@"; then echo "spot-training boot: step $name ok (attempt $attempt)"; return 0; fi',
+        f'    if [ "$attempt" -ge {BOOT_STEP_ATTEMPTS} ]; then',
+        f'      "$BOOT_FAILED" "$name" "failed {BOOT_STEP_ATTEMPTS} attempts"',
+        "      exit 1",
+        "    fi",
+        f'    echo "spot-training boot: step $name failed (attempt $attempt of {BOOT_STEP_ATTEMPTS}); retrying" >&2',
+        f"    sleep $((attempt * {BOOT_STEP_BACKOFF_S})); attempt=$((attempt + 1))",
+        "  done",
+        "}",
+    ]
+
+
+def boot_script(
+    *,
+    asset_url: str,
+    region: str,
+    stack_name: str,
+    volume_tags: Mapping[str, str],
+    config_json: str,
+    boto3_requirement: str,
+    stop_timeout_s: int = STOP_TIMEOUT_S,
+    max_failed_boots: int = DEFAULT_MAX_FAILED_BOOTS,
+    efs: bool = False,
+) -> list[str]:
+    """The user data's lines (after ``#!/bin/bash``): only what must run before the agent.
+
+    1. write :func:`boot_failed_script` (nothing can fail before it exists);
+    2. write the node config (:func:`config_block`);
+    3. steps, each retried :data:`BOOT_STEP_ATTEMPTS` times and logged: ``fetch-agent`` (``aws s3 cp``
+       of ``asset_url``), ``unpack-agent``, ``agent-boto3`` (only when the AMI's Python lacks boto3),
+       ``start-agent`` (write the unit, ``systemctl enable --now``).
+
+    The trainer's framework is not installed here: the agent builds its virtual environment on the
+    data volume (or EFS) once and reuses it (:mod:`bootstrap.trainer_env`). No ``set -e``: a failing
+    command is a failed step, reported, never a silent end of the script. The environment variables
+    :data:`ROOT_ENV`, :data:`AGENT_PYTHON_ENV` and :data:`CONSOLE_ENV` exist for local mode and are unset
+    on an instance. ``efs``: install amazon-efs-utils first (:func:`efs_utils_install_commands`).
+    ``asset_url``, ``region`` and the config may hold CDK tokens.
+    """
+    archive = "$ST_ROOT/opt/spot-training/bootstrap.zip"
+    return [
+        "set -uo pipefail",
+        "# Local mode only (docs/localmode.md); unset on an instance.",
+        f'ST_ROOT="{_ROOT}"',
+        f'AGENT_PYTHON="${{{AGENT_PYTHON_ENV}:-/usr/bin/python3}}"',
+        f'BOOT_FAILED="$ST_ROOT{BOOT_FAILED_PATH}"',
+        f'CODE="$ST_ROOT{CODE_DIR}"',
+        f"export AWS_DEFAULT_REGION={_q(region)} AWS_RETRY_MODE=standard AWS_MAX_ATTEMPTS=5",
+        'echo "spot-training boot: start"',
+        'install -d -m 0755 "$ST_ROOT/opt/spot-training"',
+        "cat > \"$BOOT_FAILED\" <<'SPOT_TRAINING_BOOT_FAILED'",
+        boot_failed_script(region=region, stack_name=stack_name, volume_tags=volume_tags,
+                           max_failed_boots=max_failed_boots).rstrip("\n"),
+        "SPOT_TRAINING_BOOT_FAILED",
+        'chmod 0755 "$BOOT_FAILED"',
+        *config_block(config_json),
+        # With EFS: amazon-efs-utils, retried itself; without it the agent exits 78 (a `config` boot failure).
+        *(efs_utils_install_commands() if efs else []),
+        *_step_function(),
+        f"fetch_agent() {{ aws s3 cp {_q(asset_url)} \"{archive}\" --only-show-errors; }}",
         # The standard library unzips; the AMI need not have `unzip`.
-        f"python3 -m zipfile -e '{archive_path}' {CODE_DIR}",
-        f"python3 -c 'import boto3' 2>/dev/null || python3 -m pip install --quiet '{boto3_requirement}' "
-        f"|| python3 -m pip install --quiet --break-system-packages '{boto3_requirement}'",
-        *install,
-        f"cat > /etc/systemd/system/{SERVICE_NAME}.service <<'SPOT_TRAINING_UNIT'",
+        f'unpack_agent() {{ rm -rf "$CODE" && install -d -m 0755 "$CODE" && "$AGENT_PYTHON" -m zipfile -e "{archive}" "$CODE"; }}',
+        "agent_boto3() {",
+        "  \"$AGENT_PYTHON\" -c 'import boto3' 2>/dev/null && return 0",
+        "  # Ubuntu 23.04+ marks the system Python externally managed (PEP 668); 22.04 does not know the flag.",
+        f'  "$AGENT_PYTHON" -m pip install --quiet {_q(boto3_requirement)} \\',
+        f'    || "$AGENT_PYTHON" -m pip install --quiet --break-system-packages {_q(boto3_requirement)}',
+        "}",
+        "start_agent() {",
+        f'  install -d -m 0755 "$ST_ROOT/etc/systemd/system" && cat > "$ST_ROOT/etc/systemd/system/{SERVICE_NAME}.service" <<SPOT_TRAINING_UNIT',
         systemd_unit(stop_timeout_s).rstrip("\n"),
         "SPOT_TRAINING_UNIT",
-        "systemctl daemon-reload",
-        f"systemctl enable --now {SERVICE_NAME}.service",
+        f"  systemctl daemon-reload && systemctl enable --now {SERVICE_NAME}.service",
+        "}",
+        "step fetch-agent fetch_agent",
+        "step unpack-agent unpack_agent",
+        "step agent-boto3 agent_boto3",
+        "step start-agent start_agent",
+        'echo "spot-training boot: agent started"',
     ]
 
 

@@ -35,6 +35,8 @@ from urllib.parse import urlparse
 import boto3
 from botocore.config import Config
 
+from localmode.wheels import PROBE_DISTRIBUTION
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 CDK_BIN = REPO_ROOT / "node_modules" / ".bin" / "cdk"
 #: moto's default account; the stacks need an explicit environment to deploy with the CLI.
@@ -55,6 +57,12 @@ class CdkCliError(RuntimeError):
     """A CDK CLI command failed or timed out; the message names the command and the log file."""
 
 
+#: Seconds between a local node's instance-metadata polls for notices. The digits trainer runs ~50
+#: steps/s here: one 5 s polling round (AWS's recommendation, the default) can outlast the steps left
+#: after a late notice, and the drill would see training complete instead of an interruption.
+LOCAL_NOTICE_POLL_INTERVAL_S = 1.0
+
+
 def local_context(
     *,
     availability_zones: Sequence[str] = AVAILABILITY_ZONES,
@@ -73,7 +81,9 @@ def local_context(
 
     Returns:
         ``{key: value}``: account 123456789012, region us-east-1, the AZs, a placeholder AMI id,
-        ``training_python`` = this interpreter (the node runner rewrites it per node anyway).
+        ``training_python`` = this interpreter, ``training_requirements`` = the probe wheel local mode
+        serves offline (localmode/wheels.py) with ``training_inherit_site_packages``, and
+        ``notice_poll_interval_s`` = :data:`LOCAL_NOTICE_POLL_INTERVAL_S`.
     """
     context = {
         "account": ACCOUNT,
@@ -82,6 +92,11 @@ def local_context(
         "image_id": LOCAL_IMAGE_ID,
         "framework": framework,
         "training_python": sys.executable,
+        # The trainer's environment is built for real, once per drill, on the data volume: a venv of this
+        # interpreter that sees its packages (the frameworks) and installs the probe wheel offline.
+        "training_requirements": PROBE_DISTRIBUTION,
+        "training_inherit_site_packages": "true",
+        "notice_poll_interval_s": str(LOCAL_NOTICE_POLL_INTERVAL_S),
     }
     if training_command is not None:
         context["training_command"] = ",".join(training_command)

@@ -2,20 +2,19 @@
 
 A local node is what a spot instance of the stack would run, on this machine:
 
-- its **config** is the one the deployed launch template carries (read back with
-  ``infra.userdata.extract_config`` from the template's user data), with only local paths rewritten:
-  the mount point (``/dltraining`` -> ``<work_dir>/nodes/<instance-id>/dltraining``, and every path
-  or command argument under it), ``training.python`` (this interpreter, or the runner's
-  ``trainer_python`` for a framework with an environment of its own) and ``training.code`` (the
-  node's unpacked copy of the deployed bootstrap asset), and ``imds_endpoint`` (the node's emulator);
-  ``notice_poll_interval_s`` is set to 1 s (:data:`LOCAL_NOTICE_POLL_INTERVAL_S`);
-- its **code** is the bootstrap asset the user data downloads: the zip ``cdk deploy`` uploaded to the
-  moto server's S3, unpacked under the node's directory;
+- its **boot** is the launch template's own user data, run with ``bash`` by
+  :mod:`localmode.node_init` under ``<work_dir>/nodes/<instance-id>/root`` (``SPOT_TRAINING_ROOT``), with
+  the AWS CLI at the moto server, then the agent's unit the user data enabled (``systemctl`` and
+  ``shutdown`` are stand-ins: docs/localmode.md, "The boot script"); the user data downloads the
+  bootstrap asset ``cdk deploy`` uploaded to moto's S3, writes the config and starts the agent;
+- its **config**, as the runner reads it (:attr:`LocalNode.config`), is the launch template's with the
+  node root in front of its paths (:func:`rooted_node_config`, the agent's own rule);
 - its **instance metadata** is an :class:`~localmode.imds_emulator.ImdsEmulator` of its own, with the
-  moto instance's identity (tokens enforced);
-- its **agent** is ``python -m bootstrap run --config <node config>``, run in the unpacked code as the
-  systemd unit would, with ``AWS_ENDPOINT_URL`` at the moto server and ``SPOT_TRAINING_BLOCKDEV_DIR`` at
-  the moto server's EBS data plane (docs/contracts.md, "Environment local mode gives the agent").
+  moto instance's identity (tokens enforced), named by ``AWS_EC2_METADATA_SERVICE_ENDPOINT``;
+- its **agent** runs with ``SPOT_TRAINING_BLOCKDEV_DIR`` at the moto server's EBS data plane and pip
+  pointed at a local wheel directory (docs/contracts.md, "Environment local mode gives the agent").
+  The cluster runner (localmode.cluster_drill) still starts its agents from the extracted config
+  (:func:`local_node_config`, :func:`start_agent`).
 
 moto's Spot Fleet does not maintain capacity (moto 5.2.5 never replaces a terminated instance, and
 launches only into the first override of a launch template config), so :meth:`NodeRunner.launch_for_fleet`
@@ -78,8 +77,7 @@ def _rewrite(value: Any, old_root: str, new_root: str) -> Any:
     return value
 
 
-#: Seconds between a local node's instance-metadata polls for notices (the node config key).
-LOCAL_NOTICE_POLL_INTERVAL_S = 1.0
+from localmode.deploy import LOCAL_NOTICE_POLL_INTERVAL_S  # noqa: E402 - kept importable from here
 
 
 def local_node_config(deployed: dict[str, Any], *, node_dir: Path, code_dir: Path, imds_endpoint: str,
@@ -106,9 +104,7 @@ def local_node_config(deployed: dict[str, Any], *, node_dir: Path, code_dir: Pat
     config["training"]["python"] = python
     config["training"]["code"] = {"type": "asset", "path": str(code_dir)}
     config["imds_endpoint"] = imds_endpoint
-    # The digits trainer runs ~50 steps/s here: one 5 s polling round (AWS's recommendation, the
-    # default) can outlast the steps left after a late notice, and the drill would see training
-    # complete instead of an interruption. Local nodes poll their emulator every second.
+    # See LOCAL_NOTICE_POLL_INTERVAL_S: local nodes poll their emulator every second.
     config["notice_poll_interval_s"] = LOCAL_NOTICE_POLL_INTERVAL_S
     return config
 
@@ -135,6 +131,59 @@ def unpack_asset(asset_zip: bytes, code_dir: Path) -> Path:
     with zipfile.ZipFile(io.BytesIO(asset_zip)) as archive:
         archive.extractall(code_dir)
     return code_dir
+
+
+def rooted_node_config(deployed: dict[str, Any], *, root: Path) -> dict[str, Any]:
+    """The node config as the agent of a local node whose file-system root is ``root`` reads it: every
+    file-system path under ``root`` (``bootstrap.config.with_root``, the agent's own rule). ``deployed``
+    is not changed."""
+    from bootstrap.config import with_root
+
+    return with_root(deployed, root)
+
+
+def node_environment(*, node_dir: Path, region: str, endpoint_url: str, imds_endpoint: str, volumes_dir: Path,
+                     python: str, wheel_dir: Path | None) -> dict[str, str]:
+    """The environment a local node's user data (and so its agent) runs with (docs/localmode.md, "The
+    boot script"): this process's minus ``AWS_*``/``SPOT_TRAINING_*``/``PIP_*``/``PYTHONPATH``, plus fake
+    credentials, ``AWS_ENDPOINT_URL`` (the moto server, for boto3 and the AWS CLI),
+    ``AWS_EC2_METADATA_SERVICE_ENDPOINT`` (the node's emulator), ``SPOT_TRAINING_ROOT`` =
+    ``<node_dir>/root``, ``SPOT_TRAINING_AGENT_PYTHON`` = ``python``, ``SPOT_TRAINING_CONSOLE`` =
+    ``<node_dir>/console.log``, ``SPOT_TRAINING_BLOCKDEV_DIR`` = ``volumes_dir``, a ``HOME`` in ``node_dir``,
+    ``python``'s directory first on ``PATH`` (the ``aws`` CLI of the project's venv) and, with
+    ``wheel_dir``, ``PIP_NO_INDEX=1`` and ``PIP_FIND_LINKS`` (the trainer's environment installs offline)."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("AWS_", "SPOT_TRAINING_", "PIP_")) and k != "PYTHONPATH"}
+    env.update({
+        "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_SESSION_TOKEN": "testing",
+        "AWS_REGION": region, "AWS_DEFAULT_REGION": region, "AWS_ENDPOINT_URL": endpoint_url,
+        "AWS_EC2_METADATA_SERVICE_ENDPOINT": imds_endpoint,
+        "SPOT_TRAINING_ROOT": str(node_dir / "root"), "SPOT_TRAINING_AGENT_PYTHON": python,
+        "SPOT_TRAINING_CONSOLE": str(node_dir / "console.log"),
+        "SPOT_TRAINING_BLOCKDEV_DIR": str(volumes_dir),
+        "PYTHONUNBUFFERED": "1", "PYTHONDONTWRITEBYTECODE": "1", "TF_CPP_MIN_LOG_LEVEL": "2",
+        "HOME": str(node_dir / "home"),
+        "PATH": f"{Path(python).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+    })
+    if wheel_dir is not None:
+        env.update({"PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(wheel_dir), "PIP_DISABLE_PIP_VERSION_CHECK": "1"})
+    return env
+
+
+def start_node_init(user_data: str, *, node_dir: Path, env: dict[str, str], python: str) -> subprocess.Popen[bytes]:
+    """Write ``user_data`` to ``<node_dir>/user-data`` and start ``python -m localmode.node_init`` on it
+    (runs the user data, then the units it enabled; localmode/node_init.py) in a session of its own (stop
+    it by PID), output to ``<node_dir>/agent.log``."""
+    node_dir.mkdir(parents=True, exist_ok=True)
+    (node_dir / "home").mkdir(exist_ok=True)
+    (node_dir / "user-data").write_text(user_data)
+    repo = Path(__file__).resolve().parent.parent
+    with open(node_dir / "agent.log", "ab") as log:
+        return subprocess.Popen(
+            [python, "-m", "localmode.node_init", "--user-data", str(node_dir / "user-data")],
+            cwd=repo, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
 
 
 def start_agent(config: dict[str, Any], *, node_dir: Path, code_dir: Path, python: str, endpoint_url: str,
@@ -213,6 +262,11 @@ class LocalNode:
     @property
     def alive(self) -> bool:
         return self.process.poll() is None
+
+    @property
+    def shutdown_requested(self) -> bool:
+        """Whether the node ran ``shutdown`` (the boot-failure script does; localmode/standins/shutdown)."""
+        return (self.node_dir / "root" / "run" / "local-init" / "shutdown").exists()
 
     def trainer_pids(self) -> list[int]:
         """PIDs of the trainers this node's agent started (from its ``training started`` log lines)."""
@@ -298,8 +352,15 @@ class NodeRunner:
         self.on_event = on_event or (lambda event: None)
         self.nodes: dict[str, LocalNode] = {}
         self.launched_for_fleet: list[str] = []
+        self._reaped: set[str] = set()
         self._deployed_config = None
         self._asset_zip: bytes | None = None
+        self._user_data_text: str | None = None
+        #: Wheels the nodes' pip installs from, offline (localmode/wheels.py).
+        self.wheel_dir = self.work_dir / "wheels"
+        from localmode.wheels import write_probe_wheel
+
+        write_probe_wheel(self.wheel_dir)
 
     # ---- what the launch template carries ------------------------------------------------------
     def deployed_config(self) -> dict[str, Any]:
@@ -334,19 +395,28 @@ class NodeRunner:
                 started.append(self.start_node(instance["InstanceId"]))
         return started
 
+    def user_data(self) -> str:
+        """The fleet's launch template's user data (``$Latest``, decoded; cached)."""
+        if self._user_data_text is None:
+            self._user_data_text = _user_data(self.aws, self.stack.launch_template_id)
+        return self._user_data_text
+
     def start_node(self, instance_id: str) -> LocalNode:
-        """Start the IMDS emulator and the agent of moto instance ``instance_id``.
+        """Boot moto instance ``instance_id`` as a local node: start its IMDS emulator, then run the
+        launch template's own user data (which downloads the bootstrap asset from moto's S3, writes the
+        config and enables the agent's unit) and the unit, through :mod:`localmode.node_init`.
 
         Raises:
             NodeError: the instance is unknown or the launch template lacks the config.
         """
         node_dir = self.work_dir / "nodes" / instance_id
-        code_dir = unpack_asset(self._asset(), node_dir / "code")
         imds = ImdsEmulator.from_moto(self.aws.ec2, instance_id).start()
-        config = local_node_config(self.deployed_config(), node_dir=node_dir, code_dir=code_dir,
-                                   imds_endpoint=imds.endpoint, python=self.trainer_python)
-        process = start_agent(config, node_dir=node_dir, code_dir=code_dir, python=self.python,
-                              endpoint_url=self.endpoint_url, volumes_dir=self.volumes_dir)
+        deployed = self.deployed_config()
+        config = rooted_node_config(deployed, root=node_dir / "root")
+        env = node_environment(node_dir=node_dir, region=deployed["region"], endpoint_url=self.endpoint_url,
+                               imds_endpoint=imds.endpoint, volumes_dir=self.volumes_dir, python=self.python,
+                               wheel_dir=self.wheel_dir)
+        process = start_node_init(self.user_data(), node_dir=node_dir, env=env, python=self.python)
         node = LocalNode(instance_id=instance_id, availability_zone=imds.availability_zone, node_dir=node_dir,
                          config=config, imds=imds, process=process, launched_at=time.time())
         self.nodes[instance_id] = node
@@ -384,6 +454,23 @@ class NodeRunner:
         self.on_event({"event": "instance-launched", "instance_id": instance_id,
                        "availability_zone": availability_zone, "by": "fleet (local mode acting for moto)"})
         return instance_id
+
+    def reap_shutdowns(self) -> list[str]:
+        """Terminate (in moto) the instances whose node has ended after running ``shutdown``, as EC2 does
+        with the launch template's ``InstanceInitiatedShutdownBehavior=terminate``; returns their ids."""
+        terminated = []
+        for node in list(self.nodes.values()):
+            if node.alive or not node.shutdown_requested or node.instance_id in self._reaped:
+                continue
+            node.stop()
+            state = self.aws.ec2.describe_instances(InstanceIds=[node.instance_id])["Reservations"][0]["Instances"][0]["State"]["Name"]
+            if state not in ("terminated", "shutting-down"):
+                self.aws.ec2.terminate_instances(InstanceIds=[node.instance_id])
+            self._reaped.add(node.instance_id)
+            terminated.append(node.instance_id)
+            self.on_event({"event": "instance-terminated", "instance_id": node.instance_id,
+                           "reason": "shut down from the instance (boot failure)"})
+        return terminated
 
     def fleet_active(self) -> bool:
         """Whether the stack's fleet request still exists and is not cancelled."""

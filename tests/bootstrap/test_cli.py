@@ -439,3 +439,89 @@ def test_imds_403_in_local_mode_without_a_poweroff_command_only_exits_69(node):
             proc.wait()
     assert proc.returncode == 69, err
     assert "not powering off" in err + out
+
+
+# ---- boot failures (docs/agent.md, "Boot failures") -------------------------------------------------
+STANDINS = REPO / "localmode" / "standins"
+
+
+def _boot_failed_script(tmp_path: Path) -> Path:
+    from infra.userdata import boot_failed_script
+
+    script = tmp_path / "boot-failed"
+    script.write_text(boot_failed_script(region="us-east-1", stack_name=STACK,
+                                         volume_tags={t["Key"]: t["Value"] for t in STACK_TAGS}))
+    script.chmod(0o755)
+    return script
+
+
+def test_boot_failed_script_final_reports_counts_cancels_the_fleet_and_shuts_down(ec2, node, tmp_path):
+    """The user data's boot-failure script, for real: bash, the AWS CLI against moto, IMDS emulator."""
+    root = tmp_path / "root"
+    env = dict(os.environ, SPOT_TRAINING_ROOT=str(root), SPOT_TRAINING_CONSOLE=str(tmp_path / "console.log"),
+               AWS_EC2_METADATA_SERVICE_ENDPOINT=node["imds"].endpoint,
+               PATH=f"{STANDINS}{os.pathsep}{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    done = subprocess.run([str(_boot_failed_script(tmp_path)), "trainer", "it crashed 6 times, more than max_restarts=5",
+                           "final"], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1, done.stderr  # it ends the boot: never 0
+    console = (tmp_path / "console.log").read_text()
+    assert "spot-training: boot failed at step 'trainer': it crashed 6 times, more than max_restarts=5" in console
+    assert "giving up (failed boots in a row: 1 of at most 3; mode final)" in console
+    assert (root / "run" / "local-init" / "shutdown").read_text().startswith("shutdown -h now")
+    tags = {t["Key"]: t["Value"] for t in ec2.describe_tags(
+        Filters=[{"Name": "resource-id", "Values": [node["instance_id"]]}])["Tags"]}
+    assert tags["spot-training:boot-error"].startswith("trainer: it crashed 6 times")
+    (volume,) = ec2.describe_volumes(Filters=[{"Name": "tag:spot-training:stack", "Values": [STACK]}])["Volumes"]
+    assert {t["Key"]: t["Value"] for t in volume["Tags"]}["spot-training:failed-boots"] == "1"
+    # moto forgets a cancelled request; EC2 shows it as cancelled for a while: either way, not active.
+    fleets = ec2.describe_spot_fleet_requests()["SpotFleetRequestConfigs"]
+    assert not [f for f in fleets if f["SpotFleetRequestId"] == node["fleet_id"]
+                and not f["SpotFleetRequestState"].startswith("cancelled")]
+
+
+def test_boot_failed_script_counts_and_only_shuts_down_below_the_bound(ec2, node, tmp_path):
+    env = dict(os.environ, SPOT_TRAINING_ROOT=str(tmp_path / "root"), SPOT_TRAINING_CONSOLE=str(tmp_path / "console.log"),
+               AWS_EC2_METADATA_SERVICE_ENDPOINT=node["imds"].endpoint,
+               PATH=f"{STANDINS}{os.pathsep}{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    subprocess.run([str(_boot_failed_script(tmp_path)), "environment", "pip failed"], env=env, timeout=300,
+                   capture_output=True)
+    (fleet,) = ec2.describe_spot_fleet_requests(SpotFleetRequestIds=[node["fleet_id"]])["SpotFleetRequestConfigs"]
+    assert fleet["SpotFleetRequestState"] == "active"
+    assert "giving up" not in (tmp_path / "console.log").read_text()
+    assert (tmp_path / "root" / "run" / "local-init" / "shutdown").exists()
+
+
+@pytest.mark.parametrize("error,step,mode", [
+    ("EnvironmentBuildFailed", "environment", "count"),
+    ("TrainerFailedError", "trainer", "final"),
+    ("ConfigError", "config", "final"),
+    ("TemporaryError", None, None),
+])
+def test_run_reports_boot_failures_through_the_units_script_and_exits_69(tmp_path, monkeypatch, error, step, mode):
+    """A failed boot step of ``run`` calls $SPOT_TRAINING_ON_BOOT_FAILURE and exits 69 (no systemd restart);
+    an error worth a retry (75) does not."""
+    from bootstrap import cli, errors, supervisor
+
+    record = tmp_path / "calls"
+    script = tmp_path / "fake-boot-failed"
+    script.write_text(f"#!/bin/bash\nprintf '%s|' \"$@\" >> {record}\n")
+    script.chmod(0o755)
+    monkeypatch.setenv(cli.ON_BOOT_FAILURE_ENV, str(script))
+    exc = getattr(supervisor, error, None) or getattr(errors, error)
+    exc = exc("something broke")
+    step_found = cli._boot_step(exc)
+    assert step_found == step
+    code = cli._fail(exc, exc.exit_code, boot_step=step_found)
+    if step is None:
+        assert code == ExitCode.TEMPFAIL and not record.exists()
+    else:
+        assert code == ExitCode.UNAVAILABLE == 69
+        assert record.read_text() == f"{step}|something broke|{mode}|"
+
+
+def test_without_the_units_script_a_failure_keeps_its_exit_code(monkeypatch):
+    from bootstrap import cli
+    from bootstrap.supervisor import TrainerFailedError
+
+    monkeypatch.delenv(cli.ON_BOOT_FAILURE_ENV, raising=False)
+    assert cli._fail(TrainerFailedError("x"), ExitCode.TEMPFAIL, boot_step="trainer") == ExitCode.TEMPFAIL

@@ -346,14 +346,15 @@ def test_tensorflow_cluster_runs_the_pss_chief_with_its_own_python(cluster_tf_sy
         assert "/opt/tensorflow/bin/python -m pip" not in text and "tensorflow[and-cuda]" not in text
 
 
-def test_user_data_installs_the_framework_and_bounds_the_agents_stop(cluster_synth: Synth) -> None:
+def test_user_data_asks_the_agent_for_the_framework_and_bounds_the_agents_stop(cluster_synth: Synth) -> None:
     for role, lt in _launch_templates(cluster_synth).items():
         text = _user_data(lt)
-        # GPU build on the spot workers, CPU build on the on-demand m5 scheduler and servers.
+        # GPU build on the spot workers, CPU build on the on-demand m5 scheduler and servers: each a venv
+        # the agents build once on EFS (a key per requirement set), not a pip install at every boot.
         build = "mxnet-cu112==1.9.1" if role == "worker" else "mxnet==1.9.1"
-        assert f"/usr/bin/python3 -m pip install --quiet '{build}' 'numpy<1.24'" in text, role
-        assert ("mxnet-cu112" in text) == (role == "worker"), role
-        assert text.index(f"'{build}'") < text.index("systemctl enable --now spot-training-agent.service")
+        venv = extract_config(text)["training"]["venv"]
+        assert venv == {"requirements": [build, "numpy<1.24"], "root": "/mnt/efs/envs", "inherit_site_packages": False}, role
+        assert "pip install --quiet 'mxnet" not in text, role
         # A stopped worker first leaves (checkpoint + teardown, each up to cluster.stop_timeout_s = 120 s).
         assert "TimeoutStopSec=300" in text
         assert len(text.encode()) < 16 * 1024

@@ -50,7 +50,10 @@ def test_framework_mxnet_synthesizes_the_gluon_command_and_installs_mxnet(mxnet_
     assert training["framework"] == "mxnet"
     assert training["command"] == ["{python}", "training/examples/gluon_resnet.py"]
     assert training["python"] == "/usr/bin/python3"
-    assert "/usr/bin/python3 -m pip install --quiet 'mxnet-cu112==1.9.1' 'numpy<1.24'" in text
+    # The agent builds the framework into a venv on the data volume once (not a pip install at every boot).
+    assert training["venv"] == {"requirements": ["mxnet-cu112==1.9.1", "numpy<1.24"], "root": "/dltraining/envs",
+                                "inherit_site_packages": False}
+    assert "pip install --quiet 'mxnet" not in text
     assert "tensorflow" not in text and "keras_resnet" not in text
     assert mxnet_synth.nag_errors == []
 
@@ -63,9 +66,10 @@ def test_framework_pytorch_synthesizes_the_torch_command_and_installs_the_cuda_b
     assert training["command"] == ["{python}", "training/examples/torch_resnet.py"]
     assert training["python"] == "/usr/bin/python3"
     # PyPI's Linux x86_64 torch wheel is the CUDA build: no CPU-only index, no TensorFlow, no MXNet.
-    assert "/usr/bin/python3 -m pip install --quiet 'torch>=2.5,<3' 'numpy>=1.26'" in text
+    assert training["venv"]["requirements"] == ["torch>=2.5,<3", "numpy>=1.26"]
     assert "download.pytorch.org" not in text and "tensorflow" not in text and "mxnet" not in text
-    assert text.index("torch>=2.5,<3") < text.index("systemctl enable --now")
+    # Only in the config: the trainer's environment is the agent's job, after the volume is mounted.
+    assert text.index("torch>=2.5,<3") < text.index("# END spot-training config") < text.index("systemctl enable --now")
     # The agent accepts what the stack wrote (region and ids as a deploy resolves them).
     assert parse_config(config).training.framework == "pytorch"
     assert pytorch_synth.nag_errors == []

@@ -319,6 +319,9 @@ def test_extract_config_reads_the_contract_config_from_user_data(default_synth: 
             "checkpoint_dir": "/dltraining/checkpoints",
             "log_dir": "/dltraining/logs",
             "code": {"type": "asset", "path": "/opt/spot-training/code"},
+            # The Base AMI ships no framework: the agent builds it into a venv on the data volume, once.
+            "venv": {"requirements": ["tensorflow[and-cuda]>=2.17,<2.18"], "root": "/dltraining/envs",
+                     "inherit_site_packages": False},
         },
         "cleanup": {"cancel_fleet_on_success": True},
         "imds_endpoint": None,
@@ -330,16 +333,29 @@ def test_user_data_fetches_the_asset_and_starts_the_agent_under_systemd(default_
     text = _user_data(default_synth, PSEUDO)
     asset = default_synth.stack.bootstrap_asset.asset
     assert f"s3://cdk-hnb659fds-assets-123456789012-us-east-1/{asset.asset_hash}.zip" in text
-    assert "python3 -m zipfile -e '/opt/spot-training/bootstrap.zip' /opt/spot-training/code" in text
-    assert "ExecStart=/usr/bin/python3 -m bootstrap run --config /etc/spot-training/config.json" in text
-    assert "WorkingDirectory=/opt/spot-training/code" in text
-    assert "Restart=on-failure" in text and "RestartPreventExitStatus=78 74 69" in text  # 74: storage, 69: powered off
+    # Paths and the agent's interpreter are the instance's unless local mode overrides them.
+    assert 'ST_ROOT="${SPOT_TRAINING_ROOT:-}"' in text
+    assert 'AGENT_PYTHON="${SPOT_TRAINING_AGENT_PYTHON:-/usr/bin/python3}"' in text
+    assert 'CODE="$ST_ROOT/opt/spot-training/code"' in text
+    assert '"$AGENT_PYTHON" -m zipfile -e "$ST_ROOT/opt/spot-training/bootstrap.zip" "$CODE"' in text
+    assert "ExecStart=${AGENT_PYTHON} -m bootstrap run --config ${ST_ROOT}/etc/spot-training/config.json" in text
+    assert "WorkingDirectory=${CODE}" in text
+    assert "Restart=on-failure" in text and "RestartPreventExitStatus=78 74 69" in text
+    assert "Environment=SPOT_TRAINING_ON_BOOT_FAILURE=${BOOT_FAILED}" in text
     # The agent waits up to 90 s for the trainer on stop; systemd must wait longer than that.
     assert "TimeoutStopSec=120" in text
-    # The default AMI (Deep Learning Base AMI) ships no framework: it is installed before the agent starts.
-    assert "/usr/bin/python3 -m pip install --quiet 'tensorflow[and-cuda]>=2.17,<2.18'" in text
-    assert text.index("tensorflow[and-cuda]") < text.index("systemctl enable --now")
+    # No framework install on the boot path: the only mention of it is the config's venv section.
+    before_config, after_config = text.split("# BEGIN spot-training config")[0], text.split("# END spot-training config")[1]
+    assert "tensorflow" not in before_config + after_config
+    assert "set -e" not in text  # a failing command is a reported step, never a silent end of the script
+    # Every step before the agent is retried and reported; the boot-failure script is written first.
+    for step in ("fetch-agent", "unpack-agent", "agent-boto3", "start-agent"):
+        assert f"step {step} " in text
+    assert text.index("SPOT_TRAINING_BOOT_FAILED") < text.index("step fetch-agent")
     assert "systemctl enable --now spot-training-agent.service" in text
+    (lt,) = default_synth.resources("AWS::EC2::LaunchTemplate").values()
+    # A failed boot shuts down; terminate (not stop) so that the fleet replaces the instance.
+    assert lt["Properties"]["LaunchTemplateData"]["InstanceInitiatedShutdownBehavior"] == "terminate"
     assert text.index("# END spot-training config") < text.index("systemctl enable --now")
     assert len(text.encode()) < 16 * 1024  # EC2's user data limit, with room to spare
     assert text.startswith("#!/bin/bash\n")

@@ -9,14 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from infra.userdata import CONFIG_BEGIN, CONFIG_END, agent_commands, config_block, extract_config, node_config
+from infra.userdata import CONFIG_BEGIN, CONFIG_END, boot_script, config_block, extract_config, node_config
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def _user_data(config: dict) -> str:
-    lines = ["#!/bin/bash", "set -euo pipefail", *config_block(json.dumps(config, indent=2)),
-             *agent_commands(archive_path="/tmp/x.zip", boto3_requirement="boto3>=1.34,<2")]
+    lines = ["#!/bin/bash", *boot_script(asset_url="s3://bucket/asset.zip", region=config["region"],
+                                         stack_name=config["stack_name"], volume_tags=config["volume"]["tags"],
+                                         config_json=json.dumps(config, indent=2), boto3_requirement="boto3>=1.34,<2")]
     return "\n".join(lines) + "\n"
 
 

@@ -90,6 +90,12 @@ def test_single_node_drill_survives_an_interruption_with_an_az_move(tmp_path):
     # The report table went to the terminal, and the live display showed the events.
     assert "Drill report" in completed.stdout and "spot interruption #1" in completed.stdout
     assert "MOVED to" in completed.stdout
+    # Every node ran the launch template's own user data, and the trainer's environment was built once
+    # on the data volume and reused by the replacement (docs/localmode.md, "The boot script").
+    logs = [p.read_text(errors="replace") for p in sorted((work / "nodes").glob("*/agent.log"))]
+    assert len(logs) == 2 and all("spot-training boot: step start-agent ok" in log for log in logs)
+    assert sum(log.count('"message": "environment built"') for log in logs) == 1
+    assert sum(log.count('"message": "environment reused"') for log in logs) == 1
     # Nothing it started is still running (moto server, agents, trainers, baseline, CDK CLI).
     assert _processes_mentioning(str(work)) == []
 

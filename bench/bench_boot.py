@@ -1,0 +1,114 @@
+"""Benchmark: boot -> first training step of a node, with the trainer's environment cold and warm (``make bench-boot``).
+
+In local mode (docs/localmode.md): the real CDK CLI deploys the single-node stack to a moto server, the
+digits go onto the data volume, and each node runs the launch template's own user data (AWS CLI against
+moto), then the agent, which builds or reuses the trainer's virtual environment on the data volume
+(``training_requirements`` = the probe wheel, installed offline from a local wheel directory, with
+``training_inherit_site_packages``: the frameworks come from the project's venv).
+
+1. **cold**: the fleet's first instance. Its agent builds the environment.
+2. **warm**: the node is stopped (SIGTERM: the trainer checkpoints), its instance terminated, and a
+   replacement launched into the same Availability Zone; its agent finds the environment complete.
+
+Per node: ``boot_to_first_step_s`` (node start -> the first training-log row that node's trainer
+wrote), ``user_data_s`` (the boot script, until the agent's unit is started), ``environment_s`` (the
+agent's environment step), ``pip_runs`` (pip processes the environment step ran: 0 is the goal on the
+warm path). Prints a table, then the figures as JSON on the last line. The trainer itself (TensorFlow
+import, restoring the checkpoint) is most of each figure; the goal is that the warm path installs
+nothing.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import re
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from localmode.deploy import CdkCli, clients, local_context, stack_resources  # noqa: E402
+from localmode.drill import TRAINER, _put_dataset, bootstrap_and_deploy  # noqa: E402
+from localmode.injector import LOG_NAME, read_training_log  # noqa: E402
+from localmode.moto_server import MotoServer  # noqa: E402
+from localmode.nodes import LocalNode, NodeRunner  # noqa: E402
+
+_USER_DATA_S = re.compile(r"local-init: user data exited with status 0 after ([0-9.]+) s")
+
+
+def _wait_first_step(node: LocalNode, after_step: float, timeout_s: float = 600.0) -> float:
+    """Seconds from the node's start to the first training-log row past ``after_step``."""
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        rows = read_training_log(node.log_dir / LOG_NAME)
+        if rows and rows[-1]["step"] > after_step:
+            return time.time() - node.launched_at
+        if not node.alive:
+            raise RuntimeError(f"node {node.instance_id} ended before training; see {node.log_path}")
+        time.sleep(0.1)
+    raise RuntimeError(f"no training step within {timeout_s} s; see {node.log_path}")
+
+
+def _node_figures(node: LocalNode, boot_to_step_s: float) -> dict:
+    text = node.log_path.read_text(errors="replace")
+    env_lines = [json.loads(line) for line in text.splitlines()
+                 if line.startswith("{") and '"message": "environment ' in line]
+    user_data = _USER_DATA_S.search(text)
+    return {
+        "instance_id": node.instance_id,
+        "boot_to_first_step_s": round(boot_to_step_s, 2),
+        "user_data_s": float(user_data.group(1)) if user_data else None,
+        "environment": env_lines[-1]["message"] if env_lines else None,
+        "environment_s": env_lines[-1].get("seconds") if env_lines else None,
+        "pip_runs": env_lines[-1].get("pip_attempts") if env_lines else None,
+    }
+
+
+def main() -> int:
+    """Run the benchmark (see the module docstring); returns 0."""
+    work = Path(tempfile.mkdtemp(prefix="bench-boot-"))
+    server = MotoServer(work / "moto").start()
+    runner = None
+    try:
+        aws = clients(server.endpoint_url)
+        context = local_context(training_command=["{python}", TRAINER, "--epochs", "3", "--save-every-steps", "20"])
+        bootstrap_and_deploy(CdkCli(server.endpoint_url, work_dir=work), "SpotTraining", context,
+                             record=lambda event: None, phases={})
+        stack = stack_resources(aws, "SpotTraining")
+        runner = NodeRunner(aws=aws, endpoint_url=server.endpoint_url, volumes_dir=server.volumes_dir, stack=stack,
+                            work_dir=work)
+        _put_dataset(server.volumes_dir / stack.data_volume_id, runner.deployed_config())
+        (cold,) = runner.sync()
+        cold_figures = _node_figures(cold, _wait_first_step(cold, 0))
+        time.sleep(3)  # a few steps and a checkpoint (every 20 steps) before the stop
+        cold.stop()
+        last = read_training_log(cold.log_dir / LOG_NAME)[-1]["step"]
+        runner.terminate_instance(cold.instance_id)
+        warm = runner.start_node(runner.launch_for_fleet(cold.availability_zone, instance_type="g5.xlarge"))
+        warm_figures = _node_figures(warm, _wait_first_step(warm, last))
+        warm.stop()
+    finally:
+        if runner is not None:
+            runner.close()
+        server.stop()
+        shutil.rmtree(work, ignore_errors=True)
+    print(f"{'path':6} {'boot->first step s':>19} {'user data s':>12} {'environment':>20} {'env s':>7} {'pip runs':>8}")
+    for name, f in (("cold", cold_figures), ("warm", warm_figures)):
+        print(f"{name:6} {f['boot_to_first_step_s']:>19} {f['user_data_s']!s:>12} {f['environment']!s:>20} "
+              f"{f['environment_s']!s:>7} {f['pip_runs']!s:>8}")
+    result = {
+        "benchmark": "boot", "date": datetime.date.today().isoformat(),
+        "cold": cold_figures, "warm": warm_figures,
+        "warm_installs_nothing": warm_figures["environment"] == "environment reused" and warm_figures["pip_runs"] == 0,
+    }
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
