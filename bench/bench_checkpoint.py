@@ -5,7 +5,7 @@
 
 Model: an MLP (64 -> 2048 -> 2048 -> 512 -> 10, about 5.4 M parameters, the same as the MXNet
 part) trained with Adam, batch 64, on synthetic data of 6,400 examples (an epoch is 100 steps),
-one TensorFlow intra-op thread (as the examples run; design.md: fastest on small nodes).
+one TensorFlow intra-op thread (as the examples run; docs/architecture.md: fastest on small nodes).
 
 1. Overhead, by paired windows. A run trains in windows of WINDOW (10) steps that alternate
    without and with one save: through :class:`training.keras_adapter.ResumableFit` with

@@ -2,7 +2,7 @@
 
 Neither MXNet 1.9.1 (no elastic kvstore) nor TensorFlow (the elastic parameter-server pull request was
 closed) can add a worker address to a running job, so membership changes by *generations*
-(design.md, "Elastic membership = generations"). Everything lives in one directory on EFS,
+(docs/architecture.md, "Clusters run on the frameworks' own engines"). Everything lives in one directory on EFS,
 ``cluster.state_dir`` (docs/contracts.md, "Cluster state on EFS")::
 
     <state_dir>/
@@ -769,7 +769,7 @@ def finish_node(outcome: str, *, role: str, leave_reason: str | None, cancel_fle
 
     - ``"completed"`` on a worker with ``cleanup.cancel_fleet_on_success`` (what the DistributedTraining
       stack writes for workers): cancel the workers' spot fleet with its instances through
-      :func:`bootstrap.cleanup.cancel_own_fleet` (design.md step 4; only a fleet tagged with our stack;
+      :func:`bootstrap.cleanup.cancel_own_fleet` (docs/architecture.md, "The user's story", step 4; only a fleet tagged with our stack;
       idempotent, so every worker may try and the first one wins). Scheduler and servers run in
       on-demand Auto Scaling groups, not a fleet: their agents have stopped their processes and exit 0,
       the instances stay (idle, billed on demand) until ``cdk destroy``.

@@ -2,9 +2,9 @@
 
 Why hand-rolled: botocore's ``InstanceMetadataFetcher`` only fetches credentials and region (it has
 no generic GET, no notice paths and swallows errors into empty results), and boto3 has no IMDS
-client; the agent must not depend on anything else (design.md: stdlib + boto3 on the node).
+client; the agent must not depend on anything else (docs/architecture.md, "Layers": stdlib + boto3 on the node).
 
-Behaviour (design.md, "IMDSv2 only"):
+Behaviour (docs/architecture.md, "IMDSv2 only"):
 
 - a session token from ``PUT /latest/api/token`` with ``X-aws-ec2-metadata-token-ttl-seconds``
   (default 21600 s), cached and refreshed ``refresh_margin_s`` before it expires;

@@ -302,7 +302,7 @@ class ParameterServerCluster(constructs.Construct):
             data_volume_access=False,
         )
         self.worker_role.allow_leaving_fleet()
-        # ... and may cancel the stack's worker fleet when training completed (design.md step 4).
+        # ... and may cancel the stack's worker fleet when training completed (docs/architecture.md, "The user's story", step 4).
         self.worker_role.role.add_to_principal_policy(
             next(s for s in node_policy_statements(tag_value) if s.sid == "CancelOwnSpotFleet"))
         for role in (self.node_role, self.worker_role):

@@ -1,4 +1,4 @@
-"""The drill: the whole user story of design.md on one machine, measured, with a report.
+"""The drill: the whole user story of docs/architecture.md on one machine, measured, with a report.
 
 moto server up -> ``cdk bootstrap`` -> ``cdk deploy SpotTraining`` (the real CLI) -> the digits data
 written onto the data volume -> the node runner starts the fleet's instance as a local node -> the

@@ -5,7 +5,7 @@ rebuilds the backend instances) in the process that runs moto's server; ``localm
 calls it before starting ``moto.server.main``. The agents never import this module: they talk to the
 server over HTTP with boto3 exactly as they talk to AWS, and run unchanged on AWS.
 
-What each bridge fixes (design.md, "Local mode"), and what real EC2 does instead:
+What each bridge fixes (docs/architecture.md, "Local mode"), and what real EC2 does instead:
 
 1. **EBS data plane** (moto keeps no bytes). A volume's bytes are the directory
    ``<ebs_dir>/volumes/<vol-id>/``; CreateSnapshot copies it to ``<ebs_dir>/snapshots/<snap-id>/``

@@ -8,7 +8,7 @@ The framework adapters import their framework, so import them explicitly:
 ``from training.keras_adapter import ...`` (TensorFlow/Keras), ``from training.mxnet_adapter
 import ...`` (MXNet Gluon) or ``from training.torch_adapter import ...`` (PyTorch, in ``.venv-torch``).
 Never import two frameworks in one process: MXNet 1.9.1 segfaults after TensorFlow.
-No boto3 or AWS import anywhere in this package (design.md, "Layers").
+No boto3 or AWS import anywhere in this package (docs/architecture.md, "Layers").
 """
 
 from training.notice import REQUEST_FILE_ENV, NoticeHandler, SaveSchedule

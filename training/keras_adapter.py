@@ -28,7 +28,7 @@ Why not ``keras.callbacks.BackupAndRestore`` (Keras 3.15, read in keras/src/call
     cannot write a snapshot in the background while training goes on), has no SIGTERM handling, and
     deletes the checkpoint when ``fit`` ends (``delete_checkpoint=True``).
 What it does right is kept: the model must be built and the optimizer's slots built
-(``optimizer.build(model.trainable_variables)``) before restoring (design.md: Keras 3).
+(``optimizer.build(model.trainable_variables)``) before restoring (docs/architecture.md, "Framework facts that shaped the code").
 
 A checkpoint (inside the store's ``ckpt-<step>`` directory, training/store.py) holds
 ``keras.variables/<key>.npy`` (one standard numpy file per variable): ``model.variables`` (weights, BatchNorm statistics and the ``SeedGenerator``
@@ -37,7 +37,7 @@ counter, learning rate, slots), in their Keras order, as numpy arrays of their d
 ``keras.variables.json``: each variable's Keras path, shape and dtype (shape checks name the variable).
 Variables are matched by position, not by path: Keras numbers layer names per process (``dense_1``),
 so paths may differ between two runs that build the same model. Our own step counter (the manifest's
-``step``; Keras 3's ``optimizer.iterations`` is not trusted for this, design.md) is also the data
+``step``; Keras 3's ``optimizer.iterations`` is not trusted for this, docs/architecture.md, "Checkpoints") is also the data
 position (training/datasets.py: the batch of step ``s`` is a pure function of ``s`` and the seed).
 """
 
@@ -83,7 +83,7 @@ def make_deterministic(seed: int, *, intra_op_threads: int = 1, inter_op_threads
     deterministic ops and set its thread pools (default 1 and 1), for bitwise-reproducible runs.
 
     Call it first, before any TensorFlow op runs (thread pools cannot change afterwards:
-    RuntimeError from TensorFlow). design.md: intra_op=1 is also the fastest on small nodes.
+    RuntimeError from TensorFlow). docs/architecture.md: intra_op=1 was also the fastest on small nodes.
     """
     import tensorflow as tf
 

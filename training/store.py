@@ -1,6 +1,6 @@
 """Atomic, verified, keep-N checkpoint store shared by every framework adapter.
 
-Standard library only: no TensorFlow, MXNet or boto3 import here (design.md, "Layers").
+Standard library only: no TensorFlow, MXNet or boto3 import here (docs/architecture.md, "Layers").
 
 Layout of a checkpoint directory::
 

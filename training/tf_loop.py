@@ -24,7 +24,7 @@ goes into a temporary directory from :meth:`CheckpointStore.begin` and the store
 (fsync, sha256 manifest, rename, ``LATEST``, keep-N), after TensorFlow's ``sync()`` on the
 :class:`BackgroundSaver` thread in background mode.
 
-Our own step counter (design.md: Keras 3's ``optimizer.iterations`` under-counts with asynchronous
+Our own step counter (docs/architecture.md, "Checkpoints": Keras 3's ``optimizer.iterations`` under-counts with asynchronous
 parameter servers) is an int64 ``tf.Variable`` named ``step`` inside the checkpoint; it is also the
 data position. ``tf.train.Checkpoint`` does not track the ``SeedGenerator`` states of Keras 3 layers
 (Dropout, random augmentation), so they are added explicitly for every ``keras.Model`` given;

@@ -1,5 +1,5 @@
 """bootstrap.cluster.finish_node against a moto server over HTTP: on COMPLETED a worker cancels its
-stack's spot fleet with its instances (design.md step 4); scheduler/server nodes and other stacks'
+stack's spot fleet with its instances (docs/architecture.md, "The user's story", step 4); scheduler/server nodes and other stacks'
 fleets are never touched."""
 
 from __future__ import annotations

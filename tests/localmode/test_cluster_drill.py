@@ -55,7 +55,7 @@ def test_cluster_drill_two_workers_a_third_joins_one_is_interrupted(tmp_path):
     assert report["generations"] >= 4 and report["max_workers_seen"] == 3
     assert 0 < report["join_s"] < 120 and 0 < report["leave_s"] < 120
     assert report["test_accuracy"] >= 0.9
-    assert report["fleet_cancelled_on_completion"] is True  # a worker's agent cancelled it (design.md step 4)
+    assert report["fleet_cancelled_on_completion"] is True  # a worker's agent cancelled it (docs/architecture.md, "The user's story", step 4)
     assert report["orphans_after_destroy"] == []
     assert report["passed"] is True
     assert json.loads((work / "report.json").read_text())["steps_total"] == STEPS

@@ -10,7 +10,7 @@ global batch as arguments, computed on the chief from the step number (training/
 data position is the step. The step counter is the chief's own: it counts closures that completed
 (``ClusterCoordinator`` retries a closure whose worker died on another worker), kept in the
 :class:`~training.tf_loop.TFCheckpointer` step variable (Keras 3's ``optimizer.iterations`` under-counts
-with asynchronous parameter servers; design.md).
+with asynchronous parameter servers; docs/architecture.md, "Checkpoints").
 
 The loop schedules ``--save-every-steps`` closures (at most), joins, then checkpoints (the chief is the
 only writer; synchronous ``tf.train.Checkpoint`` write of the PS variables through the store). SIGTERM is

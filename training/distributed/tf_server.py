@@ -4,7 +4,7 @@
 
 Started by the node agent (bootstrap/launch.py) with the plan's ``TF_CONFIG``. Threads: intra-op 1
 (fastest on small nodes), inter-op left to TensorFlow (``inter_op_parallelism_threads=1`` on a ps task
-hangs the cluster; design.md, "Framework quirks"). The gRPC server listens on all interfaces: on AWS
+hangs the cluster; docs/architecture.md, "Framework facts that shaped the code"). The gRPC server listens on all interfaces: on AWS
 the security group admits only cluster members; in tests each node has its own network namespace.
 SIGTERM ends it (the default action): the variables on a ps task are lost, and the next generation
 restores them from the chief's checkpoint.
