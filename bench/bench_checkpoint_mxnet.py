@@ -30,12 +30,9 @@ Prints a table, then a LAST LINE of JSON that bench/bench_checkpoint.py merges.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import random
 import shutil
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -48,7 +45,7 @@ sys.path.insert(0, str(REPO))
 
 import numpy as np  # noqa: E402
 
-from paired import paired_overhead, saving_window  # noqa: E402  (bench/paired.py)
+from paired import lost_steps_and_report, paired_overhead, saving_window  # noqa: E402  (bench/paired.py)
 
 from training.datasets import batch_indices, load_digits, steps_per_epoch  # noqa: E402
 
@@ -251,74 +248,14 @@ def main() -> int:
             restore_times.append(time.perf_counter() - started)
             ck.close()
 
-        rng = random.Random()
         spe = steps_per_epoch(len(x), BATCH)
-        trials = [lost_steps_trial(data_dir, scratch, signal.SIGTERM, rng.randrange(55, 110))]
-        trials += [lost_steps_trial(data_dir, scratch, signal.SIGKILL, rng.randrange(55, 110))
-                   for _ in range(args.kills)]
-        for t in trials:
-            t["article_lost"] = t["ran"] % spe  # epoch checkpoints: everything since the epoch began
-            t["article_lost_1000_step_epoch"] = t["ran"] % 1000
-        sigterm = [t for t in trials if t["signal"] == "SIGTERM"]
-        sigkill = [t for t in trials if t["signal"] == "SIGKILL"]
-
-        result = {
-            "framework": "mxnet",
-            "mxnet_version": mx.__version__,
-            "model_parameters": n_params,
-            "optimizer": "adam",
-            "batch_size": BATCH,
-            "save_every_steps": SAVE_EVERY,
-            "pairs_per_mode": args.pairs,
-            "window_steps": WINDOW,
-            "step_ms": round(step_ms, 2),
-            "overhead_pct": {m: round(v, 2) for m, v in overhead.items()},
-            "overhead_pct_ci95": {m: round(st["overhead_pct_ci95"], 2) for m, st in stats.items()},
-            "overhead_pct_median": {m: round(st["overhead_pct_median"], 2) for m, st in stats.items()},
-            "extra_s_per_save_mean": {m: round(statistics.mean(st["extra_s"]), 4) for m, st in stats.items()},
-            "cpu_overhead_pct": {m: round(v, 2) for m, v in cpu_overhead.items()},
-            "training_thread_blocked_pct": {m: round(v, 2) for m, v in blocked.items()},
-            "window_s": {m: [round(v, 4) for v in seconds[m]] for m in seconds},
-            "save_s": {
-                "sync_mean": round(statistics.mean(stats["sync"]["blocking_s"]), 4),
-                "background_blocking_mean": round(statistics.mean(stats["background"]["blocking_s"]), 4),
-                "first_saves_blocking": {m: [round(t, 4) for t in blocking[m][:first][1::2]] for m in blocking},
-                "background_write_mean": round(statistics.mean(write_times), 4),
-            },
-            "restore_s": round(statistics.median(restore_times), 4),
-            "checkpoint_mb": round(size_mb, 1),
-            "params_mb": round(params_mb, 1),
-            "lost_steps": {
-                "sigterm": [t["lost"] for t in sigterm],
-                "sigterm_exit_codes": [t["exit_code"] for t in sigterm],
-                "sigkill": [t["lost"] for t in sigkill],
-                "sigkill_max": max(t["lost"] for t in sigkill) if sigkill else None,
-                "article_epoch_checkpoint": [t["article_lost"] for t in trials],
-                "article_steps_per_epoch": spe,
-                "article_1000_step_epoch": [t["article_lost_1000_step_epoch"] for t in trials],
-            },
-        }
-        print(f"MXNet Gluon checkpoint benchmark: {n_params / 1e6:.2f} M parameters, Adam, batch {BATCH}, "
-              f"{args.pairs} pairs of {WINDOW}-step windows per mode (without, with one save)")
-        print(f"{'mode':<36}{'ms/step':>9}{'extra s/save':>14}{'overhead %':>12}{'95% CI +-':>11}{'median %':>10}"
-              f"{'blocking s/save':>17}")
-        for mode in ("sync", "background"):
-            st = stats[mode]
-            print(f"{mode + ', a save every 50 steps':<36}{st['step_s'] * 1000:>9.2f}"
-                  f"{statistics.mean(st['extra_s']):>14.4f}{st['overhead_pct']:>12.2f}{st['overhead_pct_ci95']:>11.2f}"
-                  f"{st['overhead_pct_median']:>10.2f}{statistics.mean(st['blocking_s']):>17.4f}")
-        print(f"training thread held by saves: sync {blocked['sync']:.2f} %, background {blocked['background']:.2f} %; "
-              f"extra CPU time of all threads: sync {cpu_overhead['sync']:.2f} %, background "
-              f"{cpu_overhead['background']:.2f} %")
-        print(f"first two saves of a run (not compared): background {result['save_s']['first_saves_blocking']['background']} s, "
-              f"sync {result['save_s']['first_saves_blocking']['sync']} s")
-        print(f"background write (writer thread): {result['save_s']['background_write_mean']:.3f} s; "
-              f"restore: {result['restore_s']:.3f} s; checkpoint: {size_mb:.1f} MB "
-              f"(parameters {params_mb:.1f} MB + trainer states)")
-        for t in trials:
-            print(f"{t['signal']:<8} after step {t['at']:>4}: ran {t['ran']:>4}, committed {t['committed']:>4}, "
-                  f"lost {t['lost']:>3} (exit {t['exit_code']}); article's epoch checkpoints lose {t['article_lost']}")
-        print(json.dumps(result))
+        lost_steps_and_report(
+            trial=lost_steps_trial, data_dir=data_dir, scratch=scratch, kills=args.kills, spe=spe,
+            framework="mxnet", version_key="mxnet_version", version=mx.__version__, title="MXNet Gluon checkpoint benchmark",
+            size_note="parameters {params_mb:.1f} MB + trainer states", n_params=n_params, batch=BATCH, save_every=SAVE_EVERY, pairs=args.pairs,
+            window=WINDOW, step_ms=step_ms, overhead=overhead, stats=stats, cpu_overhead=cpu_overhead,
+            blocked=blocked, seconds=seconds, blocking=blocking, first=first, write_times=write_times,
+            restore_times=restore_times, size_mb=size_mb, params_mb=params_mb)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     return 0
