@@ -68,6 +68,7 @@ __all__ = [
     "CHECKPOINT_STORAGE_EXIT_CODE",
     "cadence_flag",
     "checkpoint_exit_code",
+    "run_script",
     "CheckpointDriver",
     "CheckpointDiskFullError",
     "DEFAULT_EVERY_STEPS",
@@ -167,6 +168,20 @@ def checkpoint_exit_code(err: BaseException) -> int | None:
     if isinstance(err, CheckpointError):
         return CHECKPOINT_MISMATCH_EXIT_CODE
     return None
+
+
+def run_script(train: Callable[[list[str] | None], int], argv: list[str] | None = None) -> int:
+    """Run a training script's ``train(argv) -> status`` and turn a checkpoint error that no restart
+    can fix into its exit status (:func:`checkpoint_exit_code`: 74 or 78, docs/contracts.md), logged
+    with the error's class and message (which name the path). Other exceptions propagate (a crash,
+    which the node agent restarts with backoff)."""
+    try:
+        return train(argv)
+    except CheckpointError as err:
+        code = checkpoint_exit_code(err)
+        logging.getLogger("training").error("%s (exit %d, restarting will not help): %s",
+                                            type(err).__name__, code, err)
+        return code
 
 
 def check_writable(directory: str | os.PathLike) -> Path:

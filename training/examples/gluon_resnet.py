@@ -37,7 +37,7 @@ if __package__ in (None, ""):  # run as a script: make `training` importable fro
 
 import numpy as np
 
-from training.core import cadence_flag, checkpoint_exit_code
+from training.core import cadence_flag, run_script
 from training.datasets import (
     batch_indices,
     default_data_dir,
@@ -140,14 +140,7 @@ class CsvLog:
 def main(argv=None) -> int:
     """Train (resuming from the newest checkpoint) and return 0; a checkpoint error that no restart
     can fix returns 74 or 78 (``training.core.checkpoint_exit_code``, docs/contracts.md)."""
-    from training.store import CheckpointError
-
-    try:
-        return train(argv)
-    except CheckpointError as err:
-        code = checkpoint_exit_code(err)
-        logging.error("%s (exit %d, restarting will not help): %s", type(err).__name__, code, err)
-        return code
+    return run_script(train, argv)
 
 
 def train(argv=None) -> int:

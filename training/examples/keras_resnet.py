@@ -38,7 +38,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import numpy as np
 
-from training.core import cadence_flag, checkpoint_exit_code
+from training.core import cadence_flag, run_script
 from training.datasets import default_data_dir, default_log_dir, load_digits
 
 LOG_FIELDS = ("step", "epoch", "loss", "accuracy", "wall_time")
@@ -104,14 +104,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(argv=None) -> int:
     """Train (resuming from the newest checkpoint) and return 0; a checkpoint error that no restart
     can fix returns 74 or 78 (``training.core.checkpoint_exit_code``, docs/contracts.md)."""
-    from training.store import CheckpointError
-
-    try:
-        return train(argv)
-    except CheckpointError as err:
-        code = checkpoint_exit_code(err)
-        logging.error("%s (exit %d, restarting will not help): %s", type(err).__name__, code, err)
-        return code
+    return run_script(train, argv)
 
 
 def train(argv=None) -> int:

@@ -48,7 +48,7 @@ if __package__ in (None, ""):  # run as a script: make `training` importable fro
 
 import numpy as np
 
-from training.core import cadence_flag
+from training.core import cadence_flag, run_script
 from training.datasets import default_data_dir, default_log_dir, load_digits, steps_per_epoch
 
 #: When the checkpoint directory or its content cannot serve this run, restarting cannot help: the
@@ -163,15 +163,9 @@ def state_arrays(model, optimizer) -> dict[str, np.ndarray]:
 
 
 def main(argv=None) -> int:
-    from training.core import checkpoint_exit_code
-    from training.store import CheckpointError
-
-    try:
-        return train(argv)
-    except CheckpointError as err:
-        code = checkpoint_exit_code(err)
-        logging.error("%s (exit %d, restarting will not help): %s", type(err).__name__, code, err)
-        return code
+    """Train (resuming from the newest checkpoint) and return 0; a checkpoint error that no restart
+    can fix returns 74 or 78 (``training.core.checkpoint_exit_code``, docs/contracts.md)."""
+    return run_script(train, argv)
 
 
 def train(argv=None) -> int:
