@@ -560,12 +560,14 @@ def test_fis_experiment_template_only_with_fis_drill(default_synth: Synth, tmp_p
 def test_nodes_delete_only_the_agents_bookkeeping_tags(default_synth: Synth) -> None:
     """DeleteTags with no tag list strips every tag, the stack tag included: nodes may delete only the
     agent's bookkeeping tags, and only by naming them."""
+    from bootstrap.config import FAILED_BOOTS_TAG
     from bootstrap.ebs import CREATED_BY_TAG, MOVE_STATE_TAG, SOURCE_SNAPSHOT_TAG, SOURCE_VOLUME_TAG
     from bootstrap.lease import LEASE_TAG
 
     delete = [s for s in _policy_statements(default_synth, "NodeRole") if "ec2:DeleteTags" in _as_list(s["Action"])]
     assert delete
-    bookkeeping = {LEASE_TAG, SOURCE_VOLUME_TAG, SOURCE_SNAPSHOT_TAG, MOVE_STATE_TAG, CREATED_BY_TAG}
+    # The failed-boot count (docs/contracts.md, "Tags a failed boot writes") is cleared by the agent.
+    bookkeeping = {LEASE_TAG, SOURCE_VOLUME_TAG, SOURCE_SNAPSHOT_TAG, MOVE_STATE_TAG, CREATED_BY_TAG, FAILED_BOOTS_TAG}
     for statement in delete:
         assert set(_as_list(statement["Condition"]["ForAllValues:StringEquals"]["aws:TagKeys"])) == bookkeeping
         assert statement["Condition"]["Null"] == {"aws:TagKeys": "false"}  # a DeleteTags naming no tag: denied
