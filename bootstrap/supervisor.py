@@ -241,15 +241,16 @@ class Supervisor:
             return self.python
         self._require_mounted()
         root = venv.root
-        root.parent.mkdir(parents=True, exist_ok=True)
+        # Created and handed to the training user without following a link the user planted
+        # (bootstrap.safepath), as the training directories are.
         try:
-            root.mkdir()
-        except FileExistsError:
-            pass
-        if root.is_symlink() or not root.is_dir():
+            if root.is_symlink():  # refused even inside a directory only root can write
+                raise UnsafePathError(f"{str(root)!r} is a symbolic link")
+            os.close(open_directory(root, create=True, owner=self._owner()))
+        except (UnsafePathError, NotADirectoryError, FileExistsError) as exc:
             raise ConfigError(f"training.venv.root: {str(root)!r} is not a plain directory (a link or a file is "
-                              "there); the agent will not follow it as root. Remove it and restart the agent")
-        self._chown(root)
+                              f"there: {exc}); the agent will not follow it as root. Remove it and restart the "
+                              "agent") from exc
         argv = [sys.executable, "-m", "bootstrap.trainer_env", "ensure", "--python", str(self.training.python),
                 "--root", str(root)]
         for requirement in venv.requirements:
