@@ -62,7 +62,8 @@ def _assert_every_demo_check(completed: subprocess.CompletedProcess[str], report
     assert report["orphans_after_destroy"] == []
     # The stack deployed the framework's command; the nodes ran it with the framework's interpreter.
     python = DrillOptions(framework=framework).trainer_python
-    configs = sorted((work / "nodes").glob("i-*/config.json"))
+    # Each node's user data wrote the config where a real node keeps it (under the node's root).
+    configs = sorted((work / "nodes").glob("i-*/root/etc/spot-training/config.json"))
     assert len(configs) == 4, configs  # the first node and 3 replacements
     for path in configs:
         training = json.loads(path.read_text())["training"]
