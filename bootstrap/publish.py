@@ -179,6 +179,7 @@ class Publisher:
         self._resume_measured = False
         self._notice_time: float | None = None
         self._after_notice: tuple[int, float] | None = None
+        self._latest_at_notice: tuple[Any, float] | None = None
         self._completed_sent = False
 
     # ---- inputs (never block) ---------------------------------------------------------------
@@ -220,6 +221,12 @@ class Publisher:
         """Turn an agent log event into metrics (called by the log handler)."""
         if event == "spot_interruption_notice":
             self._notice_time = when
+            # What LATEST said when the notice came: any other commit is the one made after it. Comparing
+            # the file's mtime with the notice time instead is wrong by up to a kernel tick, because the
+            # kernel stamps files from its coarse clock, which lags time.time() (a checkpoint written 1 ms
+            # after the notice could carry an mtime before it).
+            latest = self._read_json(self.checkpoint_dir / LATEST_FILE)
+            self._latest_at_notice = (latest[0].get("step"), latest[1]) if latest else None
             self.metric("InterruptionNotices", 1, when=when)
         elif event == "rebalance_recommendation":
             self.metric("RebalanceRecommendations", 1, when=when)
@@ -360,18 +367,18 @@ class Publisher:
             step, committed = latest[0]["step"], latest[1]
             self.metric("CheckpointStep", step)
             self.metric("CheckpointAgeSeconds", max(0.0, now - committed))
-            if self._notice_time is not None and committed >= self._notice_time:
+            if self._notice_time is not None and (step, committed) != self._latest_at_notice:
                 # The newest checkpoint after the notice: a cadence save may land first; the trainer's
                 # last one (on SIGTERM) is what counts, known for sure in the final round.
                 self._after_notice = (step, committed)
         if final and self._notice_time is not None and self._after_notice is not None:
             step, committed = self._after_notice
-            seconds = committed - self._notice_time
+            seconds = max(0.0, committed - self._notice_time)
             self.metric("NoticeToCheckpointSeconds", seconds)
             log.info("checkpoint committed after the interruption notice", extra={
                 "event": "checkpoint_after_notice", "checkpoint_step": step,
                 "notice_to_checkpoint_s": round(seconds, 3)})
-            self._notice_time = self._after_notice = None
+            self._notice_time = self._after_notice = self._latest_at_notice = None
         if completed and not self._completed_sent:
             self._completed_sent = True
             self.metric("Completed", 1)

@@ -157,6 +157,38 @@ def test_agent_lines_trainer_lines_and_progress_metrics_reach_cloudwatch(moto_se
         ("Stack", "SpotTraining"), ("InstanceType", "g5.xlarge"), ("AvailabilityZone", "us-east-1a")}
 
 
+def test_a_checkpoint_after_the_notice_counts_even_when_the_coarse_file_clock_stamps_it_earlier(moto_server, tmp_path):
+    """The kernel stamps mtimes from its coarse clock, up to a tick behind ``time.time()``: a trainer that
+    commits 1 ms after the notice can leave an mtime before it. That commit is still the one after the
+    notice; a LATEST left untouched since before the notice is not."""
+    import os
+    logs, cloudwatch = _client("logs", moto_server.endpoint_url), _client("cloudwatch", moto_server.endpoint_url)
+    logs.create_log_group(logGroupName=GROUP)
+    publisher = _publisher(tmp_path, logs, cloudwatch)
+    latest = tmp_path / "dltraining" / "checkpoints" / "LATEST"
+    latest.parent.mkdir(parents=True, exist_ok=True)
+    latest.write_text(json.dumps({"step": 10}))
+    os.utime(latest, (time.time() - 60, time.time() - 60))
+    agent_log = logging.getLogger("bootstrap.test_publish")
+    handler = publisher.log_handler()
+    logging.getLogger("bootstrap").addHandler(handler)
+    try:
+        # 1. A notice with no new commit after it: no notice->checkpoint figure, even in the final round.
+        agent_log.warning("spot interruption notice: stopping the trainer", extra={"event": "spot_interruption_notice"})
+        publisher.round(final=True)
+        # 2. A notice, then a commit whose mtime reads 4 ms before the notice.
+        agent_log.warning("spot interruption notice: stopping the trainer", extra={"event": "spot_interruption_notice"})
+        notice = publisher._notice_time
+        latest.write_text(json.dumps({"step": 20}))
+        os.utime(latest, (notice - 0.004, notice - 0.004))
+        publisher.round(final=True)
+    finally:
+        logging.getLogger("bootstrap").removeHandler(handler)
+    after = [m for m in _stream_messages(logs) if m.get("event") == "checkpoint_after_notice"]
+    assert [m["checkpoint_step"] for m in after] == [20]
+    assert after[0]["notice_to_checkpoint_s"] == 0.0
+
+
 def test_missing_log_group_keeps_lines_bounded_and_sends_them_once_it_exists(moto_server, tmp_path):
     logs, cloudwatch = _client("logs", moto_server.endpoint_url), _client("cloudwatch", moto_server.endpoint_url)
     publisher = _publisher(tmp_path, logs, cloudwatch, max_buffered_lines=5)
