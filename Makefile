@@ -21,7 +21,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 CDK_FLAGS := --no-notices --no-version-reporting
 PYTEST := $(BIN)/python -m pytest
 
-.PHONY: setup system-deps test test-fast demo synth bench-synth bench-checkpoint bench-agent bench-elastic bench-boot clean
+.PHONY: setup system-deps test test-fast demo synth bench-synth bench-checkpoint bench-agent bench-elastic bench-boot bench-move clean
 
 setup: system-deps $(STAMP) $(TORCH_STAMP) $(CDK)
 
@@ -83,6 +83,10 @@ bench-elastic: setup
 # Boot -> first training step of a local node, trainer's environment cold (built) and warm (reused).
 bench-boot: setup
 	$(BIN)/python bench/bench_boot.py
+
+# The bytes a move across AZs copies, with and without a periodic snapshot (local EBS block model).
+bench-move: setup
+	$(BIN)/python bench/bench_move.py
 
 clean:
 	rm -rf cdk.out out .pytest_cache

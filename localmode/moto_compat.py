@@ -12,6 +12,12 @@ What each bridge fixes (docs/architecture.md, "Local mode"), and what real EC2 d
    (into a temporary name first, then ``os.replace``, so a snapshot directory is always complete);
    CreateVolume with a SnapshotId copies the snapshot's directory back; CopySnapshot copies;
    DeleteVolume / DeleteSnapshot remove the directory after moto has accepted the delete.
+   Each snapshot also records what EBS would have copied for it (:func:`snapshot_blocks`): EBS
+   snapshots are incremental, a snapshot stores only the blocks changed since the previous snapshot of
+   the same volume, and the first snapshot of a volume created from a snapshot is incremental to that
+   source snapshot (EBS user guide, "How Amazon EBS snapshots work"; "Write Amazon EBS snapshots with
+   EBS direct APIs"). The model hashes each file in 512 KiB blocks (the EBS direct APIs' block size);
+   file-system metadata is not counted.
    ``bootstrap.blockdev.DirectoryBlockDevices(<ebs_dir>/volumes)`` "mounts" these directories.
 2. **AttachVolume is an arbiter** as on EC2: attaching a volume that is already attached raises
    ``VolumeInUse``, and a volume in another Availability Zone raises ``InvalidVolume.ZoneMismatch``
@@ -35,6 +41,8 @@ stack and verifies resources with boto3 instead of trusting CloudFormation's sta
 from __future__ import annotations
 
 import functools
+import hashlib
+import json
 import os
 import shutil
 import threading
@@ -56,6 +64,76 @@ def volume_dir(ebs_dir: str | os.PathLike[str], volume_id: str) -> Path:
 def snapshot_dir(ebs_dir: str | os.PathLike[str], snapshot_id: str) -> Path:
     """Directory holding the bytes of ``snapshot_id`` (``<ebs_dir>/snapshots/<snap-id>``)."""
     return Path(ebs_dir) / "snapshots" / snapshot_id
+
+
+#: Block size of the EBS snapshot model (bytes): the EBS direct APIs' block size, 512 KiB.
+SNAPSHOT_BLOCK_BYTES = 512 * 1024
+
+
+def _blocks_path(ebs_dir: str | os.PathLike[str], kind: str, resource_id: str) -> Path:
+    return Path(ebs_dir) / "blocks" / kind / f"{resource_id}.json"
+
+
+def snapshot_blocks(ebs_dir: str | os.PathLike[str], snapshot_id: str) -> dict[str, Any] | None:
+    """What EBS would have stored for ``snapshot_id`` in this data plane, or None if unknown.
+
+    Returns:
+        ``{"volume_id", "parent" (the snapshot it is incremental to, or None: a full snapshot),
+        "bytes_total" (the volume's data), "bytes_changed" (the blocks this snapshot copied),
+        "blocks_changed", "block_bytes"}``.
+    """
+    path = _blocks_path(ebs_dir, "snapshots", snapshot_id)
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    record.pop("blocks", None)
+    return record
+
+
+def _block_hashes(root: Path) -> dict[str, str]:
+    """``"<relative path>#<block index>" -> sha256`` of every file's 512 KiB blocks under ``root``."""
+    hashes: dict[str, str] = {}
+    if not root.is_dir():
+        return hashes
+    for path in sorted(root.rglob("*")):
+        if path.is_symlink() or not path.is_file():
+            continue
+        relative = path.relative_to(root).as_posix()
+        with open(path, "rb") as handle:
+            index = 0
+            while True:
+                chunk = handle.read(SNAPSHOT_BLOCK_BYTES)
+                if not chunk:
+                    break
+                hashes[f"{relative}#{index}"] = hashlib.sha256(chunk).hexdigest() + f":{len(chunk)}"
+                index += 1
+    return hashes
+
+
+def _record_snapshot_blocks(ebs_dir: Path, volume_id: str, snapshot_id: str) -> None:
+    """Store the snapshot's block hashes and the volume's lineage (its newest snapshot's blocks)."""
+    blocks = _block_hashes(volume_dir(ebs_dir, volume_id))
+    lineage_path = _blocks_path(ebs_dir, "lineage", volume_id)
+    try:
+        lineage = json.loads(lineage_path.read_text())
+    except (OSError, ValueError):
+        lineage = {"parent": None, "blocks": {}}
+    previous = lineage.get("blocks", {})
+    changed = [key for key, digest in blocks.items() if previous.get(key) != digest]
+    record = {"volume_id": volume_id, "parent": lineage.get("parent"),
+              "bytes_total": sum(int(d.rsplit(":", 1)[1]) for d in blocks.values()),
+              "bytes_changed": sum(int(blocks[k].rsplit(":", 1)[1]) for k in changed),
+              "blocks_changed": len(changed), "block_bytes": SNAPSHOT_BLOCK_BYTES, "blocks": blocks}
+    _write_json(_blocks_path(ebs_dir, "snapshots", snapshot_id), record)
+    _write_json(lineage_path, {"parent": snapshot_id, "blocks": blocks})
+
+
+def _write_json(path: Path, payload: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+    temporary.write_text(json.dumps(payload))
+    os.replace(temporary, path)
 
 
 def _copy_tree(source: Path, target: Path) -> None:
@@ -115,6 +193,13 @@ def _patch_ebs() -> None:
             target = volume_dir(_state["ebs_dir"], volume.id)
             if volume.snapshot_id:
                 _copy_tree(snapshot_dir(_state["ebs_dir"], volume.snapshot_id), target)
+                source = _blocks_path(_state["ebs_dir"], "snapshots", volume.snapshot_id)
+                try:  # a volume made from a snapshot: its first snapshot is incremental to that one
+                    blocks = json.loads(source.read_text())["blocks"]
+                    _write_json(_blocks_path(_state["ebs_dir"], "lineage", volume.id),
+                                {"parent": volume.snapshot_id, "blocks": blocks})
+                except (OSError, ValueError, KeyError):
+                    pass
             else:
                 target.mkdir(parents=True, exist_ok=True)
             return volume
@@ -124,6 +209,7 @@ def _patch_ebs() -> None:
         def delete_volume(self, volume_id: str):
             volume = original(self, volume_id)
             _remove_tree(volume_dir(_state["ebs_dir"], volume_id))
+            _blocks_path(_state["ebs_dir"], "lineage", volume_id).unlink(missing_ok=True)
             return volume
         return delete_volume
 
@@ -131,6 +217,7 @@ def _patch_ebs() -> None:
         def create_snapshot(self, volume_id: str, *args: Any, **kwargs: Any):
             snapshot = original(self, volume_id, *args, **kwargs)
             _copy_tree(volume_dir(_state["ebs_dir"], volume_id), snapshot_dir(_state["ebs_dir"], snapshot.id))
+            _record_snapshot_blocks(_state["ebs_dir"], volume_id, snapshot.id)
             return snapshot
         return create_snapshot
 
@@ -138,6 +225,11 @@ def _patch_ebs() -> None:
         def copy_snapshot(self, source_snapshot_id: str, *args: Any, **kwargs: Any):
             snapshot = original(self, source_snapshot_id, *args, **kwargs)
             _copy_tree(snapshot_dir(_state["ebs_dir"], source_snapshot_id), snapshot_dir(_state["ebs_dir"], snapshot.id))
+            source = _blocks_path(_state["ebs_dir"], "snapshots", source_snapshot_id)
+            if source.exists():  # a copy holds every block of its source (no parent in the copy's lineage)
+                record = json.loads(source.read_text())
+                record.update(parent=None, bytes_changed=record["bytes_total"], blocks_changed=len(record["blocks"]))
+                _write_json(_blocks_path(_state["ebs_dir"], "snapshots", snapshot.id), record)
             return snapshot
         return copy_snapshot
 
@@ -145,6 +237,7 @@ def _patch_ebs() -> None:
         def delete_snapshot(self, snapshot_id: str):
             snapshot = original(self, snapshot_id)
             _remove_tree(snapshot_dir(_state["ebs_dir"], snapshot_id))
+            _blocks_path(_state["ebs_dir"], "snapshots", snapshot_id).unlink(missing_ok=True)
             return snapshot
         return delete_snapshot
 
