@@ -348,20 +348,48 @@ def _start_publisher(config: AgentConfig, imds: Any, identity: Identity) -> Any:
                            availability_zone=identity.availability_zone, boot_time=boot_time)
 
 
-def _reset_failed_boots(config: AgentConfig, ec2: Any, identity: Identity) -> None:
-    """The boot succeeded (volume mounted, trainer's environment ready): remove the failed-boot count
-    from the data volume attached here. Best effort: a failure is logged, never fatal."""
+def _reset_failed_boots(config: AgentConfig, ec2: Any, identity: Identity, autoscaling: Any = None) -> None:
+    """The boot succeeded (storage mounted, trainer's environment ready): remove the failed-boot count
+    where the boot-failure script keeps it (infra/userdata.py): the data volume attached here (single
+    node), else this instance's spot fleet request (cluster worker) or Auto Scaling group (cluster
+    scheduler and servers; ``autoscaling`` is a boto3 Auto Scaling client, made when needed). Best
+    effort: a failure is logged, never fatal."""
     from bootstrap.config import FAILED_BOOTS_TAG
 
-    filters = [{"Name": "attachment.instance-id", "Values": [identity.instance_id]}]
-    filters += [{"Name": f"tag:{k}", "Values": [v]} for k, v in config.volume.tags.items()]
+    def cleared(where: dict[str, Any], count: str) -> None:
+        log.info("boot succeeded; failed-boot count cleared", extra={**where, "failed_boots": count})
+
     try:
-        for volume in ec2.describe_volumes(Filters=filters)["Volumes"]:
-            count = {t["Key"]: t["Value"] for t in volume.get("Tags", [])}.get(FAILED_BOOTS_TAG)
-            if count is not None:
-                ec2.delete_tags(Resources=[volume["VolumeId"]], Tags=[{"Key": FAILED_BOOTS_TAG}])
-                log.info("boot succeeded; failed-boot count cleared", extra={"volume_id": volume["VolumeId"],
-                                                                              "failed_boots": count})
+        if config.node_role == "single":
+            filters = [{"Name": "attachment.instance-id", "Values": [identity.instance_id]}]
+            filters += [{"Name": f"tag:{k}", "Values": [v]} for k, v in config.volume.tags.items()]
+            for volume in ec2.describe_volumes(Filters=filters)["Volumes"]:
+                count = {t["Key"]: t["Value"] for t in volume.get("Tags", [])}.get(FAILED_BOOTS_TAG)
+                if count is not None:
+                    ec2.delete_tags(Resources=[volume["VolumeId"]], Tags=[{"Key": FAILED_BOOTS_TAG}])
+                    cleared({"volume_id": volume["VolumeId"]}, count)
+            return
+        own = {t["Key"]: t["Value"] for t in ec2.describe_tags(Filters=[
+            {"Name": "resource-id", "Values": [identity.instance_id]},
+            {"Name": "key", "Values": ["aws:ec2spot:fleet-request-id", "aws:autoscaling:groupName"]}])["Tags"]}
+        fleet, group = own.get("aws:ec2spot:fleet-request-id"), own.get("aws:autoscaling:groupName")
+        if fleet:
+            for tag in ec2.describe_tags(Filters=[{"Name": "resource-id", "Values": [fleet]},
+                                                  {"Name": "key", "Values": [FAILED_BOOTS_TAG]}])["Tags"]:
+                ec2.delete_tags(Resources=[fleet], Tags=[{"Key": FAILED_BOOTS_TAG}])
+                cleared({"spot_fleet_request_id": fleet}, tag["Value"])
+        elif group:
+            if autoscaling is None:
+                import boto3
+
+                from bootstrap.retry import client_config
+
+                autoscaling = boto3.client("autoscaling", region_name=config.region, config=client_config())
+            for tag in autoscaling.describe_tags(Filters=[{"Name": "auto-scaling-group", "Values": [group]},
+                                                          {"Name": "key", "Values": [FAILED_BOOTS_TAG]}])["Tags"]:
+                autoscaling.delete_tags(Tags=[{"ResourceId": group, "ResourceType": "auto-scaling-group",
+                                               "Key": FAILED_BOOTS_TAG}])
+                cleared({"auto_scaling_group": group}, tag["Value"])
     except Exception as exc:  # noqa: BLE001 - botocore errors; the count is advisory
         log.warning("could not clear the failed-boot count", extra={"error": repr(exc)})
 
@@ -391,7 +419,10 @@ def cmd_run(config: AgentConfig) -> ExitCode:
         publisher = _start_publisher(config, imds, identity)
         try:
             _mount_efs(config)
-            run_node(config, imds, instance_id=identity.instance_id, local_mode=_local_mode())
+            # Local mode has an EC2 API only when a moto server is named (AWS_ENDPOINT_URL).
+            aws = not _local_mode() or bool(os.environ.get("AWS_ENDPOINT_URL"))
+            run_node(config, imds, instance_id=identity.instance_id, local_mode=_local_mode(),
+                     on_environment_ready=(lambda: _reset_failed_boots(config, _ec2(config), identity)) if aws else None)
         finally:
             stop_publisher(publisher)
         return ExitCode.OK

@@ -719,14 +719,17 @@ def leave_fleet(*, ec2: Any, instance_id: str, stack_name: str) -> str | None:
     return fleet_id
 
 
-def run_node(config: Any, imds: Any, *, instance_id: str, local_mode: bool) -> str:
+def run_node(config: Any, imds: Any, *, instance_id: str, local_mode: bool,
+             on_environment_ready: Callable[[], None] | None = None) -> str:
     """Run this node as a cluster member (``node_role`` scheduler/server/worker); the CLI's entry.
 
     Reads the private address from IMDS (``local-ipv4``), the ``cluster`` section from the config's
     extensions, and watches spot interruption notices and the member tag on workers. Local mode
     (``local_mode``): a missing training user runs as the current user, and ``SPOT_TRAINING_NETNS``
-    names the network namespace of the node's processes. Returns the :meth:`NodeAgent.run` outcome.
-    Raises ConfigError (exit 78) for a bad ``cluster`` section.
+    names the network namespace of the node's processes. ``on_environment_ready`` is called once the
+    code and the trainer's environment are ready (the boot succeeded: the CLI clears the failed-boot
+    count). Returns the :meth:`NodeAgent.run` outcome. Raises ConfigError (exit 78) for a bad
+    ``cluster`` section.
     """
     from bootstrap.interruption import SpotInterruptionMonitor
     from bootstrap.supervisor import Supervisor
@@ -735,6 +738,8 @@ def run_node(config: Any, imds: Any, *, instance_id: str, local_mode: bool) -> s
     supervisor = Supervisor(config, is_mounted=lambda: True, run_as_current_user_if_missing=local_mode)
     workdir = supervisor.prepare_code()
     python = supervisor.prepare_environment()  # once on EFS; every later node reuses it
+    if on_environment_ready is not None:
+        on_environment_ready()
     account = supervisor._account()
     user = (account.pw_uid, account.pw_gid, os.getgrouplist(account.pw_name, account.pw_gid)) if account else None
     for directory in (config.training.checkpoint_dir, config.training.log_dir):

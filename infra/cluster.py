@@ -307,6 +307,9 @@ class ParameterServerCluster(constructs.Construct):
             next(s for s in node_policy_statements(tag_value) if s.sid == "CancelOwnSpotFleet"))
         for role in (self.node_role, self.worker_role):
             self.file_system.grant_read_write(role.role)
+        # Failed boots are counted where they outlive the instance, and bounded (infra/userdata.py).
+        self.node_role.allow_boot_failure_reporting(counted_on="auto-scaling-group")
+        self.worker_role.allow_boot_failure_reporting(counted_on="fleet")
 
         efs_config = {
             "file_system_id": self.file_system.file_system_id,

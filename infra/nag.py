@@ -50,6 +50,15 @@ ACKNOWLEDGEMENTS: tuple[tuple[type, str, list[object], str], ...] = (
     (
         TrainingNodeRole,
         "AwsSolutions-IAM5",
+        [cdk_nag.RegexAppliesTo(regex=r"/^Resource::arn:<AWS::Partition>:autoscaling:<AWS::Region>:<AWS::AccountId>:autoScalingGroup:\*:autoScalingGroupName\/\*$/g")],
+        "Cluster scheduler and server nodes count their failed boots on their Auto Scaling group and, at the "
+        "bound, suspend its launches (infra/userdata.py, boot_failed_script); the group's ARN holds a UUID "
+        "not known at synth time, so the statements are conditioned on aws:ResourceTag/spot-training:stack "
+        "and the count's one tag key, which a test asserts.",
+    ),
+    (
+        TrainingNodeRole,
+        "AwsSolutions-IAM5",
         [
             "Action::s3:GetBucket*",
             "Action::s3:GetObject*",

@@ -22,7 +22,7 @@ from aws_cdk import aws_kms as kms
 from aws_cdk import aws_s3_assets as s3_assets
 
 from .tags import AGENT_BOOKKEEPING_TAG_KEYS, STACK_TAG_KEY
-from .userdata import BOOT_ERROR_TAG
+from .userdata import BOOT_ERROR_TAG, FAILED_BOOTS_TAG
 
 #: Read-only EC2 calls the agents make; EC2 does not support resource-level permissions for them.
 DESCRIBE_ACTIONS: tuple[str, ...] = (
@@ -166,6 +166,47 @@ class TrainingNodeRole(constructs.Construct):
                 },
             )
         )
+
+    def allow_boot_failure_reporting(self, *, counted_on: str) -> None:
+        """Let a cluster node's boot-failure script report and bound its failed boots (infra/userdata.py,
+        ``boot_failed_script``; docs/agent.md, "Boot failures"). Single nodes get the same through the
+        data-volume statements (the count lives on the data volume).
+
+        Args:
+            counted_on: ``"fleet"`` (spot workers: the count is a tag on their spot fleet request, the
+                bound cancels it) or ``"auto-scaling-group"`` (scheduler and servers: the count is a tag on
+                their group, the bound suspends the group's ``Launch`` process and cancels the stack's
+                spot fleets).
+
+        Every statement is scoped to resources tagged with this stack, and tag writes to the one key
+        :data:`~infra.userdata.FAILED_BOOTS_TAG` (plus :data:`~infra.userdata.BOOT_ERROR_TAG` on instances).
+
+        Raises:
+            ValueError: ``counted_on`` is neither value.
+        """
+        if counted_on not in ("fleet", "auto-scaling-group"):
+            raise ValueError(f"counted_on must be 'fleet' or 'auto-scaling-group', got {counted_on!r}")
+        tagged = {f"aws:ResourceTag/{STACK_TAG_KEY}": self.stack_tag_value}
+        count_key = {"ForAllValues:StringEquals": {"aws:TagKeys": [FAILED_BOOTS_TAG]}, "Null": {"aws:TagKeys": "false"}}
+        statements = {s.sid: s for s in node_policy_statements(self.stack_tag_value)}
+        self.role.add_to_principal_policy(statements["TagOwnInstanceBootError"])
+        if counted_on == "fleet":
+            self.role.add_to_principal_policy(iam.PolicyStatement(
+                sid="CountFailedBootsOnOwnFleet", actions=["ec2:CreateTags", "ec2:DeleteTags"],
+                resources=[_arn("spot-fleet-request/*")], conditions={"StringEquals": tagged, **count_key}))
+            return
+        group_arn = (f"arn:{cdk.Aws.PARTITION}:autoscaling:{cdk.Aws.REGION}:{cdk.Aws.ACCOUNT_ID}:"
+                     "autoScalingGroup:*:autoScalingGroupName/*")
+        # Auto Scaling's Describe calls support no resource-level permissions.
+        self.role.add_to_principal_policy(iam.PolicyStatement(
+            sid="DescribeAutoScalingTags", actions=["autoscaling:DescribeTags"], resources=["*"]))
+        self.role.add_to_principal_policy(iam.PolicyStatement(
+            sid="CountFailedBootsOnOwnGroup", actions=["autoscaling:CreateOrUpdateTags", "autoscaling:DeleteTags"],
+            resources=[group_arn], conditions={"StringEquals": tagged, **count_key}))
+        self.role.add_to_principal_policy(iam.PolicyStatement(
+            sid="SuspendLaunchesOfOwnGroup", actions=["autoscaling:SuspendProcesses"], resources=[group_arn],
+            conditions={"StringEquals": tagged}))
+        self.role.add_to_principal_policy(statements["CancelOwnSpotFleet"])
 
     @property
     def grant_principal(self) -> iam.IPrincipal:

@@ -216,11 +216,16 @@ def boot_failed_script(*, region: str, stack_name: str, volume_tags: Mapping[str
     It (1) writes ``spot-training: boot failed at step STEP: MESSAGE`` to stderr and the console
     (``$SPOT_TRAINING_CONSOLE``, default ``/dev/console``); (2) tags the instance with
     :data:`BOOT_ERROR_TAG` = ``STEP: MESSAGE`` (shortened); (3) adds one to :data:`FAILED_BOOTS_TAG` on
-    the data volume (found by ``volume_tags``); (4) when that count reaches ``max_failed_boots``, or
-    with ``final`` (a failure a replacement would repeat), cancels the instance's spot fleet request
-    with its instances (only a request tagged with this stack: IAM allows no other), else (5) shuts the
-    instance down; the launch template's shutdown behaviour is terminate, so the fleet replaces it.
-    Every AWS call is best effort: a failure to report never keeps the instance running.
+    what outlives the instance: the data volume (found by ``volume_tags``; single node), else the
+    instance's spot fleet request (cluster workers), else its Auto Scaling group (cluster scheduler and
+    servers); (4) when that count reaches ``max_failed_boots``, or with ``final`` (a failure a
+    replacement would repeat), gives up: a fleet instance cancels its spot fleet request with its
+    instances (only a request tagged with this stack: IAM allows no other); an Auto Scaling group's
+    instance suspends its group's ``Launch`` process (no more replacements; ``aws autoscaling
+    resume-processes`` once the cause is fixed) and cancels the stack's spot fleets, whose workers
+    cannot train without it; then (5) shuts the instance down; the launch template's shutdown behaviour
+    is terminate, so below the bound the fleet or group replaces it. Every AWS call is best effort: a
+    failure to report never keeps the instance running.
     """
     filters = " ".join(_q(f"Name=tag:{k},Values={v}") for k, v in volume_tags.items())
     return f"""#!/bin/bash
@@ -246,30 +251,58 @@ if [ -n "$ID" ]; then
   aws ec2 create-tags --resources "$ID" --tags "Key={BOOT_ERROR_TAG},Value=$SHORT" >/dev/null \\
     || say "could not tag instance $ID with {BOOT_ERROR_TAG}"
 fi
+instance_tag() {{  # instance_tag KEY: this instance's tag KEY, or nothing
+  [ -n "$ID" ] || return 0
+  local value
+  value=$(aws ec2 describe-tags --filters "Name=resource-id,Values=$ID" "Name=key,Values=$1" \\
+    --query 'Tags[0].Value' --output text 2>/dev/null) || value=
+  [ "$value" = None ] || printf '%s' "$value"
+}}
+counted() {{ case "$1" in ''|*[!0-9]*) echo 1 ;; *) echo $(($1 + 1)) ;; esac; }}
+FLEET=$(instance_tag aws:ec2spot:fleet-request-id)
+GROUP=$(instance_tag aws:autoscaling:groupName)
 VOLUME=$(aws ec2 describe-volumes --filters {filters} --query 'Volumes[0].VolumeId' --output text 2>/dev/null) || VOLUME=
 COUNT=0
-if [ -n "$VOLUME" ] && [ "$VOLUME" != None ]; then
-  PREVIOUS=$(aws ec2 describe-volumes --volume-ids "$VOLUME" \\
-    --query "Volumes[0].Tags[?Key=='{FAILED_BOOTS_TAG}'].Value | [0]" --output text 2>/dev/null) || PREVIOUS=0
-  case "$PREVIOUS" in ''|*[!0-9]*) PREVIOUS=0 ;; esac
-  COUNT=$((PREVIOUS + 1))
+if [ -n "$VOLUME" ] && [ "$VOLUME" != None ]; then  # a single node: the data volume outlives it
+  COUNT=$(counted "$(aws ec2 describe-volumes --volume-ids "$VOLUME" \\
+    --query "Volumes[0].Tags[?Key=='{FAILED_BOOTS_TAG}'].Value | [0]" --output text 2>/dev/null)")
   aws ec2 create-tags --resources "$VOLUME" --tags "Key={FAILED_BOOTS_TAG},Value=$COUNT" >/dev/null \\
     || say "could not count the failed boot on $VOLUME"
+elif [ -n "$FLEET" ]; then  # a cluster worker: its spot fleet request
+  COUNT=$(counted "$(aws ec2 describe-tags --filters "Name=resource-id,Values=$FLEET" "Name=key,Values={FAILED_BOOTS_TAG}" \\
+    --query 'Tags[0].Value' --output text 2>/dev/null)")
+  aws ec2 create-tags --resources "$FLEET" --tags "Key={FAILED_BOOTS_TAG},Value=$COUNT" >/dev/null \\
+    || say "could not count the failed boot on $FLEET"
+elif [ -n "$GROUP" ]; then  # a cluster scheduler or server: its Auto Scaling group
+  COUNT=$(counted "$(aws autoscaling describe-tags --filters "Name=auto-scaling-group,Values=$GROUP" \\
+    "Name=key,Values={FAILED_BOOTS_TAG}" --query 'Tags[0].Value' --output text 2>/dev/null)")
+  aws autoscaling create-or-update-tags --tags \\
+    "ResourceId=$GROUP,ResourceType=auto-scaling-group,Key={FAILED_BOOTS_TAG},Value=$COUNT,PropagateAtLaunch=false" >/dev/null \\
+    || say "could not count the failed boot on Auto Scaling group $GROUP"
 fi
+stack_fleets() {{
+  aws ec2 describe-spot-fleet-requests --output text --query \\
+    "SpotFleetRequestConfigs[?Tags[?Key=='{STACK_TAG}' && Value=={_jq(stack_name)}]].SpotFleetRequestId" 2>/dev/null
+}}
+cancel_fleet() {{
+  aws ec2 cancel-spot-fleet-requests --spot-fleet-request-ids "$1" --terminate-instances >/dev/null \\
+    || say "could not cancel spot fleet request $1"
+}}
 if [ "$MODE" = final ] || [ "$COUNT" -ge "$MAX_FAILED_BOOTS" ]; then
-  say "giving up (failed boots in a row: $COUNT of at most $MAX_FAILED_BOOTS; mode $MODE): cancelling this instance's spot fleet"
-  FLEET=$(aws ec2 describe-tags --filters "Name=resource-id,Values=$ID" Name=key,Values=aws:ec2spot:fleet-request-id \\
-    --query 'Tags[0].Value' --output text 2>/dev/null) || FLEET=
-  if [ -z "$FLEET" ] || [ "$FLEET" = None ]; then  # no fleet tag: find the instance in this stack's fleets
-    for CANDIDATE in $(aws ec2 describe-spot-fleet-requests --output text --query \\
-        "SpotFleetRequestConfigs[?Tags[?Key=='{STACK_TAG}' && Value=={_jq(stack_name)}]].SpotFleetRequestId" 2>/dev/null); do
-      aws ec2 describe-spot-fleet-instances --spot-fleet-request-id "$CANDIDATE" --output text \\
-        --query 'ActiveInstances[].InstanceId' 2>/dev/null | tr -s '[:space:]' '\\n' | grep -qx "$ID" && FLEET=$CANDIDATE
-    done
-  fi
-  if [ -n "$FLEET" ] && [ "$FLEET" != None ]; then
-    aws ec2 cancel-spot-fleet-requests --spot-fleet-request-ids "$FLEET" --terminate-instances >/dev/null \\
-      || say "could not cancel spot fleet request $FLEET"
+  if [ -n "$GROUP" ] && [ -z "$FLEET" ]; then
+    say "giving up (failed boots in a row: $COUNT of at most $MAX_FAILED_BOOTS; mode $MODE): suspending launches of Auto Scaling group $GROUP and cancelling this stack's spot fleets"
+    aws autoscaling suspend-processes --auto-scaling-group-name "$GROUP" --scaling-processes Launch >/dev/null \\
+      || say "could not suspend launches of Auto Scaling group $GROUP"
+    for CANDIDATE in $(stack_fleets); do cancel_fleet "$CANDIDATE"; done
+  else
+    say "giving up (failed boots in a row: $COUNT of at most $MAX_FAILED_BOOTS; mode $MODE): cancelling this instance's spot fleet"
+    if [ -z "$FLEET" ]; then  # no fleet tag: find the instance in this stack's fleets
+      for CANDIDATE in $(stack_fleets); do
+        aws ec2 describe-spot-fleet-instances --spot-fleet-request-id "$CANDIDATE" --output text \\
+          --query 'ActiveInstances[].InstanceId' 2>/dev/null | tr -s '[:space:]' '\\n' | grep -qx "$ID" && FLEET=$CANDIDATE
+      done
+    fi
+    if [ -n "$FLEET" ]; then cancel_fleet "$FLEET"; fi
   fi
 fi
 say "shutting down (the fleet replaces a terminated instance)"

@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import boto3
 import pytest
 
 from bootstrap.errors import ExitCode
@@ -489,6 +490,100 @@ def test_boot_failed_script_counts_and_only_shuts_down_below_the_bound(ec2, node
     assert fleet["SpotFleetRequestState"] == "active"
     assert "giving up" not in (tmp_path / "console.log").read_text()
     assert (tmp_path / "root" / "run" / "local-init" / "shutdown").exists()
+
+
+def _cluster_boot_env(tmp_path: Path, imds) -> dict:
+    return dict(os.environ, SPOT_TRAINING_ROOT=str(tmp_path / "root"), SPOT_TRAINING_CONSOLE=str(tmp_path / "console.log"),
+                AWS_EC2_METADATA_SERVICE_ENDPOINT=imds.endpoint,
+                PATH=f"{STANDINS}{os.pathsep}{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+
+
+def test_boot_failed_script_bounds_a_cluster_worker_through_its_fleet_request(ec2, tmp_path):
+    """A cluster worker has no data volume: its failed boots are counted on its spot fleet request (which
+    outlives the instance), and the bound cancels that fleet (issue 12: no endless loop of paid boots)."""
+    fleet_id, instance_id = our_fleet(ec2)
+    script = _boot_failed_script(tmp_path)  # the cluster's volume tags match no volume
+    with ImdsEmulator.from_moto(ec2, instance_id) as imds:
+        env = _cluster_boot_env(tmp_path, imds)
+        for attempt in (1, 2):
+            subprocess.run([str(script), "environment", "pip failed"], env=env, timeout=300, capture_output=True)
+            tags = {t["Key"]: t["Value"] for t in ec2.describe_tags(
+                Filters=[{"Name": "resource-id", "Values": [fleet_id]}])["Tags"]}
+            assert tags["spot-training:failed-boots"] == str(attempt)
+            (fleet,) = ec2.describe_spot_fleet_requests(SpotFleetRequestIds=[fleet_id])["SpotFleetRequestConfigs"]
+            assert fleet["SpotFleetRequestState"] == "active"
+        subprocess.run([str(script), "environment", "pip failed"], env=env, timeout=300, capture_output=True)
+    assert "giving up (failed boots in a row: 3 of at most 3; mode count): cancelling this instance's spot fleet" in (
+        tmp_path / "console.log").read_text()
+    assert not [f for f in ec2.describe_spot_fleet_requests()["SpotFleetRequestConfigs"]
+                if f["SpotFleetRequestId"] == fleet_id and not f["SpotFleetRequestState"].startswith("cancelled")]
+
+
+def test_boot_failed_script_bounds_a_scheduler_through_its_auto_scaling_group(ec2, moto_server, tmp_path):
+    """A scheduler or server runs in an Auto Scaling group: its failed boots are counted on the group;
+    the bound suspends the group's launches and cancels the stack's worker fleet (workers cannot train
+    without their scheduler)."""
+    autoscaling = boto3.client("autoscaling", region_name="us-east-1", endpoint_url=moto_server.endpoint_url,
+                               aws_access_key_id="testing", aws_secret_access_key="testing")
+    worker_fleet, _ = our_fleet(ec2)
+    ec2.create_launch_template(LaunchTemplateName="lt-scheduler", LaunchTemplateData={
+        "ImageId": "ami-12c6146b", "InstanceType": "m5.large", "MetadataOptions": {"HttpTokens": "required"}})
+    autoscaling.create_auto_scaling_group(
+        AutoScalingGroupName="SchedulerGroup", MinSize=1, MaxSize=1, DesiredCapacity=1,
+        AvailabilityZones=["us-east-1a"], LaunchTemplate={"LaunchTemplateName": "lt-scheduler", "Version": "$Latest"},
+        Tags=[{"Key": "spot-training:stack", "Value": STACK, "PropagateAtLaunch": True,
+               "ResourceId": "SchedulerGroup", "ResourceType": "auto-scaling-group"}])
+    (group,) = autoscaling.describe_auto_scaling_groups(AutoScalingGroupNames=["SchedulerGroup"])["AutoScalingGroups"]
+    instance_id = group["Instances"][0]["InstanceId"]
+    script = _boot_failed_script(tmp_path)
+
+    def count() -> str | None:
+        tags = autoscaling.describe_tags(Filters=[{"Name": "auto-scaling-group", "Values": ["SchedulerGroup"]}])["Tags"]
+        return {t["Key"]: t["Value"] for t in tags}.get("spot-training:failed-boots")
+
+    with ImdsEmulator.from_moto(ec2, instance_id) as imds:
+        env = _cluster_boot_env(tmp_path, imds)
+        subprocess.run([str(script), "fetch-agent", "failed 5 attempts"], env=env, timeout=300, capture_output=True)
+        assert count() == "1"
+        (group,) = autoscaling.describe_auto_scaling_groups(AutoScalingGroupNames=["SchedulerGroup"])["AutoScalingGroups"]
+        assert group["SuspendedProcesses"] == []
+        subprocess.run([str(script), "config", "bad config", "final"], env=env, timeout=300, capture_output=True)
+    assert count() == "2"
+    (group,) = autoscaling.describe_auto_scaling_groups(AutoScalingGroupNames=["SchedulerGroup"])["AutoScalingGroups"]
+    assert [p["ProcessName"] for p in group["SuspendedProcesses"]] == ["Launch"]
+    assert "suspending launches of Auto Scaling group SchedulerGroup" in (tmp_path / "console.log").read_text()
+    assert not [f for f in ec2.describe_spot_fleet_requests()["SpotFleetRequestConfigs"]
+                if f["SpotFleetRequestId"] == worker_fleet and not f["SpotFleetRequestState"].startswith("cancelled")]
+    tags = {t["Key"]: t["Value"] for t in ec2.describe_tags(
+        Filters=[{"Name": "resource-id", "Values": [instance_id]}])["Tags"]}
+    assert tags["spot-training:boot-error"] == "config: bad config"
+
+
+def test_a_cluster_nodes_successful_boot_clears_the_count_on_its_fleet_or_group(ec2, moto_server):
+    """What the boot-failure script counted on a worker's fleet request or a scheduler's Auto Scaling
+    group is cleared once a boot succeeds, so only failed boots IN A ROW reach the bound."""
+    from types import SimpleNamespace
+
+    from bootstrap.cli import Identity, _reset_failed_boots
+
+    autoscaling = boto3.client("autoscaling", region_name="us-east-1", endpoint_url=moto_server.endpoint_url,
+                               aws_access_key_id="testing", aws_secret_access_key="testing")
+    fleet_id, worker = our_fleet(ec2)
+    ec2.create_tags(Resources=[fleet_id], Tags=[{"Key": "spot-training:failed-boots", "Value": "2"}])
+    ec2.create_launch_template(LaunchTemplateName="lt-server", LaunchTemplateData={"ImageId": "ami-12c6146b"})
+    autoscaling.create_auto_scaling_group(
+        AutoScalingGroupName="ServerGroup", MinSize=1, MaxSize=1, AvailabilityZones=["us-east-1a"],
+        LaunchTemplate={"LaunchTemplateName": "lt-server", "Version": "$Latest"},
+        Tags=[{"Key": "spot-training:failed-boots", "Value": "1", "PropagateAtLaunch": False,
+               "ResourceId": "ServerGroup", "ResourceType": "auto-scaling-group"}])
+    server = autoscaling.describe_auto_scaling_groups()["AutoScalingGroups"][0]["Instances"][0]["InstanceId"]
+    for role, instance in (("worker", worker), ("server", server)):
+        _reset_failed_boots(SimpleNamespace(node_role=role, region="us-east-1"), ec2,
+                            Identity(instance_id=instance, availability_zone="us-east-1a", region="us-east-1"),
+                            autoscaling=autoscaling)
+    assert not ec2.describe_tags(Filters=[{"Name": "resource-id", "Values": [fleet_id]},
+                                          {"Name": "key", "Values": ["spot-training:failed-boots"]}])["Tags"]
+    assert not autoscaling.describe_tags(Filters=[{"Name": "key", "Values": ["spot-training:failed-boots"]}])["Tags"]
 
 
 @pytest.mark.parametrize("error,step,mode", [

@@ -242,7 +242,12 @@ def test_cluster_nodes_get_efs_but_no_data_volume_permissions(cluster_synth: Syn
         actions = {a for s in statements for a in _as_list(s["Action"])}
         assert {"elasticfilesystem:ClientMount", "elasticfilesystem:ClientWrite"} <= actions, prefix
         assert not actions & {"ec2:AttachVolume", "ec2:DetachVolume", "ec2:CreateVolume", "ec2:DeleteVolume",
-                              "ec2:CreateSnapshot", "ec2:DeleteSnapshot", "ec2:CreateTags", "ec2:DeleteTags"}, prefix
+                              "ec2:CreateSnapshot", "ec2:DeleteSnapshot"}, prefix
+        # Tags only for boot failures: the error on the instance, the count on the fleet (workers).
+        for st in statements:
+            if {"ec2:CreateTags", "ec2:DeleteTags"} & set(_as_list(st["Action"])):
+                keys = st["Condition"]["ForAllValues:StringEquals"]["aws:TagKeys"]
+                assert keys in (["spot-training:boot-error"], ["spot-training:failed-boots"]), st
         for st in statements:
             if "*" in _as_list(st["Resource"]):
                 if _as_list(st["Action"]) == ["cloudwatch:PutMetricData"]:
@@ -251,7 +256,10 @@ def test_cluster_nodes_get_efs_but_no_data_volume_permissions(cluster_synth: Syn
                     continue
                 assert all(a.split(":")[1].startswith("Describe") for a in _as_list(st["Action"])), st
     scheduler_ec2 = {a for s in _statements(cluster_synth, "ClusterNodeRole") for a in _as_list(s["Action"]) if a.startswith("ec2:")}
-    assert scheduler_ec2 and all(a.split(":")[1].startswith("Describe") for a in scheduler_ec2), scheduler_ec2
+    # Beyond Describe: the boot-error tag on its own instance and, at the failed-boot bound, cancelling
+    # the stack's worker fleet (test_failed_boots_of_cluster_nodes_are_counted_and_bounded_within_the_stack).
+    assert {a for a in scheduler_ec2 if not a.split(":")[1].startswith("Describe")} == {
+        "ec2:CreateTags", "ec2:CancelSpotFleetRequests"}, scheduler_ec2
     roles = cluster_synth.resources("AWS::IAM::Role")
     principals = [json.dumps(r["Properties"]["AssumeRolePolicyDocument"]) for r in roles.values()]
     assert sum("ec2.amazonaws.com" in p for p in principals) == 2  # scheduler/servers, workers
@@ -281,7 +289,36 @@ def test_only_workers_may_leave_their_fleet_and_only_within_the_stack(cluster_sy
     for role in ("scheduler", "server"):
         assert templates[role]["Properties"]["LaunchTemplateData"]["IamInstanceProfile"]["Arn"] != {"Fn::GetAtt": [worker_profile, "Arn"]}
     actions = {a for s in _statements(cluster_synth, "ClusterNodeRole") for a in _as_list(s["Action"])}
-    assert not actions & {"ec2:ModifySpotFleetRequest", "ec2:TerminateInstances", "ec2:CancelSpotFleetRequests"}
+    assert not actions & {"ec2:ModifySpotFleetRequest", "ec2:TerminateInstances"}
+
+
+def test_failed_boots_of_cluster_nodes_are_counted_and_bounded_within_the_stack(cluster_synth: Synth) -> None:
+    """infra/userdata.py boot_failed_script on cluster nodes (issue 12): workers count on their fleet
+    request, the scheduler and servers on their Auto Scaling group; at the bound the group's launches are
+    suspended and the stack's fleets cancelled. Every write is scoped to the stack's resources and keys."""
+    tagged = {f"aws:ResourceTag/{STACK_TAG_KEY}": "DistributedTraining"}
+    count_key = {"ForAllValues:StringEquals": {"aws:TagKeys": ["spot-training:failed-boots"]}, "Null": {"aws:TagKeys": "false"}}
+    worker = {st.get("Sid"): st for st in _statements(cluster_synth, "ClusterWorkerRole")}
+    assert sorted(_as_list(worker["CountFailedBootsOnOwnFleet"]["Action"])) == ["ec2:CreateTags", "ec2:DeleteTags"]
+    assert worker["CountFailedBootsOnOwnFleet"]["Condition"] == {"StringEquals": tagged, **count_key}
+    assert "spot-fleet-request/*" in json.dumps(worker["CountFailedBootsOnOwnFleet"]["Resource"])
+    assert worker["TagOwnInstanceBootError"]["Condition"]["ForAllValues:StringEquals"] == {
+        "aws:TagKeys": ["spot-training:boot-error"]}
+    node = {st.get("Sid"): st for st in _statements(cluster_synth, "ClusterNodeRole")}
+    assert sorted(_as_list(node["CountFailedBootsOnOwnGroup"]["Action"])) == [
+        "autoscaling:CreateOrUpdateTags", "autoscaling:DeleteTags"]
+    assert node["CountFailedBootsOnOwnGroup"]["Condition"] == {"StringEquals": tagged, **count_key}
+    assert node["SuspendLaunchesOfOwnGroup"]["Action"] == "autoscaling:SuspendProcesses"
+    assert node["SuspendLaunchesOfOwnGroup"]["Condition"] == {"StringEquals": tagged}
+    for sid in ("CountFailedBootsOnOwnGroup", "SuspendLaunchesOfOwnGroup"):
+        assert "autoScalingGroup:*:autoScalingGroupName/*" in json.dumps(node[sid]["Resource"]), sid
+    assert node["CancelOwnSpotFleet"]["Condition"] == {"StringEquals": tagged}
+    autoscaling = {a for st in node.values() for a in _as_list(st["Action"]) if a.startswith("autoscaling:")}
+    assert autoscaling == {"autoscaling:DescribeTags", "autoscaling:CreateOrUpdateTags", "autoscaling:DeleteTags",
+                           "autoscaling:SuspendProcesses"}
+    # The groups carry the stack tag the conditions test.
+    for group in cluster_synth.resources("AWS::AutoScaling::AutoScalingGroup").values():
+        assert {"Key": STACK_TAG_KEY, "Value": "DistributedTraining", "PropagateAtLaunch": True} in group["Properties"]["Tags"]
 
 
 def test_only_workers_may_cancel_the_fleet_on_completion_and_only_the_stacks(cluster_synth: Synth) -> None:
