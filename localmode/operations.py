@@ -532,9 +532,16 @@ def cost_report(aws: Aws, stack: str, *, now: dt.datetime, on_demand: dict[str, 
         ebs_gb_month, snapshot_gb_month: USD per GB-month for the data volume (its type's price) and
             for snapshots; None: not priced (their sizes and hours are still reported).
 
-    Returns: ``rows`` (type, AZ, instances, hours, spot_cost_usd, on_demand_cost_usd), ``spot_cost_usd``,
-    ``on_demand_cost_usd`` (None when any type has no on-demand price), ``savings_pct`` (SageMaker's
-    formula; None without an on-demand cost), ``on_demand_source``, ``notes``, ``storage``.
+    Spot instances (``InstanceLifecycle`` spot: the fleet's) are priced with the spot price history;
+    on-demand ones (a cluster's scheduler and parameter servers, in Auto Scaling groups) at the
+    on-demand price, which is what they are billed.
+
+    Returns: ``rows`` (type, AZ, ``lifecycle`` spot/on-demand, instances, hours, ``spot_cost_usd`` (spot
+    rows; None for on-demand rows), ``cost_usd`` (what the row was billed), ``on_demand_cost_usd``),
+    ``spot_cost_usd`` (the spot rows), ``cost_usd`` (every row as billed), ``on_demand_cost_usd`` (every
+    row at the on-demand price; None when any type has no on-demand price), ``savings_pct``
+    (SageMaker's formula, ``1 - cost / on-demand cost``; None without both), ``on_demand_source``,
+    ``notes``, ``storage``.
     """
     on_demand = dict(on_demand or {})
     notes: list[str] = []
@@ -544,10 +551,15 @@ def cost_report(aws: Aws, stack: str, *, now: dt.datetime, on_demand: dict[str, 
         end = i["end_time"] or now
         if i["end_estimated"]:
             notes.append(f"{i['instance_id']}: EC2 gave no end time; counted until now")
-        row = groups.setdefault((i["instance_type"], i["availability_zone"]), {
-            "instance_type": i["instance_type"], "availability_zone": i["availability_zone"], "instances": 0,
-            "hours": 0.0, "spot_cost_usd": 0.0, "on_demand_cost_usd": None})
+        lifecycle = "spot" if i["lifecycle"] == "spot" else "on-demand"
+        row = groups.setdefault((i["instance_type"], i["availability_zone"], lifecycle), {
+            "instance_type": i["instance_type"], "availability_zone": i["availability_zone"], "lifecycle": lifecycle,
+            "instances": 0, "hours": 0.0, "spot_cost_usd": 0.0 if lifecycle == "spot" else None, "cost_usd": None,
+            "on_demand_cost_usd": None})
         row["instances"] += 1
+        if lifecycle == "on-demand":  # billed at the on-demand price (below)
+            row["hours"] += max(0.0, (end - i["launch_time"]).total_seconds() / 3600)
+            continue
         try:
             spot, hours = spot_cost(aws, i["instance_type"], i["availability_zone"], i["launch_time"], end)
         except OperationsError as error:  # no price: no figure for this row (never a made-up one)
@@ -568,12 +580,16 @@ def cost_report(aws: Aws, stack: str, *, now: dt.datetime, on_demand: dict[str, 
     for row in groups.values():
         price = on_demand.get(row["instance_type"])
         row["on_demand_cost_usd"] = price * row["hours"] if price is not None else None
-    rows = sorted(groups.values(), key=lambda r: (r["instance_type"], r["availability_zone"]))
-    spot_known = all(r["spot_cost_usd"] is not None for r in rows)
-    spot_total = sum(r["spot_cost_usd"] for r in rows) if spot_known else None
+        row["cost_usd"] = row["spot_cost_usd"] if row["lifecycle"] == "spot" else row["on_demand_cost_usd"]
+    rows = sorted(groups.values(), key=lambda r: (r["lifecycle"] != "spot", r["instance_type"], r["availability_zone"]))
+    spot_rows = [r for r in rows if r["lifecycle"] == "spot"]
+    spot_known = all(r["spot_cost_usd"] is not None for r in spot_rows)
+    spot_total = sum(r["spot_cost_usd"] for r in spot_rows) if spot_known else None
+    paid_known = all(r["cost_usd"] is not None for r in rows)
+    paid_total = sum(r["cost_usd"] for r in rows) if paid_known else None
     known = all(r["on_demand_cost_usd"] is not None for r in rows) and rows
     od_total = sum(r["on_demand_cost_usd"] for r in rows) if known else None
-    savings = (1 - spot_total / od_total) * 100 if od_total and spot_total is not None else None
+    savings = (1 - paid_total / od_total) * 100 if od_total and paid_total is not None else None
 
     volumes = data_volumes(aws, stack)
     snaps = snapshots(aws, stack)
@@ -591,7 +607,7 @@ def cost_report(aws: Aws, stack: str, *, now: dt.datetime, on_demand: dict[str, 
     if snapshot_gb_month is None and snaps:
         notes.append("snapshots not priced (give --snapshot-gb-month-price); GiB-hours of their full size shown")
     return {"stack": stack, "region": aws.region, "as_of": _iso(now), "rows": rows,
-            "instance_hours": sum(r["hours"] for r in rows), "spot_cost_usd": spot_total,
+            "instance_hours": sum(r["hours"] for r in rows), "spot_cost_usd": spot_total, "cost_usd": paid_total,
             "on_demand_cost_usd": od_total, "savings_pct": savings,
             "on_demand_price_usd_per_hour": {k: on_demand[k] for k in sorted(on_demand) if k in sources},
             "on_demand_source": sources, "storage": storage, "notes": notes}
@@ -723,13 +739,15 @@ def _usd(value: float | None) -> str:
 def format_cost(report: dict[str, Any]) -> str:
     """``spot-train cost`` as text, every line within 100 columns."""
     lines = [f"cost of stack {report['stack']} in {report['region']}, as of {report['as_of']}", ""]
-    lines.append(table(["type", "AZ", "instances", "hours", "spot cost", "on-demand cost"], [
-        [r["instance_type"], r["availability_zone"], r["instances"], f"{r['hours']:.3f}", _usd(r["spot_cost_usd"]),
-         _usd(r["on_demand_cost_usd"])] for r in report["rows"]]) if report["rows"] else "no instances")
+    lines.append(table(["type", "AZ", "billed as", "instances", "hours", "cost", "on-demand cost"], [
+        [r["instance_type"], r["availability_zone"], r["lifecycle"], r["instances"], f"{r['hours']:.3f}",
+         _usd(r["cost_usd"]), _usd(r["on_demand_cost_usd"])] for r in report["rows"]]) if report["rows"] else "no instances")
     lines.append("")
     lines.append(f"instance-hours      {report['instance_hours']:.3f}")
     lines.append(f"spot cost           {_usd(report['spot_cost_usd'])}"
                  + ("" if report["spot_cost_usd"] is not None else " (a spot price history is missing)"))
+    if any(r["lifecycle"] == "on-demand" for r in report["rows"]):
+        lines.append(f"cost (all)          {_usd(report['cost_usd'])} (on-demand instances at the on-demand price)")
     lines.append(f"on-demand cost      {_usd(report['on_demand_cost_usd'])}")
     for itype, price in report["on_demand_price_usd_per_hour"].items():
         lines.append(f"  on-demand price   {itype} ${price}/h ({report['on_demand_source'][itype]})")

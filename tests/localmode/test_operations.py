@@ -187,6 +187,32 @@ def test_what_the_agents_publish_is_what_status_logs_and_cost_read_back(moto_ser
     assert cost["storage"]["volume_cost_usd"] == pytest.approx(cost["storage"]["volume_gib_hours"] / 730 * 0.08)
 
 
+def test_cost_bills_on_demand_instances_at_the_on_demand_price(moto_server, capsys):
+    """A cluster's scheduler and servers run on demand (Auto Scaling groups): their hours are billed at
+    the on-demand price, not the spot price history, and the savings count them as paid."""
+    _stack(moto_server)
+    ec2 = _client(moto_server, "ec2")
+    ec2.run_instances(ImageId="ami-12c6146b", MinCount=1, MaxCount=1, InstanceType="m5.large",
+                      Placement={"AvailabilityZone": "us-east-1a"},
+                      TagSpecifications=[{"ResourceType": "instance", "Tags": TAGS}])
+    code, out, err = _run(capsys, "cost", "--stack", STACK, "--endpoint-url", moto_server.endpoint_url, "--json",
+                          "--on-demand-price", "g5.xlarge=1.006", "--on-demand-price", "m5.large=0.096")
+    assert code == 0, err
+    cost = json.loads(out)
+    (scheduler,) = [r for r in cost["rows"] if r["lifecycle"] == "on-demand"]
+    assert scheduler["instance_type"] == "m5.large" and scheduler["spot_cost_usd"] is None
+    assert scheduler["cost_usd"] == pytest.approx(scheduler["on_demand_cost_usd"]) == pytest.approx(scheduler["hours"] * 0.096)
+    spot = [r for r in cost["rows"] if r["lifecycle"] == "spot"]
+    assert {r["instance_type"] for r in spot} == {"g5.xlarge"} and all(r["cost_usd"] == r["spot_cost_usd"] for r in spot)
+    assert cost["spot_cost_usd"] == pytest.approx(sum(r["spot_cost_usd"] for r in spot))
+    assert cost["cost_usd"] == pytest.approx(cost["spot_cost_usd"] + scheduler["cost_usd"])
+    assert cost["savings_pct"] == pytest.approx((1 - cost["cost_usd"] / cost["on_demand_cost_usd"]) * 100)
+    code, text, _ = _run(capsys, "cost", "--stack", STACK, "--endpoint-url", moto_server.endpoint_url,
+                         "--on-demand-price", "g5.xlarge=1.006", "--on-demand-price", "m5.large=0.096")
+    assert code == 0 and "on-demand" in text and "cost (all)" in text
+    assert max(len(line) for line in text.splitlines()) <= 100
+
+
 def test_cost_without_a_price_list_says_so_and_prints_spot_cost_only(moto_server, capsys):
     _stack(moto_server)
     code, out, err = _run(capsys, "cost", "--stack", STACK, "--endpoint-url", moto_server.endpoint_url, "--json")
