@@ -202,7 +202,10 @@ def check_writable(directory: str | os.PathLike) -> Path:
             os.write(fd, b"probe")
         finally:
             os.close(fd)
-            os.unlink(probe)
+            try:
+                os.unlink(probe)
+            except FileNotFoundError:
+                pass  # removed by another node's cleanup of the shared directory: the write already proved it
     except (FileExistsError, NotADirectoryError) as err:
         raise CheckpointPathError(
             f"cannot create checkpoint directory {str(path)!r}: a parent path is a file ({err})") from err

@@ -26,6 +26,7 @@ import logging
 import os
 import queue
 import shutil
+import socket
 import threading
 import time
 import uuid
@@ -53,6 +54,59 @@ LATEST_NAME = "LATEST"
 COMPLETED_NAME = "COMPLETED"
 CHECKPOINT_PREFIX = "ckpt-"
 TMP_PREFIX = ".tmp-"
+#: A temporary entry whose owner cannot be checked (another host, or no owner in its name) is left
+#: alone until nothing in it changed for this long (seconds): a checkpoint directory on EFS is shared
+#: by every node of a cluster, and a live writer elsewhere must not lose its temporary directory.
+STALE_TEMP_AGE_S = 900.0
+
+
+def _host_token() -> str:
+    """This host's name as it appears in temporary names (no ``-``, so names parse from the right)."""
+    return (socket.gethostname() or "host").replace("-", "_")[:63]
+
+
+def _temp_suffix() -> str:
+    """``<host>-<pid>-<8 hex>``: who made a temporary entry, so another process can tell whether its
+    owner is still alive (same host) before removing it."""
+    return f"{_host_token()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # exists, owned by another user
+    return True
+
+
+def _newest_mtime(path: Path) -> float:
+    try:
+        newest = path.lstat().st_mtime
+        if path.is_dir() and not path.is_symlink():
+            for child in path.rglob("*"):
+                try:
+                    newest = max(newest, child.lstat().st_mtime)
+                except OSError:
+                    continue
+        return newest
+    except OSError:
+        return 0.0
+
+
+def is_stale_temp(path: Path, *, now: float | None = None) -> bool:
+    """Whether the temporary entry ``path`` (``.tmp-...``) was left by a writer that is gone: made on
+    this host by a process that no longer exists, or, when that cannot be told (another host sharing
+    the directory, an older name without an owner), unchanged for :data:`STALE_TEMP_AGE_S` seconds."""
+    parts = path.name.rsplit("-", 3)
+    if len(parts) == 4 and parts[1] == _host_token() and parts[2].isdigit():
+        pid = int(parts[2])
+        if pid != os.getpid() and not _pid_alive(pid):
+            return True
+    # A live owner (its pid may also have been reused), another host, or no owner in the name.
+    now = time.time() if now is None else now
+    return now - _newest_mtime(path) >= STALE_TEMP_AGE_S
 FORMAT = "spot-training-checkpoint"
 FORMAT_VERSION = 1
 FRAMEWORKS = ("tensorflow", "mxnet", "pytorch")
@@ -189,7 +243,7 @@ def write_json_atomic(path: Path, payload: dict) -> None:
     """Write ``payload`` as JSON to ``path`` atomically: temp file beside it, fsync, ``os.replace``,
     fsync the directory. The temp file is removed on any exception."""
     path = Path(path)
-    tmp = path.with_name(f"{TMP_PREFIX}{path.name}-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    tmp = path.with_name(f"{TMP_PREFIX}{path.name}-{_temp_suffix()}")
     try:
         with open(tmp, "w", encoding="utf-8") as f:
             json.dump(payload, f, indent=1, sort_keys=True)
@@ -290,7 +344,7 @@ class CheckpointStore:
         target for ``step``. Fill it, then call :meth:`commit` (or :meth:`abort`). Used when the
         framework writes asynchronously (``tf.train.CheckpointOptions(experimental_enable_async_checkpoint=True)``)."""
         _check_int("step", step, 0)
-        tmp = self.directory / f"{TMP_PREFIX}{CHECKPOINT_PREFIX}{step:012d}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        tmp = self.directory / f"{TMP_PREFIX}{CHECKPOINT_PREFIX}{step:012d}-{_temp_suffix()}"
         tmp.mkdir()
         return tmp
 
@@ -519,9 +573,12 @@ class CheckpointStore:
         return _combined_checksum(ckpt.manifest["files"]) == ckpt.manifest["checksum"]
 
     def _remove_stale_temps(self) -> None:
+        # Only what a writer that is gone left: the directory may be shared (EFS) with live writers.
         for p in self.directory.glob(f"{TMP_PREFIX}*"):
             if p.name.startswith(f"{TMP_PREFIX}corrupt-"):
                 continue  # set aside, not ours to drop until a new checkpoint at that step commits
+            if not is_stale_temp(p):
+                continue
             self.log.info("removing %s left by an interrupted write", p)
             if p.is_dir():
                 shutil.rmtree(p, ignore_errors=True)

@@ -323,3 +323,37 @@ def test_write_file_entries_match_the_bytes_on_disk_and_cover_every_file(tmp_pat
     data[100_000] ^= 1
     big.write_bytes(bytes(data))
     assert store.latest() is None
+
+
+def test_a_new_store_removes_only_temporaries_whose_writer_is_gone(tmp_path):
+    """A checkpoint directory on EFS is shared by every node of a cluster: opening a store (every rank
+    does) must not delete a temporary directory a live writer is filling, on this host or another one;
+    what a dead writer of this host left goes at once, an unowned or foreign one once it is stale."""
+    import socket
+
+    from training.store import STALE_TEMP_AGE_S
+
+    host = socket.gethostname().replace("-", "_")
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead_pid = int(dead.stdout)
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        names = {
+            "dead_here": f".tmp-ckpt-000000000010-{host}-{dead_pid}-0123abcd",
+            "live_here": f".tmp-ckpt-000000000020-{host}-{live.pid}-0123abcd",
+            "other_host_fresh": f".tmp-ckpt-000000000030-ip_10_0_0_7-4242-0123abcd",
+            "other_host_old": f".tmp-ckpt-000000000040-ip_10_0_0_8-4242-0123abcd",
+            "probe_fresh": ".tmp-probe-x1y2z3",
+        }
+        for name in names.values():
+            (tmp_path / name).mkdir()
+            (tmp_path / name / "weights.bin").write_bytes(b"w")
+        old = time.time() - STALE_TEMP_AGE_S - 60
+        for path in [tmp_path / names["other_host_old"], tmp_path / names["other_host_old"] / "weights.bin"]:
+            os.utime(path, (old, old))
+        CheckpointStore(tmp_path, framework="tensorflow")
+        left = {key for key, name in names.items() if (tmp_path / name).exists()}
+        assert left == {"live_here", "other_host_fresh", "probe_fresh"}
+    finally:
+        live.kill()
+        live.wait()
