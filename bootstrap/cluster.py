@@ -606,6 +606,9 @@ class NodeAgent:
         for monitor in self.monitors:
             event = monitor.poll()
             if event is not None:
+                if event.kind == "spot-interruption":  # the publisher counts it (bootstrap/publish.py)
+                    log.warning("spot interruption notice: leaving the cluster", extra={
+                        "event": "spot_interruption_notice", "event_id": event.id})
                 log.info("worker leaving the cluster", extra={"kind": event.kind, "event_id": event.id})
                 self.leave_reason = event.kind
                 self.leaving = True

@@ -44,7 +44,7 @@ from typing import Any
 
 from localmode.deploy import ACCOUNT, AVAILABILITY_ZONES, LOCAL_IMAGE_ID, REGION, CdkCli, Clients, DeployedStack, \
     client, clients, find_orphans
-from localmode.drill import EventLog, bootstrap_and_deploy, fresh_work_dir, options_dict
+from localmode.drill import EventLog, bootstrap_and_deploy, fresh_work_dir, options_dict, read_back
 from localmode.imds_emulator import ImdsEmulator
 from localmode.moto_server import MotoServer
 from localmode.netns import Network
@@ -74,6 +74,14 @@ class ClusterDrillOptions:
             happen well before the last step on any machine.
         seed: trainer seed (default 0).
         timeout_s: the longest the training phase may take (default 480 s).
+        instance_types: the worker fleet's types (default g5.xlarge, g4dn.xlarge: types the local AWS
+            has a spot price history for).
+        on_demand_prices: the stated on-demand USD/hour of each type that runs, an input of the cost
+            read-back (local mode cannot ask the AWS Price List API; default: us-east-1 Linux list
+            prices g5.xlarge 1.006, g4dn.xlarge 0.526, and the on-demand scheduler's m5.large 0.096 and
+            servers' m5.xlarge 0.192).
+        ebs_gb_month_price, snapshot_gb_month_price: USD per GB-month (the cluster has no data volume
+            or snapshots; stated for the same cost report as the single-node drill).
     """
 
     work_dir: Path = Path("out/cluster-drill")
@@ -87,6 +95,11 @@ class ClusterDrillOptions:
     min_step_seconds: float = 0.05
     seed: int = 0
     timeout_s: float = 480.0
+    instance_types: tuple[str, ...] = ("g5.xlarge", "g4dn.xlarge")
+    on_demand_prices: dict[str, float] = dataclasses.field(default_factory=lambda: {
+        "g5.xlarge": 1.006, "g4dn.xlarge": 0.526, "m5.large": 0.096, "m5.xlarge": 0.192})
+    ebs_gb_month_price: float = 0.08
+    snapshot_gb_month_price: float = 0.05
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming the bad option, its value and what is allowed."""
@@ -116,6 +129,7 @@ class ClusterDrillOptions:
             "image_id": LOCAL_IMAGE_ID, "cluster_stack_name": self.stack, "cluster_framework": "mxnet",
             "cluster_num_servers": str(self.num_servers), "cluster_workers": str(self.workers),
             "cluster_max_workers": str(max(8, self.workers + 1)),
+            "cluster_worker_instance_types": ",".join(self.instance_types),
             # This interpreter runs every node's framework process; nothing is pip-installed.
             "cluster_training_python": sys.executable, "cluster_training_requirements": "[]",
             "cluster_training_command": json.dumps(self.trainer_command()),
@@ -363,7 +377,7 @@ def run_cluster_drill(options: ClusterDrillOptions, *,
         "joins": 0, "leaves": 0, "max_workers_seen": 0, "join_s": None, "leave_s": None, "test_accuracy": None,
         "fleet_cancelled_on_completion": False, "orphans_after_destroy": None, "wall_s": 0.0, "phases_s": {},
         "options": options_dict(options),
-        "error": None,
+        "error": None, "aws_status": None, "aws_interruptions": [], "cost": None, "savings_pct": None,
     }
     phases = report["phases_s"]
     server = MotoServer(work_dir / "moto")
@@ -444,6 +458,13 @@ def run_cluster_drill(options: ClusterDrillOptions, *,
         _collect(efs_dir, work_dir / "results", report)
         record({"event": "completed", "step": report["steps_total"], "test_accuracy": report["test_accuracy"],
                 "fleet_cancelled": report["fleet_cancelled_on_completion"]})
+        try:  # what `spot-train status` and `cost` read from the local AWS (the agents' published figures)
+            report.update(read_back(server.endpoint_url, options))
+            record({"event": "read-back", "savings_pct": report["savings_pct"],
+                    "interruptions": len(report["aws_interruptions"])})
+        except Exception as error:  # noqa: BLE001 - the drill's own figures stand; say what failed
+            report["read_back_error"] = f"{type(error).__name__}: {error}"
+            record({"event": "error", "message": f"reading back from the local AWS failed: {report['read_back_error']}"})
     except Exception as error:  # noqa: BLE001 - recorded in the report; teardown below runs either way
         report["error"] = f"{type(error).__name__}: {error}"
         record({"event": "error", "message": report["error"]})
@@ -583,8 +604,11 @@ def _collect(efs_dir: Path, results: Path, report: dict[str, Any]) -> None:
 
 def cluster_passed(report: dict[str, Any], options: ClusterDrillOptions) -> bool:
     """Completed at exactly ``options.steps`` with every step run once, a worker joined and one left,
-    the fleet cancelled by the agents, nothing orphaned, no error."""
+    the fleet cancelled by the agents, the figures read back from the local AWS (status and cost, with
+    the notice among the agents' published logs), nothing orphaned, no error."""
     return bool(
+        report.get("read_back_error") is None and report.get("cost") is not None
+        and len(report.get("aws_interruptions") or []) >= 1 and
         report["completed"] and report["error"] is None and report["steps_total"] == options.steps
         and report["steps_executed"] == options.steps and report["distinct_steps"] == options.steps
         and report["lost_steps"] == 0 and report["joins"] >= 1 and report["leaves"] >= 1
@@ -597,7 +621,7 @@ def format_cluster_report(report: dict[str, Any]) -> str:
     """The report as a two-column table for the terminal."""
     keys = ("passed", "completed", "steps_total", "steps_executed", "distinct_steps", "lost_steps", "generations",
             "joins", "leaves", "max_workers_seen", "join_s", "leave_s", "test_accuracy",
-            "fleet_cancelled_on_completion", "orphans_after_destroy", "wall_s")
+            "fleet_cancelled_on_completion", "orphans_after_destroy", "savings_pct", "wall_s")
     lines = ["", "Cluster drill report", "-" * 60]
     lines += [f"{key:<30}  {report.get(key)}" for key in keys]
     lines += [f"{'phase ' + name + ' (s)':<30}  {value}" for name, value in report.get("phases_s", {}).items()]

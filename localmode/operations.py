@@ -426,8 +426,9 @@ def format_log_line(event: dict[str, Any]) -> str:
 
 def interruption_history(events: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     """The interruptions, from the agents' structured log events (time order): per notice its time,
-    instance, AZ, the notice->checkpoint seconds and checkpoint step the agent measured, and the next
-    instance's resume: its id, boot->resume seconds, resumed step and whether the volume moved there."""
+    instance, AZ, the notice->checkpoint seconds and checkpoint step the agent measured, and the
+    replacement's resume (the first instance whose agent began logging after the notice): its id,
+    boot->resume seconds, resumed step and whether the volume moved there."""
     history: list[dict[str, Any]] = []
     streams: dict[str, list[dict[str, Any]]] = defaultdict(list)
     order: list[str] = []
@@ -438,7 +439,7 @@ def interruption_history(events: Iterable[dict[str, Any]]) -> list[dict[str, Any
                 order.append(e["instance_id"])
             streams[e["instance_id"]].append({**data, "timestamp": e["timestamp"]})
     az = {i: next((d.get("availability_zone") for d in streams[i] if d.get("availability_zone")), None) for i in order}
-    for index, instance in enumerate(order):
+    for instance in order:
         for d in streams[instance]:
             if d.get("event") != "spot_interruption_notice":
                 continue
@@ -451,8 +452,10 @@ def interruption_history(events: Iterable[dict[str, Any]]) -> list[dict[str, Any
             if after:
                 item["notice_to_checkpoint_s"] = after.get("notice_to_checkpoint_s")
                 item["checkpoint_step"] = after.get("checkpoint_step")
-            if index + 1 < len(order):
-                nxt = order[index + 1]
+            # The replacement: the first instance whose agent started logging after the notice (in a
+            # cluster, the workers already running are not replacements).
+            nxt = next((o for o in order if o != instance and streams[o][0]["timestamp"] >= d["timestamp"]), None)
+            if nxt is not None:
                 resumed = next((x for x in streams[nxt] if x.get("event") == "resumed"), None)
                 item["replacement_instance_id"] = nxt
                 item["replacement_availability_zone"] = az.get(nxt)

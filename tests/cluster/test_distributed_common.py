@@ -39,3 +39,28 @@ def test_shards_cover_the_global_batch_exactly_once_for_any_worker_count():
         assert max(map(len, shards)) - min(map(len, shards)) <= 1
     with pytest.raises(ValueError, match="rank must be in 0..num_workers-1, got rank=3, num_workers=3"):
         worker_shard(batch, rank=3, num_workers=3)
+
+
+def test_rank_zero_also_writes_the_progress_the_agent_publishes(tmp_path, monkeypatch):
+    """docs/contracts.md: the node agent publishes <log_dir>/training_log.csv and progress.json; in a
+    cluster rank 0 writes them (whichever node holds rank 0), every process still its own steps file."""
+    import csv
+    import json
+
+    from training.distributed.common import StepLog
+
+    monkeypatch.setenv("SPOT_TRAINING_NODE_ID", "node-b")
+    worker = StepLog(tmp_path, steps_total=800)
+    worker.write(step=1, rank=1, num_workers=2, loss=0.5, learning_rate=0.1)
+    worker.close()
+    assert not (tmp_path / "training_log.csv").exists() and not (tmp_path / "progress.json").exists()
+    monkeypatch.setenv("SPOT_TRAINING_NODE_ID", "node-a")
+    chief = StepLog(tmp_path, steps_total=800)
+    for step in (1, 2):
+        chief.write(step=step, rank=0, num_workers=2, loss=1.0 / step, learning_rate=0.1)
+    chief.close()
+    rows = list(csv.DictReader(open(tmp_path / "training_log.csv")))
+    assert [(r["step"], r["loss"], r["num_workers"]) for r in rows] == [("1", "1.000000", "2"), ("2", "0.500000", "2")]
+    assert all(float(r["wall_time"]) > 1.7e9 for r in rows)
+    assert json.loads((tmp_path / "progress.json").read_text()) == {"steps_total": 800}
+    assert (tmp_path / "steps-node-a.csv").exists() and (tmp_path / "steps-node-b.csv").exists()

@@ -57,6 +57,19 @@ def test_cluster_drill_two_workers_a_third_joins_one_is_interrupted(tmp_path):
     assert report["test_accuracy"] >= 0.9
     assert report["fleet_cancelled_on_completion"] is True  # a worker's agent cancelled it (docs/architecture.md, "The user's story", step 4)
     assert report["orphans_after_destroy"] == []
+    # Read back through `spot-train status` and `cost` from the local AWS (issue 13): the agents'
+    # published progress, the notice in their logs, and what the cluster cost (on-demand scheduler and
+    # server at the on-demand price, spot workers at the spot price history).
+    assert report["aws_status"]["training"]["step"] == STEPS and report["aws_status"]["training"]["completed"] is True
+    [notice] = report["aws_interruptions"]
+    assert notice["instance_id"] == next(e["instance_id"] for e in events if e["event"] == "notice-posted")
+    replacement = [e["instance_id"] for e in events if e["event"] == "node-started"][-1]  # the fleet's, after the notice
+    assert notice["replacement_instance_id"] == replacement and notice["volume_moved"] is False
+    cost = report["cost"]
+    assert {r["lifecycle"] for r in cost["rows"]} == {"spot", "on-demand"}
+    assert {r["instance_type"] for r in cost["rows"] if r["lifecycle"] == "on-demand"} == {"m5.large", "m5.xlarge"}
+    assert cost["cost_usd"] > cost["spot_cost_usd"] > 0
+    assert report["savings_pct"] == pytest.approx((1 - cost["cost_usd"] / cost["on_demand_cost_usd"]) * 100)
     assert report["passed"] is True
     assert json.loads((work / "report.json").read_text())["steps_total"] == STEPS
 

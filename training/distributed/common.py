@@ -25,6 +25,10 @@ __all__ = ["parse_args", "global_batch", "global_batch_size", "worker_shard", "S
            "generation", "pace"]
 
 STEP_LOG_FIELDS = ("step", "generation", "rank", "num_workers", "loss", "learning_rate", "wall_time")
+#: The progress file the node agent reads and publishes (docs/contracts.md, "Signals and files between
+#: agent and trainer"): rank 0 appends one row per step, whichever node holds rank 0 in a generation.
+TRAINING_LOG = "training_log.csv"
+TRAINING_LOG_FIELDS = ("step", "generation", "num_workers", "loss", "learning_rate", "wall_time")
 
 
 def parse_args(argv=None, *, description: str) -> argparse.Namespace:
@@ -93,24 +97,48 @@ def generation() -> int:
 class StepLog:
     """``<log_dir>/steps-<node_id>.csv``: one flushed row per step this process ran
     (``step`` = completed steps after it, ``generation``, ``rank``, ``num_workers``, ``loss``,
-    ``learning_rate``, ``wall_time`` in seconds since the epoch). Appends across generations."""
+    ``learning_rate``, ``wall_time`` in seconds since the epoch). Appends across generations.
 
-    def __init__(self, log_dir: Path | None) -> None:
+    Rank 0 also appends the row to ``<log_dir>/training_log.csv`` (:data:`TRAINING_LOG_FIELDS`) and, with
+    ``steps_total``, writes ``<log_dir>/progress.json`` once: the progress the node agent publishes
+    (docs/contracts.md), so ``spot-train status`` shows a cluster's step, loss and ETA."""
+
+    def __init__(self, log_dir: Path | None, *, steps_total: int | None = None) -> None:
         directory = Path(log_dir) if log_dir else default_log_dir()
         directory.mkdir(parents=True, exist_ok=True)
+        self.directory = directory
         self.path = directory / f"steps-{node_id()}.csv"
-        new = not self.path.exists() or self.path.stat().st_size == 0
-        self._file = open(self.path, "a", newline="", buffering=1)
-        self._writer = csv.writer(self._file)
+        self.steps_total = steps_total
+        self._file, self._writer = self._open(self.path, STEP_LOG_FIELDS)
+        self._progress: tuple | None = None
+
+    @staticmethod
+    def _open(path: Path, fields: tuple[str, ...]):
+        new = not path.exists() or path.stat().st_size == 0
+        handle = open(path, "a", newline="", buffering=1)
+        writer = csv.writer(handle)
         if new:
-            self._writer.writerow(STEP_LOG_FIELDS)
+            writer.writerow(fields)
+        return handle, writer
 
     def write(self, *, step: int, rank: int, num_workers: int, loss: float, learning_rate: float) -> None:
-        self._writer.writerow([step, generation(), rank, num_workers, f"{loss:.6f}", f"{learning_rate:.6g}",
-                               f"{time.time():.3f}"])
+        now = f"{time.time():.3f}"
+        self._writer.writerow([step, generation(), rank, num_workers, f"{loss:.6f}", f"{learning_rate:.6g}", now])
+        if rank != 0:
+            return
+        if self._progress is None:
+            self._progress = self._open(self.directory / TRAINING_LOG, TRAINING_LOG_FIELDS)
+            if self.steps_total is not None:
+                progress = self.directory / "progress.json"
+                tmp = progress.with_name(f".progress.json.{os.getpid()}.tmp")
+                tmp.write_text(json.dumps({"steps_total": int(self.steps_total)}))
+                os.replace(tmp, progress)
+        self._progress[1].writerow([step, generation(), num_workers, f"{loss:.6f}", f"{learning_rate:.6g}", now])
 
     def close(self) -> None:
         self._file.close()
+        if self._progress is not None:
+            self._progress[0].close()
 
 
 def write_result(log_dir: Path | None, payload: dict) -> Path:

@@ -89,7 +89,7 @@ def main(argv=None) -> int:
     flag, total = mx.nd.zeros((1,)), mx.nd.zeros((1,))
     log.info("worker rank %d of %d, generation %d, starting at step %d of %d", rank, num_workers, generation(),
              start, args.steps)
-    steps_log = StepLog(args.log_dir)
+    steps_log = StepLog(args.log_dir, steps_total=args.steps)
     stopped = False
     try:
         for step in range(start, args.steps):

@@ -89,7 +89,7 @@ def main(argv=None) -> int:
     step = ckpt.restore()
     log.info("chief of %d workers, generation %d, starting at step %d of %d", num_workers, generation(), step,
              args.steps)
-    steps_log = StepLog(args.log_dir)
+    steps_log = StepLog(args.log_dir, steps_total=args.steps)
     try:
         while step < args.steps:
             if ckpt.notices.stop_requested:
