@@ -65,6 +65,8 @@ CLUSTER_ROLES = ("scheduler", "server", "worker")
 #: Instance tag whose removal asks a worker to leave (the Dynamic Training article's mechanism).
 DEFAULT_MEMBER_TAG = "spot-training:cluster-member"
 MEMBER_TAG_REMOVED = "member-tag-removed"
+#: ``NodeAgent.leave_reason`` of a worker whose IMDS answered 403 (it can no longer see notices).
+IMDS_FORBIDDEN = "imds-forbidden"
 
 
 # ---- settings -------------------------------------------------------------------------------------
@@ -603,8 +605,20 @@ class NodeAgent:
         if self.role != "worker" or self.leaving or now - self._last_monitor < self.monitor_interval_s:
             return
         self._last_monitor = now
+        from bootstrap.imds import ImdsForbiddenError
+
         for monitor in self.monitors:
-            event = monitor.poll()
+            try:
+                event = monitor.poll()
+            except ImdsForbiddenError as exc:
+                # IMDS turned 403: this worker can no longer see interruption notices. It leaves through
+                # a checkpoint like a noticed worker; run_node then hands the instance back to the fleet.
+                log.error("IMDS answered 403: leaving the cluster, this node can no longer see spot "
+                          "interruption notices", extra={"event": "node_unusable", "error": str(exc)})
+                self.leave_reason = IMDS_FORBIDDEN
+                self.leaving = True
+                self._register()
+                return
             if event is not None:
                 if event.kind == "spot-interruption":  # the publisher counts it (bootstrap/publish.py)
                     log.warning("spot interruption notice: leaving the cluster", extra={
@@ -761,6 +775,12 @@ def run_node(config: Any, imds: Any, *, instance_id: str, local_mode: bool,
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     log.info("cluster node done", extra={"outcome": outcome, "role": config.node_role})
+    if agent.leave_reason == IMDS_FORBIDDEN:
+        from bootstrap.errors import NodeUnusableError
+
+        # The CLI powers the instance off (terminate behaviour: the fleet replaces it) and exits 69.
+        raise NodeUnusableError("IMDS answered 403 during training; this worker left the cluster through a "
+                                "checkpoint and hands itself back to the fleet")
     # Local mode has an EC2 API only when a moto server is named (AWS_ENDPOINT_URL).
     if not local_mode or os.environ.get("AWS_ENDPOINT_URL"):
         from bootstrap.cleanup import ec2_client

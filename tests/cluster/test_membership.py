@@ -280,3 +280,26 @@ def test_agent_restarted_inside_a_running_generation_reports_its_process_lost(wo
     assert (beat["generation"], beat["proc"], beat["returncode"]) == (1, "exited", -1)
     assert agent.running is None  # it did not join the running ps-lite job
     assert world.tick().state == TEARDOWN
+
+
+def test_a_worker_whose_imds_turns_403_leaves_through_a_checkpoint_and_is_handed_back(world, tmp_path):
+    """Issue 15 item 8 on cluster workers: IMDS answering 403 means no more interruption notices. The
+    worker leaves like a noticed one (the coordinator checkpoints without it) instead of exiting 78."""
+    from bootstrap.cluster import IMDS_FORBIDDEN, NodeAgent
+    from bootstrap.imds import ImdsForbiddenError
+
+    class Forbidden:
+        def poll(self):
+            raise ImdsForbiddenError("IMDS answered 403 Forbidden for GET /latest/meta-data/spot/instance-action")
+
+    _start(world)
+    _running(world, 1)
+    agent = NodeAgent(world.settings, framework="mxnet", role="worker", node_id="i-w1", host="10.0.0.5",
+                      training_argv=["true"], python="python3", environ={}, workdir=tmp_path,
+                      checkpoint_dir=tmp_path / "ckpt", dataset_dir=tmp_path, log_dir=tmp_path / "logs",
+                      monitors=[Forbidden()], clock=world.clock, sleep=_stop_loop)
+    agent._poll_monitors()
+    assert agent.leaving is True and agent.leave_reason == IMDS_FORBIDDEN
+    assert world.state.registrations()["i-w1"]["leaving"] is True
+    plan = world.tick()
+    assert plan.state == CHECKPOINT  # a leave goes through a checkpoint, as for a notice
