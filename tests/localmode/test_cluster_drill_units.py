@@ -57,7 +57,8 @@ def test_membership_changes_count_workers_between_running_generations():
 def _report(**changes):
     report = {"completed": True, "error": None, "steps_total": 800, "steps_executed": 800, "distinct_steps": 800,
               "lost_steps": 0, "joins": 2, "leaves": 1, "max_workers_seen": 3, "fleet_cancelled_on_completion": True,
-              "orphans_after_destroy": []}
+              "orphans_after_destroy": [], "aws_interruptions": [{"instance_id": "i-1"}], "cost": {"rows": []},
+              "read_back_error": None}
     report.update(changes)
     return report
 
@@ -66,6 +67,7 @@ def _report(**changes):
     {"completed": False}, {"steps_total": 799}, {"steps_executed": 801, "lost_steps": 1}, {"distinct_steps": 799},
     {"joins": 0}, {"leaves": 0}, {"max_workers_seen": 2}, {"fleet_cancelled_on_completion": False},
     {"orphans_after_destroy": ["instance i-1 (running)"]}, {"orphans_after_destroy": None}, {"error": "boom"},
+    {"read_back_error": "OperationsError: boom"}, {"cost": None}, {"aws_interruptions": []},
 ])
 def test_cluster_drill_fails_on_any_shortfall(changes):
     options = ClusterDrillOptions()
