@@ -135,7 +135,7 @@ def test_notice_poll_interval_is_read():
     ("training.code", {"type": "git", "url": "https://example.com/r.git", "ref": "--orphan"},
      'training.code.ref: got "--orphan"; expected a pinned commit or tag'),
     ("volume.keep_snapshots", 10**30, "volume.keep_snapshots: got 1000000000000000000000000000000; expected an "
-     "integer >= 1 and <= 100"),
+     "integer from 1 to 100"),
     ("volume.keep_snapshots", 101, "volume.keep_snapshots: got 101; expected an integer from 1 to 100"),
     ("volume.mount_point", "/", 'volume.mount_point: got "/"; expected a directory of its own'),
     ("volume.mount_point", "/etc", 'volume.mount_point: got "/etc"; expected a directory of its own'),
