@@ -36,9 +36,11 @@ from .fleet import (DEFAULT_INSTANCE_TYPES, AllocationStrategy, SpotTrainingFlee
 from .roles import TrainingNodeRole, node_policy_statements
 from .tags import CLUSTER_MEMBER_TAG_KEY, CLUSTER_MEMBER_TAG_VALUE, PURPOSE_DATA_VOLUME, PURPOSE_TAG_KEY, STACK_TAG_KEY
 from .userdata import node_config
+# Where cluster nodes mount the shared file system (datasets/, checkpoints/, logs/ and cluster/ live
+# there) and the roles' default ports: the contract's.
+from spot_contract import (DEFAULT_SCHEDULER_PORT, DEFAULT_SERVER_PORT, DEFAULT_WORKER_PORT, EFS_MOUNT_POINT, SETTINGS,
+                           SettingError, check)
 
-#: Where cluster nodes mount the shared file system; datasets/, checkpoints/, logs/ and cluster/ live there.
-EFS_MOUNT_POINT = "/mnt/efs"
 #: The membership state directory on EFS (``cluster.state_dir``).
 STATE_DIR = f"{EFS_MOUNT_POINT}/cluster"
 #: The agents' bounds (bootstrap.cluster.settings_from_config): servers 1..64, workers 1..1024.
@@ -78,16 +80,17 @@ class ClusterPorts:
     runs as an unprivileged user) and the three must differ.
     """
 
-    scheduler: int = 9000
-    server: int = 9001
-    worker: int = 9002
+    scheduler: int = DEFAULT_SCHEDULER_PORT
+    server: int = DEFAULT_SERVER_PORT
+    worker: int = DEFAULT_WORKER_PORT
 
     def validate(self) -> ClusterPorts:
         """Return self, or raise ValueError naming the bad port, its value and the allowed range."""
         for name in ("scheduler", "server", "worker"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or not 1024 <= value <= 65535:
-                raise ValueError(f"ports.{name} must be an integer TCP port from 1024 to 65535, got {value!r}")
+            if isinstance(value, str):
+                raise SettingError(f"ports.{name}", value, SETTINGS["port"].allowed())
+            check("port", value, label=f"ports.{name}")  # the contract's range, the agents' too
         if len({self.scheduler, self.server, self.worker}) != 3:
             raise ValueError(f"ports must be three different TCP ports, got scheduler={self.scheduler}, "
                              f"server={self.server}, worker={self.worker}")

@@ -106,6 +106,8 @@ def node_config(
     requirements: Sequence[str] = (),
     inherit_site_packages: bool = False,
     notice_poll_interval_s: float | None = None,
+    checkpoint_every_steps: int | None = None,
+    checkpoint_every_seconds: float | None = None,
 ) -> dict[str, Any]:
     """The node config dict (schema version 1, docs/contracts.md).
 
@@ -122,6 +124,9 @@ def node_config(
     the volume (or EFS) and reused (``inherit_site_packages``: it also sees ``python``'s packages);
     none (an AMI that ships the framework): ``training.venv`` is null and ``python`` runs as it is.
     ``notice_poll_interval_s`` (seconds): written only when given; the agent's default otherwise.
+    ``checkpoint_every_steps`` / ``checkpoint_every_seconds``: the trainer's checkpoint cadence, written
+    to the ``training`` section only when given (the agent exports them to the trainer as
+    ``SPOT_TRAINING_CHECKPOINT_EVERY_STEPS`` / ``_SECONDS``); the trainer's default otherwise.
     ``monitoring``: the CloudWatch publishing section (``TrainingMonitoring.node_config()``); left out
     when None. Raises nothing; the stack validated the values.
     """
@@ -165,6 +170,10 @@ def node_config(
         config["monitoring"] = dict(monitoring)
     if notice_poll_interval_s is not None:  # else the agent's default (AWS's recommended 5 s)
         config["notice_poll_interval_s"] = notice_poll_interval_s
+    if checkpoint_every_steps is not None:  # else the trainer's default (spot_contract)
+        config["training"]["checkpoint_every_steps"] = checkpoint_every_steps
+    if checkpoint_every_seconds is not None:
+        config["training"]["checkpoint_every_seconds"] = checkpoint_every_seconds
     return config
 
 
