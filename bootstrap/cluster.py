@@ -52,7 +52,7 @@ from typing import Any, Callable, Iterable, Mapping
 
 from bootstrap import launch
 from bootstrap.errors import ConfigError
-from spot_contract import COMPLETED_FILE, SETTINGS, write_json_atomic
+from spot_contract import CLUSTER_MEMBER_TAG, COMPLETED_FILE, SETTINGS, write_json_atomic
 
 #: TCP ports of the roles: the contract's range, the one the stack validates too.
 PORTS = SETTINGS["port"]
@@ -66,7 +66,7 @@ RUNNING, CHECKPOINT, TEARDOWN, WAITING, COMPLETED = "running", "checkpoint", "te
 PLAN_STATES = (RUNNING, CHECKPOINT, TEARDOWN, WAITING, COMPLETED)
 CLUSTER_ROLES = ("scheduler", "server", "worker")
 #: Instance tag whose removal asks a worker to leave (the Dynamic Training article's mechanism).
-DEFAULT_MEMBER_TAG = "spot-training:cluster-member"
+DEFAULT_MEMBER_TAG = CLUSTER_MEMBER_TAG
 MEMBER_TAG_REMOVED = "member-tag-removed"
 
 

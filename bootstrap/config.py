@@ -224,7 +224,7 @@ def known_regions() -> frozenset[str]:
 
 #: Local mode only (docs/localmode.md, "The boot script"): the node's file-system root. The boot script
 #: writes under it, and the agent reads every file-system path of the config beneath it.
-ROOT_ENV = "SPOT_TRAINING_ROOT"
+ROOT_ENV = spot_contract.ENV_ROOT
 
 
 def with_root(data: Any, root: str | os.PathLike[str] | None) -> Any:

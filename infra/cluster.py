@@ -54,6 +54,15 @@ DEFAULT_SCHEDULER_INSTANCE_TYPE = "m5.large"
 DEFAULT_SERVER_INSTANCE_TYPE = "m5.xlarge"
 
 
+def _checked(name: str, value: Any) -> Any:
+    """``value`` checked by the contract's validator (None passes: the agent's or trainer's default).
+
+    Raises:
+        ValueError: naming the prop, the value and the allowed range.
+    """
+    return None if value is None else check(name, value)
+
+
 class Framework(enum.Enum):
     """The parameter-server engine the cluster runs."""
 
@@ -171,6 +180,9 @@ class ParameterServerCluster(constructs.Construct):
         stack_tag_value: str | None = None,
         file_system_removal_policy: cdk.RemovalPolicy = cdk.RemovalPolicy.RETAIN,
         monitoring: Mapping[str, Any] | None = None,
+        notice_poll_interval_s: float | None = None,
+        checkpoint_every_steps: int | None = None,
+        checkpoint_every_seconds: float | None = None,
     ) -> None:
         """Define the cluster.
 
@@ -215,6 +227,10 @@ class ParameterServerCluster(constructs.Construct):
             monitoring: the node config's ``monitoring`` section for every node
                 (``TrainingMonitoring.node_config()``, docs/contracts.md); default: none (nothing is
                 published). Grant the roles with ``TrainingMonitoring.grant_publish``.
+            notice_poll_interval_s: how often every node's agent polls instance metadata for a spot
+                interruption notice (seconds, the contract's range); default: the agent's (5 s).
+            checkpoint_every_steps, checkpoint_every_seconds: the trainer's checkpoint cadence (steps;
+                seconds), exported by the agents; default: the trainer's (spot_contract).
 
         Raises:
             ValueError: a count out of range or out of order (names the props and values), a
@@ -352,6 +368,9 @@ class ParameterServerCluster(constructs.Construct):
                 monitoring=monitoring,
                 requirements=requirements[role],
                 inherit_site_packages=training_inherit_site_packages,
+                notice_poll_interval_s=_checked("notice_poll_interval_s", notice_poll_interval_s),
+                checkpoint_every_steps=_checked("checkpoint_every_steps", checkpoint_every_steps),
+                checkpoint_every_seconds=_checked("checkpoint_every_seconds", checkpoint_every_seconds),
             )
             user_data[role] = self.bootstrap_asset.user_data(
                 self.node_configs[role], region=stack.region,

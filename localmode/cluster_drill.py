@@ -51,10 +51,11 @@ from localmode.netns import Network
 from localmode.nodes import LocalNode, NodeError, NodeRunner, _rewrite, _signal_group, _user_data, \
     bootstrap_asset_zip, start_agent, unpack_asset
 
-#: The cluster stack's EFS mount point (infra.cluster.EFS_MOUNT_POINT); local nodes share ``<work>/efs``.
-EFS_MOUNT_POINT = "/mnt/efs"
+# EFS_MOUNT_POINT: the cluster stack's EFS mount point (the contract's); local nodes share ``<work>/efs``.
+from spot_contract import EFS_MOUNT_POINT  # noqa: E402
+from spot_contract import STACK_TAG as STACK_TAG_KEY  # noqa: E402
+
 TRAINER_MODULE = "training.distributed.mxnet_dist"
-STACK_TAG_KEY = "spot-training:stack"
 
 
 @dataclasses.dataclass

@@ -76,8 +76,8 @@ DRILL_FRAMEWORKS: dict[str, DrillFramework] = {
     "pytorch": DrillFramework(".venv-torch/bin/python", "--save-final-weights",
                               "the model's state dict (BatchNorm buffers included) and AdamW's state"),
 }
-#: The stack's mount point (infra default); the trainer command's paths are written under it.
-MOUNT_POINT = "/dltraining"
+# MOUNT_POINT: the stack's default mount point (the contract's); the trainer command's paths are under it.
+from spot_contract import DEFAULT_MOUNT_POINT as MOUNT_POINT  # noqa: E402
 #: Digits training examples and the trainer's default batch (for planning the interruption steps).
 DIGITS_TRAIN_EXAMPLES = 1437
 _ACCURACY = re.compile(r"done: (\d+) steps, test accuracy ([0-9.]+)")

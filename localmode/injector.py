@@ -25,6 +25,7 @@ from typing import Any
 
 from localmode.deploy import STACK_TAG_KEY
 from localmode.nodes import LocalNode, NodeRunner
+from spot_contract import DATA_VOLUME_PURPOSE, PURPOSE_TAG
 
 LOG_NAME = "training_log.csv"
 #: Seconds to wait for the trainer's checkpoint after a notice: the two minutes EC2 gives.
@@ -102,7 +103,7 @@ def data_volume(aws_ec2: Any, stack: str) -> tuple[str, str] | None:
     """
     volumes = aws_ec2.describe_volumes(Filters=[
         {"Name": f"tag:{STACK_TAG_KEY}", "Values": [stack]},
-        {"Name": "tag:spot-training:purpose", "Values": ["data-volume"]},
+        {"Name": f"tag:{PURPOSE_TAG}", "Values": [DATA_VOLUME_PURPOSE]},
     ])["Volumes"]
     volumes = [v for v in volumes if v["State"] in ("available", "in-use", "creating")]
     if not volumes:

@@ -42,13 +42,15 @@ FAILED_BOOTS_TAG = "spot-training:failed-boots"
 BOOT_ERROR_TAG = "spot-training:boot-error"
 #: The agent's bookkeeping tags on the data volume, its copies and snapshots: the only tags a node
 #: may delete (infra.roles scopes ec2:DeleteTags to them).
+#: The instance that holds the data volume's lease (bootstrap/lease.py).
+LEASE_TAG = "spot-training:lease"
+#: On a moved copy and its snapshot: where it came from, how far the move got, which instance made it.
+SOURCE_VOLUME_TAG = "spot-training:source-volume"
+SOURCE_SNAPSHOT_TAG = "spot-training:source-snapshot"
+MOVE_STATE_TAG = "spot-training:move-state"
+CREATED_BY_TAG = "spot-training:created-by"
 AGENT_BOOKKEEPING_TAG_KEYS: tuple = (
-    "spot-training:lease",
-    "spot-training:source-volume",
-    "spot-training:source-snapshot",
-    "spot-training:move-state",
-    "spot-training:created-by",
-    FAILED_BOOTS_TAG,
+    LEASE_TAG, SOURCE_VOLUME_TAG, SOURCE_SNAPSHOT_TAG, MOVE_STATE_TAG, CREATED_BY_TAG, FAILED_BOOTS_TAG,
 )
 #: Tag on every cluster worker instance; removing it asks the worker to leave.
 CLUSTER_MEMBER_TAG = "spot-training:cluster-member"
@@ -198,14 +200,16 @@ def check(name: str, value: Any, *, label: Optional[str] = None) -> Any:
 
 
 # ---- files other processes read ------------------------------------------------------------------
-def write_json_atomic(path: "str | os.PathLike[str]", payload: Mapping[str, Any], *, tmp_prefix: str = ".tmp-") -> None:
+def write_json_atomic(path: "str | os.PathLike[str]", payload: Mapping[str, Any], *, tmp_prefix: str = ".tmp-",
+                      tmp_suffix: Optional[str] = None) -> None:
     """Write ``payload`` as JSON to ``path`` so that a reader (another process, another node on EFS)
     sees the old file or the new one, never half of one, and the new one survives a power cut: a
-    temporary file ``<tmp_prefix><name>-<pid>-<random>`` beside it, fsync, ``os.replace``, fsync of the
-    directory (the rename is durable only then; rename(2), fsync(2)). The temporary file is removed
-    on any exception, which is re-raised."""
+    temporary file ``<tmp_prefix><name>-<tmp_suffix>`` (default suffix ``<pid>-<random>``) beside it,
+    fsync, ``os.replace``, fsync of the directory (the rename is durable only then; rename(2),
+    fsync(2)). The temporary file is removed on any exception, which is re-raised."""
     path = Path(path)
-    tmp = path.with_name(f"{tmp_prefix}{path.name}-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    suffix = tmp_suffix if tmp_suffix is not None else f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    tmp = path.with_name(f"{tmp_prefix}{path.name}-{suffix}")
     try:
         with open(tmp, "w", encoding="utf-8") as handle:
             json.dump(payload, handle, indent=1, sort_keys=True)

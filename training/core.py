@@ -52,6 +52,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+import spot_contract
 from training.datasets import default_checkpoint_dir
 from training.notice import NoticeHandler, SaveSchedule
 from training.store import (
@@ -83,10 +84,11 @@ __all__ = [
     "renamed_option",
 ]
 
-EVERY_STEPS_ENV = "SPOT_TRAINING_CHECKPOINT_EVERY_STEPS"
-EVERY_SECONDS_ENV = "SPOT_TRAINING_CHECKPOINT_EVERY_SECONDS"
-#: Steps between checkpoints when neither the caller nor the environment says otherwise.
-DEFAULT_EVERY_STEPS = 50
+EVERY_STEPS_ENV = spot_contract.ENV_CHECKPOINT_EVERY_STEPS
+EVERY_SECONDS_ENV = spot_contract.ENV_CHECKPOINT_EVERY_SECONDS
+#: Steps between checkpoints when neither the caller nor the environment says otherwise (the
+#: contract's one default of ``checkpoint_every_steps``).
+DEFAULT_EVERY_STEPS = spot_contract.default("checkpoint_every_steps")
 #: Checkpoints kept in the directory (>= 2, so that a corrupt newest one has a predecessor).
 DEFAULT_KEEP = 3
 #: File holding the Python ``random`` and numpy global generator states inside a checkpoint.
@@ -96,10 +98,10 @@ DEFAULT: Any = object()
 #: Exit status of a trainer whose checkpoint storage is full or unusable (docs/contracts.md, "Trainer
 #: exit codes"): the node agent's supervisor does not restart it, since every restart would fail the
 #: same way.
-CHECKPOINT_STORAGE_EXIT_CODE = 74
+CHECKPOINT_STORAGE_EXIT_CODE = spot_contract.EXIT_CHECKPOINT_STORAGE
 #: Exit status of a trainer whose checkpoint cannot serve this job (another framework's, another
 #: adapter's, another model's): permanent as well; nothing in the directory is changed.
-CHECKPOINT_MISMATCH_EXIT_CODE = 78
+CHECKPOINT_MISMATCH_EXIT_CODE = spot_contract.EXIT_CHECKPOINT_MISMATCH
 
 
 class CheckpointDiskFullError(CheckpointError, OSError):
@@ -107,29 +109,24 @@ class CheckpointDiskFullError(CheckpointError, OSError):
     known) and the bytes free; the previous checkpoints are untouched."""
 
 
-def _env_number(name: str, kind: type, minimum: float) -> int | float | None:
-    raw = os.environ.get(name, "").strip()
-    if not raw:
-        return None
-    try:
-        value = kind(raw)
-    except ValueError:
-        raise ValueError(f"${name} must be {'an integer' if kind is int else 'a number'} >= {minimum}. "
-                         f"Received: {name}={raw!r}") from None
-    if value < minimum:
-        raise ValueError(f"${name} must be >= {minimum}. Received: {name}={raw!r}")
-    return value
+def _env_setting(env: str, name: str) -> int | float | None:
+    """``$env`` checked by the contract's validator for setting ``name`` (the one the stack and the
+    agent run), or None when unset or empty. ValueError names the variable, the value and the range."""
+    raw = os.environ.get(env, "").strip()
+    return spot_contract.check(name, raw, label=f"${env}") if raw else None
 
 
 def default_every_steps() -> int:
-    """``$SPOT_TRAINING_CHECKPOINT_EVERY_STEPS`` (an integer >= 1) or 50. ValueError names a bad value."""
-    value = _env_number(EVERY_STEPS_ENV, int, 1)
+    """``$SPOT_TRAINING_CHECKPOINT_EVERY_STEPS`` (an integer >= 1) or the contract's default (50).
+    ValueError names a bad value."""
+    value = _env_setting(EVERY_STEPS_ENV, "checkpoint_every_steps")
     return DEFAULT_EVERY_STEPS if value is None else int(value)
 
 
 def default_every_seconds() -> float | None:
-    """``$SPOT_TRAINING_CHECKPOINT_EVERY_SECONDS`` (seconds, > 0) or None (no time-based saves)."""
-    value = _env_number(EVERY_SECONDS_ENV, float, 0.001)
+    """``$SPOT_TRAINING_CHECKPOINT_EVERY_SECONDS`` (seconds, the contract's range) or None (no
+    time-based saves, the contract's default). ValueError names a bad value."""
+    value = _env_setting(EVERY_SECONDS_ENV, "checkpoint_every_seconds")
     return None if value is None else float(value)
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from training.core import DEFAULT_EVERY_STEPS, default_every_steps
 from training.datasets import batch_indices, default_log_dir
 
 __all__ = ["parse_args", "global_batch", "global_batch_size", "worker_shard", "StepLog", "write_result", "node_id",
@@ -43,7 +44,9 @@ def parse_args(argv=None, *, description: str) -> argparse.Namespace:
                    help="linear learning-rate scaling by worker count with warm-up (training.distributed.lr)")
     p.add_argument("--warmup-steps", type=int, default=20, help="warm-up steps of --scale-lr (default 20)")
     p.add_argument("--hidden", type=int, default=64, help="hidden units of the MLP (default 64)")
-    p.add_argument("--save-every-steps", type=int, default=25, help="checkpoint cadence (default 25)")
+    p.add_argument("--save-every-steps", type=int, default=None,
+                   help="checkpoint cadence in steps (0: off; default: $SPOT_TRAINING_CHECKPOINT_EVERY_STEPS or "
+                        f"{DEFAULT_EVERY_STEPS})")
     p.add_argument("--min-step-seconds", type=float, default=0.0,
                    help="pace steps to take at least this long (tests and benchmarks: room for events)")
     p.add_argument("--seed", type=int, default=0)
@@ -51,6 +54,11 @@ def parse_args(argv=None, *, description: str) -> argparse.Namespace:
     p.add_argument("--checkpoint-dir", type=Path, default=None, help="default $SPOT_TRAINING_CHECKPOINT_DIR")
     p.add_argument("--log-dir", type=Path, default=None, help="default $SPOT_TRAINING_LOG_DIR")
     args = p.parse_args(argv)
+    if args.save_every_steps is None:  # the node config's cadence (the agent's environment), else the contract's
+        try:
+            args.save_every_steps = default_every_steps()
+        except ValueError as exc:
+            p.error(str(exc))
     for name in ("steps", "batch_size", "hidden"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")

@@ -37,7 +37,8 @@ if __package__ in (None, ""):  # run as a script: make `training` importable fro
 
 import numpy as np
 
-from training.core import cadence_flag, run_script
+from spot_contract import TRAINING_LOG_FILE
+from training.core import DEFAULT_EVERY_STEPS, cadence_flag, run_script
 from training.datasets import (
     batch_indices,
     default_data_dir,
@@ -47,7 +48,7 @@ from training.datasets import (
 )
 
 LOG_FIELDS = ("step", "epoch", "loss", "accuracy", "wall_time")
-LOG_NAME = "training_log.csv"
+LOG_NAME = TRAINING_LOG_FILE
 
 
 def build_net(*, channels: int = 16, blocks: int = 2, classes: int = 10, width: int | None = None):
@@ -90,7 +91,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--learning-rate", type=float, default=1e-3, help="Adam learning rate (default 1e-3)")
     parser.add_argument("--save-every-steps", type=int, default=None,
-                        help="checkpoint cadence in steps (0: off; default: $SPOT_TRAINING_CHECKPOINT_EVERY_STEPS or 50)")
+                        help=f"checkpoint cadence in steps (0: off; default: $SPOT_TRAINING_CHECKPOINT_EVERY_STEPS or {DEFAULT_EVERY_STEPS})")
     parser.add_argument("--save-every-seconds", type=float, default=None,
                         help="checkpoint cadence in seconds (default: $SPOT_TRAINING_CHECKPOINT_EVERY_SECONDS or off)")
     parser.add_argument("--keep", type=int, default=3, help="checkpoints kept (>= 2)")

@@ -48,7 +48,8 @@ if __package__ in (None, ""):  # run as a script: make `training` importable fro
 
 import numpy as np
 
-from training.core import cadence_flag, run_script
+from spot_contract import PROGRESS_FILE, TRAINING_LOG_FILE
+from training.core import DEFAULT_EVERY_STEPS, cadence_flag, run_script
 from training.datasets import default_data_dir, default_log_dir, load_digits, steps_per_epoch
 
 #: When the checkpoint directory or its content cannot serve this run, restarting cannot help: the
@@ -57,7 +58,7 @@ from training.datasets import default_data_dir, default_log_dir, load_digits, st
 #: ``training.core.checkpoint_exit_code`` says (docs/contracts.md); nothing in the directory is
 #: changed or deleted.
 LOG_FIELDS = ("step", "epoch", "loss", "accuracy", "wall_time")
-LOG_NAME = "training_log.csv"
+LOG_NAME = TRAINING_LOG_FILE
 
 
 def build_model(*, channels: int = 16, blocks: int = 2, classes: int = 10, dropout: float = 0.1, width: int = 0):
@@ -115,7 +116,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--batch-size", type=int, default=32, help="examples per step on each rank")
     parser.add_argument("--learning-rate", type=float, default=3e-3, help="OneCycleLR peak learning rate of AdamW")
     parser.add_argument("--save-every-steps", type=int, default=None,
-                        help="checkpoint cadence in steps (0: off; default: $SPOT_TRAINING_CHECKPOINT_EVERY_STEPS or 50)")
+                        help=f"checkpoint cadence in steps (0: off; default: $SPOT_TRAINING_CHECKPOINT_EVERY_STEPS or {DEFAULT_EVERY_STEPS})")
     parser.add_argument("--save-every-seconds", type=float, default=None,
                         help="checkpoint cadence in seconds (default: $SPOT_TRAINING_CHECKPOINT_EVERY_SECONDS or off)")
     parser.add_argument("--keep", type=int, default=3, help="checkpoints kept (>= 2)")
@@ -233,7 +234,7 @@ def train(argv=None) -> int:
         if new:
             writer.writerow(LOG_FIELDS)
         # docs/contracts.md: progress.json tells the node agent (and `spot-train status`) the total.
-        progress = log_path.with_name("progress.json")
+        progress = log_path.with_name(PROGRESS_FILE)
         tmp = progress.with_name(".progress.json.tmp")
         tmp.write_text(json.dumps({"steps_total": total_steps}))
         os.replace(tmp, progress)
