@@ -42,7 +42,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from .preflight import EXIT_FAILED, Target, default_client_factory, exit_code, format_checks, run_checks
+from infra.preflight import EXIT_FAILED, Target, default_client_factory, exit_code, format_checks, run_checks
 
 FLEET_TAG = "aws:ec2spot:fleet-request-id"
 #: Small, cheap single-GPU types the current Deep Learning Base AMI supports (docs/infra.md).
@@ -183,7 +183,7 @@ class AwsDrill:
     # ---- steps -------------------------------------------------------------------------------------
     def preflight(self) -> None:
         self.step("preflight", "service-linked roles, spot vCPU quota, AMI parameter, capacity")
-        from .config import DEFAULT_AMI_SSM_PARAMETER
+        from infra.config import DEFAULT_AMI_SSM_PARAMETER
 
         given = dict(item.partition("=")[::2] for item in self.o.context)
         checks = run_checks(Target(self.o.region, self.o.instance_types, 1,
@@ -340,6 +340,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 if __name__ == "__main__":  # pragma: no cover
-    parser = argparse.ArgumentParser(prog="python -m infra.aws_drill")
+    parser = argparse.ArgumentParser(prog="python -m localmode.aws_drill")
     add_arguments(parser)
     sys.exit(run(parser.parse_args()))
