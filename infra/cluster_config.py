@@ -75,6 +75,8 @@ CLUSTER_CONTEXT_KEYS: tuple[ContextKey, ...] = (
                + "; ".join(f"{f.value}: {', '.join(FRAMEWORK_CPU_REQUIREMENTS[f.value])}" for f in Framework) + "); else none; `[]`: none"),
 )
 _CLUSTER_KEY_NAMES = tuple(k.name for k in CLUSTER_CONTEXT_KEYS)
+#: Cluster context keys whose limits are the contract's (spot_contract.SETTINGS): key -> setting.
+CLUSTER_CONTRACT_SETTINGS: dict[str, str] = {f"cluster_{role}_port": "port" for role in ("scheduler", "server", "worker")}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -183,6 +183,15 @@ CONTEXT_KEYS: tuple[ContextKey, ...] = (
     ContextKey("notification_email", None, "-", "e-mail address told (SNS, encrypted topic) when training completes, fails, hangs or waits for capacity; default: no topic"),
 )
 _KEY_NAMES = tuple(k.name for k in CONTEXT_KEYS)
+#: Context keys whose default and limits are the contract's (spot_contract.SETTINGS): key -> setting.
+CONTRACT_SETTINGS: dict[str, str] = {
+    "keep_snapshots": "keep_snapshots",
+    "volume_initialization_rate_mibps": "initialization_rate_mibps",
+    "notice_poll_interval_s": "notice_poll_interval_s",
+    "checkpoint_every_steps": "checkpoint_every_steps",
+    "checkpoint_every_seconds": "checkpoint_every_seconds",
+    "monitoring_interval_s": "monitoring_interval_s",
+}
 
 
 def _bad(key: str, value: Any, allowed: str) -> ValueError:
