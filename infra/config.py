@@ -106,14 +106,20 @@ def _range(name: str) -> str:
     return f"{setting.minimum:g}.." + (f"{setting.maximum:g}" if setting.maximum is not None else "")
 
 
-def contract_setting(key: str, value: Any, name: str | None = None) -> Any:
+def contract_setting(key: str, value: Any, name: str | None = None, *, or_none: bool = False) -> Any:
     """Context key ``key`` checked by the contract's validator (``spot_contract.check`` of setting
     ``name``, default ``key``), the one the agent runs at boot, so synth and boot accept the same values.
+    ``or_none``: the message adds that ``none`` is allowed too (the caller handles it).
 
     Raises:
         ValueError: naming the context key, the value and what is allowed.
     """
-    return spot_contract.check(name or key, value, label=f"context key {key!r}")
+    try:
+        return spot_contract.check(name or key, value, label=f"context key {key!r}")
+    except spot_contract.SettingError as exc:
+        if not or_none:
+            raise
+        raise _bad(key, value, exc.allowed + ", or none") from None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -504,7 +510,7 @@ class StackSettings:
         elif isinstance(rate, str) and rate.strip().lower() in ("none", "null", ""):
             out["volume_initialization_rate_mibps"] = None
         else:
-            out["volume_initialization_rate_mibps"] = contract_setting("volume_initialization_rate_mibps", rate, "initialization_rate_mibps")
+            out["volume_initialization_rate_mibps"] = contract_setting("volume_initialization_rate_mibps", rate, "initialization_rate_mibps", or_none=True)
         for key in ("cancel_fleet_on_success", "efs", "retain_data", "pin_to_volume_az", "fis_drill", "monitoring",
                     "training_inherit_site_packages"):
             if v[key] is not None:
