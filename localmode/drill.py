@@ -38,6 +38,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import spot_contract
 from localmode.deploy import CdkCli, clients, find_orphans, local_context, stack_resources
 from localmode.injector import LOG_NAME, Interruption, InterruptionInjector, read_training_log
 from localmode.moto_server import MotoServer
@@ -97,7 +98,7 @@ class DrillOptions:
         epochs: trainer epochs over the digits (default 30: 1,320 steps of 32 examples).
         batch_size: trainer batch size (default 32).
         seed: trainer seed, and the random AZ seed (default 0).
-        save_every_steps: trainer checkpoint cadence in steps (default 50).
+        save_every_steps: trainer checkpoint cadence in steps (default: the contract's, 50).
         baseline: run the uninterrupted baseline and compare weights (default True).
         timeout_s: the longest the training phase may take (default 900 s).
         framework: ``tensorflow`` (default), ``mxnet`` or ``pytorch``: deployed with
@@ -120,7 +121,7 @@ class DrillOptions:
     epochs: int = 30
     batch_size: int = 32
     seed: int = 0
-    save_every_steps: int = 50
+    save_every_steps: int = spot_contract.default("checkpoint_every_steps")
     baseline: bool = True
     timeout_s: float = 900.0
     framework: str = "tensorflow"
