@@ -68,6 +68,8 @@ __all__ = [
     "CHECKPOINT_MISMATCH_EXIT_CODE",
     "CHECKPOINT_STORAGE_EXIT_CODE",
     "cadence_flag",
+    "add_checkpoint_arguments",
+    "check_checkpoint_arguments",
     "checkpoint_exit_code",
     "run_script",
     "CheckpointDriver",
@@ -151,6 +153,32 @@ def cadence_flag(value: float | None) -> Any:
     if value is None:
         return DEFAULT
     return value or None
+
+
+def add_checkpoint_arguments(parser: Any) -> None:
+    """Add the flags every example trainer shares to an ``argparse.ArgumentParser``: the cadence
+    ``--save-every-steps`` (0: off) and ``--save-every-seconds`` with no default of their own (None:
+    the agent's environment, else the contract's default; pass them through :func:`cadence_flag`),
+    ``--keep`` (checkpoints kept, default :data:`DEFAULT_KEEP`), ``--sync`` (synchronous saves), and
+    ``--data-dir`` / ``--checkpoint-dir`` / ``--log-dir`` (default: the ``SPOT_TRAINING_*`` environment).
+    Check them after parsing with :func:`check_checkpoint_arguments`."""
+    parser.add_argument("--save-every-steps", type=int, default=None,
+                        help=f"checkpoint cadence in steps (0: off; default: ${EVERY_STEPS_ENV} or {DEFAULT_EVERY_STEPS})")
+    parser.add_argument("--save-every-seconds", type=float, default=None,
+                        help=f"checkpoint cadence in seconds (default: ${EVERY_SECONDS_ENV} or off)")
+    parser.add_argument("--keep", type=int, default=DEFAULT_KEEP, help="checkpoints kept (>= 2)")
+    parser.add_argument("--sync", action="store_true", help="synchronous saves (default: background)")
+    parser.add_argument("--data-dir", type=Path, default=None, help="default $SPOT_TRAINING_DATA_DIR")
+    parser.add_argument("--checkpoint-dir", type=Path, default=None, help="default $SPOT_TRAINING_CHECKPOINT_DIR")
+    parser.add_argument("--log-dir", type=Path, default=None, help="default $SPOT_TRAINING_LOG_DIR")
+
+
+def check_checkpoint_arguments(parser: Any, args: Any) -> None:
+    """Exit 2 through ``parser.error`` naming a bad flag of :func:`add_checkpoint_arguments`."""
+    if args.keep < 1:
+        parser.error(f"--keep must be >= 1, got {args.keep}")
+    if args.save_every_steps is not None and args.save_every_steps < 0:
+        parser.error(f"--save-every-steps must be >= 0 (0 turns step-based saves off), got {args.save_every_steps}")
 
 
 def checkpoint_exit_code(err: BaseException) -> int | None:
