@@ -35,6 +35,7 @@ from .config import (
     _as_list,
     _bad,
     contract_setting,
+    instance_types,
     training_requirements,
 )
 from .fleet import DEFAULT_INSTANCE_TYPES, validate_instance_type
@@ -161,14 +162,7 @@ class ClusterSettings:
             if v[key] is not None:
                 out[field] = validate_instance_type(v[key], prop=f"context key {key!r}")
         if v["cluster_worker_instance_types"] is not None:
-            if v["cluster_worker_instance_types"] in ([], ""):
-                raise _bad("cluster_worker_instance_types", v["cluster_worker_instance_types"], "a non-empty list of EC2 instance types such as g5.xlarge")
-            types = _as_list("cluster_worker_instance_types", v["cluster_worker_instance_types"])
-            for t in types:
-                validate_instance_type(t, prop="context key 'cluster_worker_instance_types'")
-            if len(set(types)) != len(types):
-                raise _bad("cluster_worker_instance_types", v["cluster_worker_instance_types"], "distinct instance types")
-            out["worker_instance_types"] = tuple(types)
+            out["worker_instance_types"] = instance_types("cluster_worker_instance_types", v["cluster_worker_instance_types"])
 
         ports = {}
         for role in ("scheduler", "server", "worker"):

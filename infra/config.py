@@ -252,6 +252,22 @@ def _as_optional_str(key: str, value: Any, pattern: re.Pattern[str] | None, allo
     return value
 
 
+def instance_types(key: str, value: Any) -> tuple[str, ...]:
+    """Context key ``key``: a non-empty list of distinct EC2 instance types (JSON list or ``a,b``).
+
+    Raises:
+        ValueError: naming the key, the value and what is allowed.
+    """
+    if value in ([], ""):
+        raise _bad(key, value, "a non-empty list of EC2 instance types such as g5.xlarge")
+    types = _as_list(key, value)
+    for t in types:
+        validate_instance_type(t, prop=f"context key {key!r}")
+    if len(set(types)) != len(types):
+        raise _bad(key, value, "distinct instance types")
+    return tuple(types)
+
+
 _REQUIREMENT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(\[[A-Za-z0-9,._-]+\])?\s*([<>=!~]=?[^\s',;]+(,\s*[<>=!~]=?[^\s',;]+)*)?$")
 
 
@@ -426,14 +442,7 @@ class StackSettings:
             out["vpc_flow_logs"] = _as_bool("vpc_flow_logs", v["vpc_flow_logs"])
 
         if v["instance_types"] is not None:
-            if v["instance_types"] in ([], ""):
-                raise _bad("instance_types", v["instance_types"], "a non-empty list of EC2 instance types such as g5.xlarge")
-            types = _as_list("instance_types", v["instance_types"])
-            for t in types:
-                validate_instance_type(t, prop="context key 'instance_types'")
-            if len(set(types)) != len(types):
-                raise _bad("instance_types", v["instance_types"], "distinct instance types")
-            out["instance_types"] = tuple(types)
+            out["instance_types"] = instance_types("instance_types", v["instance_types"])
         if v["target_capacity"] is not None:
             out["target_capacity"] = _as_int("target_capacity", v["target_capacity"], 0, None, "(instances)")
         if v["allocation_strategy"] is not None:
