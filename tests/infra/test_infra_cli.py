@@ -179,7 +179,9 @@ def test_cli_synth_carries_the_checkpoint_cadence_and_poll_interval_to_every_nod
         assert config["training"]["checkpoint_every_steps"] == 7
         assert config["training"]["checkpoint_every_seconds"] == 600
         assert config["notice_poll_interval_s"] == 2
-        agent = parse_config({**config, "region": "us-east-1"})
+        # Tokens as a deploy resolves them: the region, and the EFS ids of the cluster's file system.
+        efs = config["efs"] and {**config["efs"], "file_system_id": "fs-0123abcd", "access_point_id": "fsap-0123abcd"}
+        agent = parse_config({**config, "region": "us-east-1", "efs": efs})
         assert (agent.training.checkpoint_every_steps, agent.notice_poll_interval_s) == (7, 2.0)
 
 
