@@ -42,6 +42,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from spot_contract import STACK_TAG
 from infra.preflight import EXIT_FAILED, Target, default_client_factory, exit_code, format_checks, run_checks
 
 FLEET_TAG = "aws:ec2spot:fleet-request-id"
@@ -209,7 +210,7 @@ class AwsDrill:
 
     def interrupt(self, template_id: str) -> str:
         experiment = self.client("fis").start_experiment(experimentTemplateId=template_id, clientToken=str(uuid.uuid4()),
-                                                         tags={"spot-training:stack": self.o.stack})
+                                                         tags={STACK_TAG: self.o.stack})
         return experiment["experiment"]["id"]
 
     def destroy(self) -> None:
