@@ -42,8 +42,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from spot_contract import STACK_TAG
 from infra.preflight import EXIT_FAILED, Target, default_client_factory, exit_code, format_checks, run_checks
+from spot_contract import STACK_TAG
 
 FLEET_TAG = "aws:ec2spot:fleet-request-id"
 #: Small, cheap single-GPU types the current Deep Learning Base AMI supports (docs/infra.md).
