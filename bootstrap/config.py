@@ -436,10 +436,8 @@ def _checkpoints_not_on_root_disk(v: "_Validator", training: TrainingConfig, vol
 
 
 def _efs(v: "_Validator", root: Mapping[str, Any]) -> EfsConfig | None:
-    if root.get("efs") is None:
-        return None
-    section = v.object(root["efs"], "efs", allowed="null or an object")
-    if section is None:
+    section = v.optional_object(root, "efs", "efs")
+    if section is None:  # null, absent or not an object (reported)
         return None
     v.keys(section, "efs", required=("file_system_id", "mount_point"), optional=("access_point_id",))
     fs_id = v.string(section, "file_system_id", "efs", pattern=_FS_ID_RE, allowed="an EFS id like 'fs-0123abcd'")
@@ -543,10 +541,8 @@ def _code(v: "_Validator", training: Mapping[str, Any]) -> CodeConfig | None:
 
 
 def _monitoring(v: "_Validator", root: Mapping[str, Any]) -> MonitoringConfig | None:
-    if root.get("monitoring") is None:
-        return None
-    section = v.object(root["monitoring"], "monitoring", allowed="null or an object")
-    if section is None:
+    section = v.optional_object(root, "monitoring", "monitoring")
+    if section is None:  # null, absent or not an object (reported)
         return None
     v.keys(section, "monitoring", required=("enabled", "log_group", "namespace"), optional=("interval_s",))
     enabled = section.get("enabled")
@@ -567,9 +563,7 @@ def _monitoring(v: "_Validator", root: Mapping[str, Any]) -> MonitoringConfig | 
 
 
 def _cleanup(v: "_Validator", root: Mapping[str, Any]) -> CleanupConfig:
-    if root.get("cleanup") is None:
-        return CleanupConfig()
-    section = v.object(root["cleanup"], "cleanup", allowed="null or an object")
+    section = v.optional_object(root, "cleanup", "cleanup")
     if section is None:
         return CleanupConfig()
     v.keys(section, "cleanup", required=(), optional=("cancel_fleet_on_success",))
@@ -601,6 +595,13 @@ class _Validator:
             self.problem(path, value, allowed)
             return None
         return value
+
+    def optional_object(self, parent: Mapping[str, Any], key: str, path: str) -> Mapping[str, Any] | None:
+        """``parent[key]`` when it is an object; None when absent or null, or when it is something
+        else (then the problem is recorded)."""
+        if parent.get(key) is None:
+            return None
+        return self.object(parent[key], path, allowed="null or an object")
 
     def keys(self, section: Mapping[str, Any], path: str, *, required: tuple[str, ...],
              optional: tuple[str, ...]) -> None:
