@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from infra.preflight import EXIT_FAILED, Target, default_client_factory, exit_code, format_checks, run_checks
-from spot_contract import STACK_TAG
+from spot_contract import DEFAULT_MOUNT_POINT, STACK_TAG
 
 FLEET_TAG = "aws:ec2spot:fleet-request-id"
 #: Small, cheap single-GPU types the current Deep Learning Base AMI supports (docs/infra.md).
@@ -64,7 +64,7 @@ class AwsDrillOptions:
     context: tuple[str, ...] = ()
     work_dir: Path = Path("out/aws-drill")
     cdk: str = "cdk"
-    mount_point: str = "/dltraining"
+    mount_point: str = DEFAULT_MOUNT_POINT
     keep_stack: bool = False
     launch_timeout_s: float = 1800.0
     progress_timeout_s: float = 3600.0

@@ -406,7 +406,7 @@ def run_drill(options: DrillOptions, *, on_event: Callable[[dict[str, Any]], Non
         if node.process.returncode != 0:
             raise DrillError(f"the last node's agent exited {node.process.returncode}; see {node.log_path}")
         _collect(node, work_dir / "results")
-        completed_file = work_dir / "results" / "COMPLETED"
+        completed_file = work_dir / "results" / spot_contract.COMPLETED_FILE
         report["completed"] = completed_file.exists()
         if report["completed"]:
             report["steps_total"] = int(json.loads(completed_file.read_text())["step"])
@@ -495,7 +495,7 @@ def _put_dataset(volume_dir: Path, config: dict[str, Any]) -> None:
 def _collect(node: Any, results: Path) -> None:
     """Copy the trainer's log, COMPLETED and final weights off the volume before destroy deletes it."""
     mount = node.mount_point
-    for source in (node.log_dir / LOG_NAME, node.checkpoint_dir / "COMPLETED", mount / FINAL_WEIGHTS):
+    for source in (node.log_dir / LOG_NAME, node.checkpoint_dir / spot_contract.COMPLETED_FILE, mount / FINAL_WEIGHTS):
         if source.exists():
             shutil.copy2(source, results / source.name)
 

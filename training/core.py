@@ -598,7 +598,7 @@ class CheckpointDriver:
                 raise CheckpointError(f"final checkpoint at step {self.step} is not in {str(self.directory)!r}; "
                                       "not writing COMPLETED")
             self.store.mark_complete(step=self.step, epoch=self.epoch_of(self.step))
-            self.log.info("training complete at step %d; wrote %s", self.step, self.directory / "COMPLETED")
+            self.log.info("training complete at step %d; wrote %s", self.step, self.directory / spot_contract.COMPLETED_FILE)
         self.adapter.barrier()
         return ckpt
 

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from spot_contract import PROGRESS_FILE, TRAINING_LOG_FILE
 from training.core import DEFAULT_EVERY_STEPS, default_every_steps
 from training.datasets import batch_indices, default_log_dir
 
@@ -28,7 +29,7 @@ __all__ = ["parse_args", "global_batch", "global_batch_size", "worker_shard", "S
 STEP_LOG_FIELDS = ("step", "generation", "rank", "num_workers", "loss", "learning_rate", "wall_time")
 #: The progress file the node agent reads and publishes (docs/contracts.md, "Signals and files between
 #: agent and trainer"): rank 0 appends one row per step, whichever node holds rank 0 in a generation.
-TRAINING_LOG = "training_log.csv"
+TRAINING_LOG = TRAINING_LOG_FILE
 TRAINING_LOG_FIELDS = ("step", "generation", "num_workers", "loss", "learning_rate", "wall_time")
 
 
@@ -137,7 +138,7 @@ class StepLog:
         if self._progress is None:
             self._progress = self._open(self.directory / TRAINING_LOG, TRAINING_LOG_FIELDS)
             if self.steps_total is not None:
-                progress = self.directory / "progress.json"
+                progress = self.directory / PROGRESS_FILE
                 tmp = progress.with_name(f".progress.json.{os.getpid()}.tmp")
                 tmp.write_text(json.dumps({"steps_total": int(self.steps_total)}))
                 os.replace(tmp, progress)
