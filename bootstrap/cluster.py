@@ -46,13 +46,16 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
 from bootstrap import launch
 from bootstrap.errors import ConfigError
+from spot_contract import CLUSTER_MEMBER_TAG, COMPLETED_FILE, SETTINGS, write_json_atomic
+
+#: TCP ports of the roles: the contract's range, the one the stack validates too.
+PORTS = SETTINGS["port"]
 
 log = logging.getLogger("bootstrap.cluster")
 
@@ -63,7 +66,7 @@ RUNNING, CHECKPOINT, TEARDOWN, WAITING, COMPLETED = "running", "checkpoint", "te
 PLAN_STATES = (RUNNING, CHECKPOINT, TEARDOWN, WAITING, COMPLETED)
 CLUSTER_ROLES = ("scheduler", "server", "worker")
 #: Instance tag whose removal asks a worker to leave (the Dynamic Training article's mechanism).
-DEFAULT_MEMBER_TAG = "spot-training:cluster-member"
+DEFAULT_MEMBER_TAG = CLUSTER_MEMBER_TAG
 MEMBER_TAG_REMOVED = "member-tag-removed"
 #: ``NodeAgent.leave_reason`` of a worker whose IMDS answered 403 (it can no longer see notices).
 IMDS_FORBIDDEN = "imds-forbidden"
@@ -119,8 +122,8 @@ def settings_from_config(section: Mapping[str, Any] | None) -> ClusterSettings:
         problems.append(f"cluster.state_dir: got {state_dir!r}; expected an absolute path on EFS, e.g. '/mnt/efs/cluster'")
     else:
         values["state_dir"] = Path(state_dir)
-    for key, minimum, maximum in (("num_servers", 1, 64), ("min_workers", 1, 1024), ("scheduler_port", 1, 65535),
-                                  ("server_port", 1, 65535), ("worker_port", 1, 65535)):
+    for key, minimum, maximum in (("num_servers", 1, 64), ("min_workers", 1, 1024), ("scheduler_port", PORTS.minimum, PORTS.maximum),
+                                  ("server_port", PORTS.minimum, PORTS.maximum), ("worker_port", PORTS.minimum, PORTS.maximum)):
         if key not in section and key != "num_servers":
             continue
         value = section.get(key)
@@ -152,18 +155,8 @@ def settings_from_config(section: Mapping[str, Any] | None) -> ClusterSettings:
 
 
 # ---- files on EFS ---------------------------------------------------------------------------------
-def write_json_atomic(path: Path, payload: Mapping[str, Any]) -> None:
-    """Temp file beside ``path``, fsync, ``os.replace``: readers on other nodes see old or new, never half."""
-    tmp = path.with_name(f".tmp-{path.name}-{os.getpid()}-{uuid.uuid4().hex[:8]}")
-    try:
-        with open(tmp, "w", encoding="utf-8") as handle:
-            json.dump(payload, handle, sort_keys=True)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+# write_json_atomic (temp file beside the path, fsync, os.replace, fsync of the directory: readers on
+# other nodes see old or new, never half) is the contract's.
 
 
 def _read_json(path: Path) -> dict | None:
@@ -519,7 +512,7 @@ class NodeAgent:
     # files
     def completed(self) -> bool:
         """True when the trainer wrote ``COMPLETED`` into the (shared) checkpoint directory."""
-        return (self.checkpoint_dir / "COMPLETED").exists()
+        return (self.checkpoint_dir / COMPLETED_FILE).exists()
 
     def _data_is_ready(self) -> bool:
         try:
@@ -767,6 +760,7 @@ def run_node(config: Any, imds: Any, *, instance_id: str, local_mode: bool,
                       checkpoint_dir=config.training.checkpoint_dir, dataset_dir=config.training.dataset_dir,
                       log_dir=config.training.log_dir,
                       monitors=[SpotInterruptionMonitor(imds), MemberTagMonitor(imds, settings.member_tag)],
+                      monitor_interval_s=config.notice_poll_interval_s,
                       netns=os.environ.get(launch.NETNS_ENV) if local_mode else None, preexec_user=user)
     previous = {sig: signal.signal(sig, lambda *_: agent.request_stop()) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:

@@ -19,25 +19,32 @@ from types import MappingProxyType
 from typing import Any, Mapping
 from urllib.parse import urlparse
 
+import spot_contract
 from bootstrap.errors import ConfigError
+# Tag keys and values are the contract's (docs/contracts.md, "Resource tags"); re-exported for the agent.
+from spot_contract import (  # noqa: F401
+    CHECKPOINTS_DIR,
+    DATA_VOLUME_PURPOSE,
+    DATASETS_DIR,
+    DEFAULT_MOUNT_POINT,
+    FAILED_BOOTS_TAG,
+    LOGS_DIR,
+    MIGRATION_SNAPSHOT_PURPOSE,
+    PERIODIC_SNAPSHOT_PURPOSE,
+    PURPOSE_TAG,
+    STACK_TAG,
+    SettingError,
+)
 
 #: The path user data writes the config to on an instance.
-DEFAULT_CONFIG_PATH = Path("/etc/spot-training/config.json")
+DEFAULT_CONFIG_PATH = Path(spot_contract.CONFIG_PATH)
 
 SCHEMA_VERSION = 1
-STACK_TAG = "spot-training:stack"
-PURPOSE_TAG = "spot-training:purpose"
-DATA_VOLUME_PURPOSE = "data-volume"
-#: Data-volume tag counting failed boots in a row (written by the boot-failure script of the user data,
-#: infra/userdata.py); the agent removes it once the trainer's environment is ready.
-FAILED_BOOTS_TAG = "spot-training:failed-boots"
-MIGRATION_SNAPSHOT_PURPOSE = "migration-snapshot"
-#: Purpose tag value of the snapshots the agent takes of the data volume while training.
-PERIODIC_SNAPSHOT_PURPOSE = "periodic-snapshot"
 #: Shortest interval between periodic snapshots, seconds.
 MIN_SNAPSHOT_INTERVAL_S = 60
 #: Valid range of EBS's Provisioned Rate for Volume Initialization, MiB/s (CreateVolume reference).
-INITIALIZATION_RATE_MIBPS = (100, 300)
+INITIALIZATION_RATE_MIBPS = (spot_contract.SETTINGS["initialization_rate_mibps"].minimum,
+                             spot_contract.SETTINGS["initialization_rate_mibps"].maximum)
 
 NODE_ROLES = ("single", "scheduler", "server", "worker")
 #: ``training.framework`` values; parameter-server cluster nodes (``node_role`` other than ``single``)
@@ -46,14 +53,9 @@ FRAMEWORKS = ("tensorflow", "mxnet", "pytorch")
 CLUSTER_FRAMEWORKS = ("tensorflow", "mxnet")
 FS_TYPES = ("xfs", "ext4")
 CODE_TYPES = ("asset", "git")
-#: Instance-metadata poll interval for notices, seconds: AWS recommends checking every 5 s
-#: (EC2 User Guide, "Spot Instance interruption notices"); the allowed range of the config key.
-DEFAULT_NOTICE_POLL_INTERVAL_S = 5.0
-MIN_NOTICE_POLL_INTERVAL_S = 0.5
-MAX_NOTICE_POLL_INTERVAL_S = 60.0
-#: Migration snapshots kept: the same range the stack's ``keep_snapshots`` context key allows
-#: (infra/config.py; docs/contracts.md, "Node config JSON").
-MIN_KEEP_SNAPSHOTS, MAX_KEEP_SNAPSHOTS = 1, 100
+#: Instance-metadata poll interval for notices, seconds (the contract's ``notice_poll_interval_s``:
+#: AWS recommends 5 s, EC2 User Guide, "Spot Instance interruption notices").
+DEFAULT_NOTICE_POLL_INTERVAL_S = spot_contract.default("notice_poll_interval_s")
 #: Deepest JSON nesting the agent reads (the contract's documents nest 4 levels; the cluster section
 #: a few more). Deeper input is refused before ``json.loads``, which would raise RecursionError.
 MAX_JSON_DEPTH = 32
@@ -71,10 +73,8 @@ _DEVICE_NAME_RE = re.compile(r"^/dev/(sd[b-z]|xvd[b-z]{1,2}|sd[b-z][1-9]?)$")
 _USER_RE = re.compile(r"^[a-z_][a-z0-9_-]{0,31}\$?$")
 _FS_ID_RE = re.compile(r"^fs-[0-9a-f]{8,40}$")
 _FSAP_ID_RE = re.compile(r"^fsap-[0-9a-f]{8,40}$")
-#: ``monitoring.interval_s`` (seconds between the publisher's rounds): default and allowed range.
-DEFAULT_MONITORING_INTERVAL_S = 10.0
-MIN_MONITORING_INTERVAL_S = 1.0
-MAX_MONITORING_INTERVAL_S = 300.0
+#: ``monitoring.interval_s`` (seconds between the publisher's rounds; the contract's ``monitoring_interval_s``).
+DEFAULT_MONITORING_INTERVAL_S = spot_contract.default("monitoring_interval_s")
 # CloudWatch Logs group names: 1-512 of letters, digits, '_-./#' (CreateLogGroup's pattern).
 _LOG_GROUP_RE = re.compile(r"^[.\-_/#A-Za-z0-9]{1,512}$")
 # CloudWatch namespaces: 1-255 of letters, digits, '.-_/#:' and space, not starting with ':' (PutMetricData).
@@ -152,6 +152,11 @@ class TrainingConfig:
     code: CodeConfig
     #: None: run ``python`` as it is (an AMI that ships the framework); else build/reuse a venv.
     venv: VenvConfig | None = None
+    #: Checkpoint cadence handed to the trainer as ``SPOT_TRAINING_CHECKPOINT_EVERY_STEPS`` /
+    #: ``_EVERY_SECONDS`` (steps >= 1; seconds); None: not exported, the trainer's default applies
+    #: (the contract's: every 50 steps, no time-based saves).
+    checkpoint_every_steps: int | None = None
+    checkpoint_every_seconds: float | None = None
 
     def argv(self, python: str | os.PathLike[str] | None = None) -> list[str]:
         """The command with every ``{python}`` placeholder replaced by ``python`` (default
@@ -219,7 +224,7 @@ def known_regions() -> frozenset[str]:
 
 #: Local mode only (docs/localmode.md, "The boot script"): the node's file-system root. The boot script
 #: writes under it, and the agent reads every file-system path of the config beneath it.
-ROOT_ENV = "SPOT_TRAINING_ROOT"
+ROOT_ENV = spot_contract.ENV_ROOT
 
 
 def with_root(data: Any, root: str | os.PathLike[str] | None) -> Any:
@@ -360,12 +365,8 @@ def parse_config(data: Any) -> AgentConfig:
             else:
                 imds_endpoint = imds_endpoint.rstrip("/")
 
-    poll = root.get("notice_poll_interval_s", DEFAULT_NOTICE_POLL_INTERVAL_S)
-    if isinstance(poll, bool) or not isinstance(poll, (int, float)) or not (
-            MIN_NOTICE_POLL_INTERVAL_S <= poll <= MAX_NOTICE_POLL_INTERVAL_S):
-        v.problem("notice_poll_interval_s", poll,
-                  f"a number of seconds from {MIN_NOTICE_POLL_INTERVAL_S} to {MAX_NOTICE_POLL_INTERVAL_S} "
-                  f"(default {DEFAULT_NOTICE_POLL_INTERVAL_S}, as AWS recommends)")
+    poll = v.setting(root, "notice_poll_interval_s", "")
+    if poll is None:
         poll = DEFAULT_NOTICE_POLL_INTERVAL_S
 
     if v.problems:
@@ -402,18 +403,16 @@ def _volume(v: "_Validator", root: Mapping[str, Any], stack_name: str | None) ->
                   "a directory of its own such as '/dltraining', not '/', a system directory "
                   f"({', '.join(sorted(SYSTEM_DIRS - {'/'}))}) or inside {', '.join(SYSTEM_TREES)}")
         mount_point = None
-    keep = v.integer(section, "keep_snapshots", "volume", minimum=MIN_KEEP_SNAPSHOTS, maximum=MAX_KEEP_SNAPSHOTS,
-                     default=2)
+    keep = v.setting(section, "keep_snapshots", "volume")
     interval = v.integer(section, "snapshot_interval_s", "volume", minimum=0, default=0)
     if interval is not None and 0 < interval < MIN_SNAPSHOT_INTERVAL_S:
         v.problem("volume.snapshot_interval_s", interval, f"0 (no periodic snapshots) or an integer >= {MIN_SNAPSHOT_INTERVAL_S} (seconds)")
         interval = None
-    rate = section.get("initialization_rate_mibps")
-    if rate is not None and (isinstance(rate, bool) or not isinstance(rate, int)
-                             or not INITIALIZATION_RATE_MIBPS[0] <= rate <= INITIALIZATION_RATE_MIBPS[1]):
-        v.problem("volume.initialization_rate_mibps", rate,
-                  f"null or an integer from {INITIALIZATION_RATE_MIBPS[0]} to {INITIALIZATION_RATE_MIBPS[1]} (MiB/s, EBS's valid range)")
-        return None
+    rate = None
+    if section.get("initialization_rate_mibps") is not None:  # null or absent: EBS's default rate
+        rate = v.setting(section, "initialization_rate_mibps", "volume", allowed_prefix="null or ")
+        if rate is None:
+            return None
     if None in (tags, device_name, mount_point, fs_type, keep, interval):
         return None
     return VolumeConfig(tags=MappingProxyType(dict(tags)), device_name=device_name, mount_point=mount_point,
@@ -437,10 +436,8 @@ def _checkpoints_not_on_root_disk(v: "_Validator", training: TrainingConfig, vol
 
 
 def _efs(v: "_Validator", root: Mapping[str, Any]) -> EfsConfig | None:
-    if root.get("efs") is None:
-        return None
-    section = v.object(root["efs"], "efs", allowed="null or an object")
-    if section is None:
+    section = v.optional_object(root, "efs", "efs")
+    if section is None:  # null, absent or not an object (reported)
         return None
     v.keys(section, "efs", required=("file_system_id", "mount_point"), optional=("access_point_id",))
     fs_id = v.string(section, "file_system_id", "efs", pattern=_FS_ID_RE, allowed="an EFS id like 'fs-0123abcd'")
@@ -460,7 +457,7 @@ def _training(v: "_Validator", root: Mapping[str, Any]) -> TrainingConfig | None
         return None
     v.keys(section, "training",
            required=("framework", "python", "command", "user", "checkpoint_dir", "code"),
-           optional=("dataset_dir", "log_dir", "venv"))
+           optional=("dataset_dir", "log_dir", "venv", "checkpoint_every_steps", "checkpoint_every_seconds"))
     framework = v.choice(section, "framework", "training", FRAMEWORKS)
     python = v.abs_path(section, "python", "training")
     command = None
@@ -475,17 +472,19 @@ def _training(v: "_Validator", root: Mapping[str, Any]) -> TrainingConfig | None
         else:
             command = tuple(raw)
     user = v.string(section, "user", "training", pattern=_USER_RE, allowed="a Unix user name, e.g. 'ubuntu'")
-    dataset_dir = v.abs_path(section, "dataset_dir", "training", default="/dltraining/datasets")
+    dataset_dir = v.abs_path(section, "dataset_dir", "training", default=f"{DEFAULT_MOUNT_POINT}/{DATASETS_DIR}")
     checkpoint_dir = v.abs_path(section, "checkpoint_dir", "training")
-    log_dir = v.abs_path(section, "log_dir", "training", default="/dltraining/logs")
+    log_dir = v.abs_path(section, "log_dir", "training", default=f"{DEFAULT_MOUNT_POINT}/{LOGS_DIR}")
+    cadence = {key: v.setting(section, key, "training", default=None)
+               for key in ("checkpoint_every_steps", "checkpoint_every_seconds") if section.get(key) is not None}
     code = _code(v, section)
     venv = _venv(v, section)
     values = (framework, python, command, user, dataset_dir, checkpoint_dir, log_dir, code)
-    if any(x is None for x in values) or venv is False:
+    if any(x is None for x in values) or venv is False or None in cadence.values():
         return None
     return TrainingConfig(framework=framework, python=python, command=command, user=user,
                           dataset_dir=dataset_dir, checkpoint_dir=checkpoint_dir, log_dir=log_dir, code=code,
-                          venv=venv or None)
+                          venv=venv or None, **cadence)
 
 
 # A pip requirement specifier as the stack accepts it (infra/config.py): a name, optional extras, optional
@@ -542,10 +541,8 @@ def _code(v: "_Validator", training: Mapping[str, Any]) -> CodeConfig | None:
 
 
 def _monitoring(v: "_Validator", root: Mapping[str, Any]) -> MonitoringConfig | None:
-    if root.get("monitoring") is None:
-        return None
-    section = v.object(root["monitoring"], "monitoring", allowed="null or an object")
-    if section is None:
+    section = v.optional_object(root, "monitoring", "monitoring")
+    if section is None:  # null, absent or not an object (reported)
         return None
     v.keys(section, "monitoring", required=("enabled", "log_group", "namespace"), optional=("interval_s",))
     enabled = section.get("enabled")
@@ -559,21 +556,14 @@ def _monitoring(v: "_Validator", root: Mapping[str, Any]) -> MonitoringConfig | 
     if namespace is not None and namespace.startswith("AWS/"):
         v.problem("monitoring.namespace", namespace, "a namespace of our own; 'AWS/' is reserved for AWS services")
         namespace = None
-    interval = section.get("interval_s", DEFAULT_MONITORING_INTERVAL_S)
-    if isinstance(interval, bool) or not isinstance(interval, (int, float)) or not (
-            MIN_MONITORING_INTERVAL_S <= interval <= MAX_MONITORING_INTERVAL_S):
-        v.problem("monitoring.interval_s", interval, f"a number of seconds from {MIN_MONITORING_INTERVAL_S:g} to "
-                  f"{MAX_MONITORING_INTERVAL_S:g} (default {DEFAULT_MONITORING_INTERVAL_S:g})")
-        interval = None
+    interval = v.setting(section, "interval_s", "monitoring", name="monitoring_interval_s")
     if enabled is None or log_group is None or namespace is None or interval is None:
         return None
     return MonitoringConfig(enabled=enabled, log_group=log_group, namespace=namespace, interval_s=float(interval))
 
 
 def _cleanup(v: "_Validator", root: Mapping[str, Any]) -> CleanupConfig:
-    if root.get("cleanup") is None:
-        return CleanupConfig()
-    section = v.object(root["cleanup"], "cleanup", allowed="null or an object")
+    section = v.optional_object(root, "cleanup", "cleanup")
     if section is None:
         return CleanupConfig()
     v.keys(section, "cleanup", required=(), optional=("cancel_fleet_on_success",))
@@ -605,6 +595,13 @@ class _Validator:
             self.problem(path, value, allowed)
             return None
         return value
+
+    def optional_object(self, parent: Mapping[str, Any], key: str, path: str) -> Mapping[str, Any] | None:
+        """``parent[key]`` when it is an object; None when absent or null, or when it is something
+        else (then the problem is recorded)."""
+        if parent.get(key) is None:
+            return None
+        return self.object(parent[key], path, allowed="null or an object")
 
     def keys(self, section: Mapping[str, Any], path: str, *, required: tuple[str, ...],
              optional: tuple[str, ...]) -> None:
@@ -652,6 +649,24 @@ class _Validator:
                          f"an integer >= {minimum}" + ("" if maximum is None else f" and <= {maximum}"))
             return None
         return value
+
+    def setting(self, section: Mapping[str, Any], key: str, parent: str, *, name: str | None = None,
+                default: Any = _MISSING, allowed_prefix: str = "") -> Any:
+        """A number the contract defines (:data:`spot_contract.SETTINGS` ``name``, default ``key``),
+        checked by the contract's one validator so that the stack and the agent accept the same values.
+        A JSON number only (text is refused here, unlike in ``cdk.json``). Absent: ``default`` (default:
+        the contract's). Bad: the problem is recorded and None returned."""
+        name = name or key
+        if key not in section:
+            return spot_contract.default(name) if default is self._MISSING else default
+        value = section[key]
+        try:
+            if isinstance(value, str):
+                raise SettingError(name, value, spot_contract.SETTINGS[name].allowed())
+            return spot_contract.check(name, value)
+        except SettingError as exc:
+            self.problem(self._join(parent, key), value, allowed_prefix + exc.allowed)
+            return None
 
     def abs_path(self, section: Mapping[str, Any], key: str, parent: str, default: str | None = None) -> Path | None:
         value = section.get(key, default)

@@ -59,11 +59,8 @@ from bootstrap.config import (
 from bootstrap.errors import ConfigError, TemporaryError
 from bootstrap.lease import LEASE_TAG, Lease, VolumeLease, lease_of
 from bootstrap.retry import Deadline, RetryPolicy, call_with_retry, error_code
+from spot_contract import CREATED_BY_TAG, MOVE_STATE_TAG, SOURCE_SNAPSHOT_TAG, SOURCE_VOLUME_TAG  # tag keys: the contract's
 
-SOURCE_VOLUME_TAG = "spot-training:source-volume"
-SOURCE_SNAPSHOT_TAG = "spot-training:source-snapshot"
-MOVE_STATE_TAG = "spot-training:move-state"
-CREATED_BY_TAG = "spot-training:created-by"
 COPYING = "copying"
 VERIFIED = "verified"
 ABANDONED = "abandoned"

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from enum import IntEnum
 
+import spot_contract
+
 
 class ExitCode(IntEnum):
     """Process exit status of ``python3 -m bootstrap``.
@@ -24,10 +26,10 @@ class ExitCode(IntEnum):
     """
 
     OK = 0
-    UNAVAILABLE = 69
-    CHECKPOINT_STORAGE = 74
-    TEMPFAIL = 75
-    CONFIG = 78
+    UNAVAILABLE = spot_contract.EXIT_UNAVAILABLE
+    CHECKPOINT_STORAGE = spot_contract.EXIT_CHECKPOINT_STORAGE
+    TEMPFAIL = spot_contract.EXIT_TEMPFAIL
+    CONFIG = spot_contract.EXIT_CONFIG
 
 
 class AgentError(Exception):

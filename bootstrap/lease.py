@@ -36,8 +36,8 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from bootstrap.errors import TemporaryError
+from spot_contract import LEASE_TAG  # tag keys: the contract's
 
-LEASE_TAG = "spot-training:lease"
 
 
 @dataclass(frozen=True)

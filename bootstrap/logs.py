@@ -20,10 +20,11 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
+from spot_contract import AGENT_LOG_FILE
+
 #: The agent's logger name; modules log through children (``bootstrap.ebs``, ...).
 LOGGER_NAME = "bootstrap"
-#: File name of the agent's log on the data volume, inside ``training.log_dir``.
-AGENT_LOG_FILE = "agent.jsonl"
+# AGENT_LOG_FILE: the agent's log on the data volume, inside ``training.log_dir`` (the contract's name).
 REDACTED = "<redacted>"
 
 # Attributes every LogRecord has; everything else on a record came from ``extra=``.

@@ -42,6 +42,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from bootstrap.config import AgentConfig, MonitoringConfig
+# The trainer's files the publisher reads (docs/contracts.md): the contract's names.
+from spot_contract import COMPLETED_FILE, LATEST_FILE, PROGRESS_FILE, TRAINING_LOG_FILE
 from bootstrap.logs import JsonLineFormatter
 
 log = logging.getLogger(__name__)
@@ -64,10 +66,7 @@ METRICS: dict[str, str] = {
     "TrainerFailed": "Count",              # 1 when the agent gave up on a crashing trainer
     "RunningInstances": "Count",           # 1 per round per running agent
 }
-LOG_NAME = "training_log.csv"
-PROGRESS_FILE = "progress.json"
-LATEST_FILE = "LATEST"
-COMPLETED_FILE = "COMPLETED"
+LOG_NAME = TRAINING_LOG_FILE
 #: PutLogEvents limits (CloudWatch Logs API Reference).
 MAX_EVENTS_PER_CALL = 10_000
 MAX_BYTES_PER_CALL = 1_048_576

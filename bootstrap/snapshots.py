@@ -26,9 +26,8 @@ import threading
 from typing import Any
 
 from bootstrap.config import PERIODIC_SNAPSHOT_PURPOSE, PURPOSE_TAG, STACK_TAG, VolumeConfig
+from spot_contract import CREATED_BY_TAG, SOURCE_VOLUME_TAG  # tag keys: the contract's
 
-SOURCE_VOLUME_TAG = "spot-training:source-volume"
-CREATED_BY_TAG = "spot-training:created-by"
 
 
 class PeriodicSnapshots:

@@ -47,19 +47,24 @@ from bootstrap import trainer_env
 from bootstrap.config import AgentConfig
 from bootstrap.errors import AgentError, ConfigError, ExitCode, TemporaryError
 from bootstrap.safepath import UnsafePathError, open_directory, write_file_replacing
+# File and environment variable names are the contract's (docs/contracts.md); re-exported for callers.
+from spot_contract import (  # noqa: F401
+    CHECKPOINT_REQUEST_FILE,
+    COMPLETED_FILE,
+    ENV_CHECKPOINT_DIR,
+    ENV_CHECKPOINT_EVERY_SECONDS,
+    ENV_CHECKPOINT_EVERY_STEPS,
+    ENV_DATA_DIR,
+    ENV_LOG_DIR,
+)
+from spot_contract import ENV_CHECKPOINT_REQUEST_FILE as ENV_REQUEST_FILE
 
 if TYPE_CHECKING:
     from bootstrap.interruption import InterruptionWatcher
 
 log = logging.getLogger(__name__)
 
-COMPLETED_FILE = "COMPLETED"
-CHECKPOINT_REQUEST_FILE = "CHECKPOINT_REQUEST"
 WORKSPACE_DIR = "workspace"
-ENV_DATA_DIR = "SPOT_TRAINING_DATA_DIR"
-ENV_CHECKPOINT_DIR = "SPOT_TRAINING_CHECKPOINT_DIR"
-ENV_LOG_DIR = "SPOT_TRAINING_LOG_DIR"
-ENV_REQUEST_FILE = "SPOT_TRAINING_CHECKPOINT_REQUEST_FILE"
 
 
 _UNSET = object()
@@ -318,8 +323,10 @@ class Supervisor:
         return None if account is None else (account.pw_uid, account.pw_gid)
 
     def trainer_environment(self) -> dict[str, str]:
-        """The trainer's environment: the base environment plus the four SPOT_TRAINING_* variables (and
-        HOME/USER/LOGNAME of the training user when privileges are dropped)."""
+        """The trainer's environment: the base environment plus the four SPOT_TRAINING_* directory and
+        request-file variables, the checkpoint cadence ``SPOT_TRAINING_CHECKPOINT_EVERY_STEPS`` /
+        ``_EVERY_SECONDS`` where the node config's ``training`` section sets it (else the trainer's
+        default applies), and HOME/USER/LOGNAME of the training user when privileges are dropped."""
         env = dict(self.environ)
         env.update({
             ENV_DATA_DIR: str(self.training.dataset_dir),
@@ -328,6 +335,10 @@ class Supervisor:
             ENV_REQUEST_FILE: str(self.request_file),
             "PYTHONUNBUFFERED": "1",
         })
+        if self.training.checkpoint_every_steps is not None:
+            env[ENV_CHECKPOINT_EVERY_STEPS] = str(self.training.checkpoint_every_steps)
+        if self.training.checkpoint_every_seconds is not None:
+            env[ENV_CHECKPOINT_EVERY_SECONDS] = f"{self.training.checkpoint_every_seconds:g}"
         account = self._account()
         if account is not None:
             env.update({"HOME": account.pw_dir, "USER": account.pw_name, "LOGNAME": account.pw_name})

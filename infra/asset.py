@@ -1,4 +1,4 @@
-"""``BootstrapAsset``: the node code (``bootstrap/`` and ``training/``) as one CDK S3 asset."""
+"""``BootstrapAsset``: the node code (``spot_contract/``, ``bootstrap/`` and ``training/``) as one CDK S3 asset."""
 
 from __future__ import annotations
 
@@ -22,9 +22,9 @@ BOTO3_REQUIREMENT = "boto3>=1.34,<2"
 ARCHIVE_PATH = "/opt/spot-training/bootstrap.zip"
 
 #: The project root when running from a checkout, or site-packages when pip-installed: both hold
-#: ``bootstrap/`` and ``training/`` beside ``infra/``.
+#: ``spot_contract/``, ``bootstrap/`` and ``training/`` beside ``infra/``.
 DEFAULT_ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_PACKAGES: tuple[str, ...] = ("bootstrap", "training")
+DEFAULT_PACKAGES: tuple[str, ...] = ("spot_contract", "bootstrap", "training")
 #: Left out of the asset: tests, bytecode, editor and build droppings.
 EXCLUDED = ("tests", "__pycache__", "*.pyc", "*.pyo", ".pytest_cache", "*.egg-info")
 
@@ -71,7 +71,7 @@ class BootstrapAsset(constructs.Construct):
 
         Args:
             root: directory holding the packages; default: the directory above ``infra/``.
-            packages: package directories to include; default ``("bootstrap", "training")``.
+            packages: package directories to include; default ``("spot_contract", "bootstrap", "training")``.
 
         Raises:
             ValueError: a package is missing under ``root``.

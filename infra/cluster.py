@@ -36,9 +36,11 @@ from .fleet import (DEFAULT_INSTANCE_TYPES, AllocationStrategy, SpotTrainingFlee
 from .roles import TrainingNodeRole, node_policy_statements
 from .tags import CLUSTER_MEMBER_TAG_KEY, CLUSTER_MEMBER_TAG_VALUE, PURPOSE_DATA_VOLUME, PURPOSE_TAG_KEY, STACK_TAG_KEY
 from .userdata import node_config
+# Where cluster nodes mount the shared file system (datasets/, checkpoints/, logs/ and cluster/ live
+# there) and the roles' default ports: the contract's.
+from spot_contract import (DEFAULT_SCHEDULER_PORT, DEFAULT_SERVER_PORT, DEFAULT_WORKER_PORT, EFS_MOUNT_POINT, SETTINGS,
+                           SettingError, check)
 
-#: Where cluster nodes mount the shared file system; datasets/, checkpoints/, logs/ and cluster/ live there.
-EFS_MOUNT_POINT = "/mnt/efs"
 #: The membership state directory on EFS (``cluster.state_dir``).
 STATE_DIR = f"{EFS_MOUNT_POINT}/cluster"
 #: The agents' bounds (bootstrap.cluster.settings_from_config): servers 1..64, workers 1..1024.
@@ -50,6 +52,15 @@ MAX_WORKERS = 1024
 AGENT_STOP_TIMEOUT_S = 300
 DEFAULT_SCHEDULER_INSTANCE_TYPE = "m5.large"
 DEFAULT_SERVER_INSTANCE_TYPE = "m5.xlarge"
+
+
+def _checked(name: str, value: Any) -> Any:
+    """``value`` checked by the contract's validator (None passes: the agent's or trainer's default).
+
+    Raises:
+        ValueError: naming the prop, the value and the allowed range.
+    """
+    return None if value is None else check(name, value)
 
 
 class Framework(enum.Enum):
@@ -78,16 +89,17 @@ class ClusterPorts:
     runs as an unprivileged user) and the three must differ.
     """
 
-    scheduler: int = 9000
-    server: int = 9001
-    worker: int = 9002
+    scheduler: int = DEFAULT_SCHEDULER_PORT
+    server: int = DEFAULT_SERVER_PORT
+    worker: int = DEFAULT_WORKER_PORT
 
     def validate(self) -> ClusterPorts:
         """Return self, or raise ValueError naming the bad port, its value and the allowed range."""
         for name in ("scheduler", "server", "worker"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or not 1024 <= value <= 65535:
-                raise ValueError(f"ports.{name} must be an integer TCP port from 1024 to 65535, got {value!r}")
+            if isinstance(value, str):
+                raise SettingError(f"ports.{name}", value, SETTINGS["port"].allowed())
+            check("port", value, label=f"ports.{name}")  # the contract's range, the agents' too
         if len({self.scheduler, self.server, self.worker}) != 3:
             raise ValueError(f"ports must be three different TCP ports, got scheduler={self.scheduler}, "
                              f"server={self.server}, worker={self.worker}")
@@ -168,6 +180,9 @@ class ParameterServerCluster(constructs.Construct):
         stack_tag_value: str | None = None,
         file_system_removal_policy: cdk.RemovalPolicy = cdk.RemovalPolicy.RETAIN,
         monitoring: Mapping[str, Any] | None = None,
+        notice_poll_interval_s: float | None = None,
+        checkpoint_every_steps: int | None = None,
+        checkpoint_every_seconds: float | None = None,
     ) -> None:
         """Define the cluster.
 
@@ -212,6 +227,10 @@ class ParameterServerCluster(constructs.Construct):
             monitoring: the node config's ``monitoring`` section for every node
                 (``TrainingMonitoring.node_config()``, docs/contracts.md); default: none (nothing is
                 published). Grant the roles with ``TrainingMonitoring.grant_publish``.
+            notice_poll_interval_s: how often every node's agent polls instance metadata for a spot
+                interruption notice (seconds, the contract's range); default: the agent's (5 s).
+            checkpoint_every_steps, checkpoint_every_seconds: the trainer's checkpoint cadence (steps;
+                seconds), exported by the agents; default: the trainer's (spot_contract).
 
         Raises:
             ValueError: a count out of range or out of order (names the props and values), a
@@ -349,6 +368,9 @@ class ParameterServerCluster(constructs.Construct):
                 monitoring=monitoring,
                 requirements=requirements[role],
                 inherit_site_packages=training_inherit_site_packages,
+                notice_poll_interval_s=_checked("notice_poll_interval_s", notice_poll_interval_s),
+                checkpoint_every_steps=_checked("checkpoint_every_steps", checkpoint_every_steps),
+                checkpoint_every_seconds=_checked("checkpoint_every_seconds", checkpoint_every_seconds),
             )
             user_data[role] = self.bootstrap_asset.user_data(
                 self.node_configs[role], region=stack.region,

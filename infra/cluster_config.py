@@ -34,16 +34,23 @@ from .config import (
     _as_int,
     _as_list,
     _bad,
+    contract_setting,
+    instance_types,
     training_requirements,
 )
 from .fleet import DEFAULT_INSTANCE_TYPES, validate_instance_type
+from spot_contract import DEFAULT_SCHEDULER_PORT, DEFAULT_SERVER_PORT, DEFAULT_WORKER_PORT, SETTINGS
+
+#: The TCP port range of every role (the contract's; the agents check the same).
+_PORTS = f"{SETTINGS['port'].minimum}..{SETTINGS['port'].maximum}"
 
 #: Keys of the single-node stack that mean the same for the cluster stack.
 SHARED_KEYS: tuple[str, ...] = (
     "account", "region", "availability_zones", "vpc_id", "vpc_flow_logs", "allocation_strategy", "max_price",
     "root_volume_size_gib", "image_id", "ami_ssm_parameter", "training_user", "code_git_url", "code_git_ref",
     "imds_endpoint", "retain_data", "monitoring", "log_retention_days", "monitoring_interval_s",
-    "alarm_no_progress_minutes", "alarm_no_capacity_minutes", "notification_email",
+    "alarm_no_progress_minutes", "alarm_no_capacity_minutes", "notification_email", "notice_poll_interval_s",
+    "checkpoint_every_steps", "checkpoint_every_seconds",
 )
 
 #: The cluster stack's own keys, in the order docs/infra.md lists them.
@@ -57,9 +64,9 @@ CLUSTER_CONTEXT_KEYS: tuple[ContextKey, ...] = (
     ContextKey("cluster_scheduler_instance_type", DEFAULT_SCHEDULER_INSTANCE_TYPE, "-", "on-demand type of the coordinator/scheduler node"),
     ContextKey("cluster_server_instance_type", DEFAULT_SERVER_INSTANCE_TYPE, "-", "on-demand type of each parameter server"),
     ContextKey("cluster_worker_instance_types", list(DEFAULT_INSTANCE_TYPES), "list", "spot types the worker fleet may launch"),
-    ContextKey("cluster_scheduler_port", 9000, "TCP port", "ps-lite scheduler port (MXNet) / chief gRPC port (TensorFlow), 1024..65535"),
-    ContextKey("cluster_server_port", 9001, "TCP port", "ps-lite server PORT (MXNet) / ps gRPC port (TensorFlow), 1024..65535"),
-    ContextKey("cluster_worker_port", 9002, "TCP port", "ps-lite worker PORT (MXNet) / worker gRPC port (TensorFlow), 1024..65535"),
+    ContextKey("cluster_scheduler_port", DEFAULT_SCHEDULER_PORT, "TCP port", f"ps-lite scheduler port (MXNet) / chief gRPC port (TensorFlow), {_PORTS}"),
+    ContextKey("cluster_server_port", DEFAULT_SERVER_PORT, "TCP port", f"ps-lite server PORT (MXNet) / ps gRPC port (TensorFlow), {_PORTS}"),
+    ContextKey("cluster_worker_port", DEFAULT_WORKER_PORT, "TCP port", f"ps-lite worker PORT (MXNet) / worker gRPC port (TensorFlow), {_PORTS}"),
     ContextKey("cluster_training_command", None, "list", "trainer command; default per framework: "
                + "; ".join(f"{f.value}: {' '.join(c)}" for f, c in DEFAULT_TRAINING_COMMANDS.items())),
     ContextKey("cluster_training_python", None, "-", f"trainer's interpreter on every node; default: {DEFAULT_TRAINING_PYTHON}, with `cluster_training_requirements` in virtual environments built once on EFS"),
@@ -69,6 +76,8 @@ CLUSTER_CONTEXT_KEYS: tuple[ContextKey, ...] = (
                + "; ".join(f"{f.value}: {', '.join(FRAMEWORK_CPU_REQUIREMENTS[f.value])}" for f in Framework) + "); else none; `[]`: none"),
 )
 _CLUSTER_KEY_NAMES = tuple(k.name for k in CLUSTER_CONTEXT_KEYS)
+#: Cluster context keys whose limits are the contract's (spot_contract.SETTINGS): key -> setting.
+CLUSTER_CONTRACT_SETTINGS: dict[str, str] = {f"cluster_{role}_port": "port" for role in ("scheduler", "server", "worker")}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -153,19 +162,12 @@ class ClusterSettings:
             if v[key] is not None:
                 out[field] = validate_instance_type(v[key], prop=f"context key {key!r}")
         if v["cluster_worker_instance_types"] is not None:
-            if v["cluster_worker_instance_types"] in ([], ""):
-                raise _bad("cluster_worker_instance_types", v["cluster_worker_instance_types"], "a non-empty list of EC2 instance types such as g5.xlarge")
-            types = _as_list("cluster_worker_instance_types", v["cluster_worker_instance_types"])
-            for t in types:
-                validate_instance_type(t, prop="context key 'cluster_worker_instance_types'")
-            if len(set(types)) != len(types):
-                raise _bad("cluster_worker_instance_types", v["cluster_worker_instance_types"], "distinct instance types")
-            out["worker_instance_types"] = tuple(types)
+            out["worker_instance_types"] = instance_types("cluster_worker_instance_types", v["cluster_worker_instance_types"])
 
         ports = {}
         for role in ("scheduler", "server", "worker"):
             key = f"cluster_{role}_port"
-            ports[role] = _as_int(key, v[key], 1024, 65535, "(TCP port)") if v[key] is not None else getattr(ClusterPorts(), role)
+            ports[role] = contract_setting(key, v[key], "port") if v[key] is not None else getattr(ClusterPorts(), role)
         if len(set(ports.values())) != 3:
             clash = next(r for r in ("worker", "server", "scheduler") if list(ports.values()).count(ports[r]) > 1)
             raise _bad(f"cluster_{clash}_port", ports[clash], "a port different from the other two roles' ports "

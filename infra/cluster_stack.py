@@ -106,6 +106,9 @@ class DistributedTrainingStack(SettingsStack):
             stack_tag_value=self.stack_name,
             file_system_removal_policy=cdk.RemovalPolicy.RETAIN if base.retain_data else cdk.RemovalPolicy.DESTROY,
             monitoring=self.monitoring.node_config(interval_s=base.monitoring_interval_s) if self.monitoring else None,
+            notice_poll_interval_s=base.notice_poll_interval_s,
+            checkpoint_every_steps=base.checkpoint_every_steps,
+            checkpoint_every_seconds=base.checkpoint_every_seconds,
         )
         c = self.cluster
         if self.monitoring is not None:

@@ -15,6 +15,9 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import spot_contract
+from spot_contract import DEFAULT_MOUNT_POINT, EFS_MOUNT_POINT
+
 from .fleet import DEFAULT_INSTANCE_TYPES, AllocationStrategy, validate_instance_type
 
 #: The trainer's interpreter by default: the system Python of the default AMI. The Deep Learning
@@ -97,6 +100,28 @@ _EMAIL_RE = re.compile(r"^[^@\s]+@[^@\s]+\.[^@\s]+$")
 LOG_RETENTION_DAYS = (1, 3, 5, 7, 14, 30, 60, 90, 120, 150, 180, 365, 400, 545, 731, 1096, 1827, 2192, 2557, 2922, 3288, 3653)
 
 
+def _range(name: str) -> str:
+    """``lo..hi`` of a contract setting, for the context-key tables."""
+    setting = spot_contract.SETTINGS[name]
+    return f"{setting.minimum:g}.." + (f"{setting.maximum:g}" if setting.maximum is not None else "")
+
+
+def contract_setting(key: str, value: Any, name: str | None = None, *, or_none: bool = False) -> Any:
+    """Context key ``key`` checked by the contract's validator (``spot_contract.check`` of setting
+    ``name``, default ``key``), the one the agent runs at boot, so synth and boot accept the same values.
+    ``or_none``: the message adds that ``none`` is allowed too (the caller handles it).
+
+    Raises:
+        ValueError: naming the context key, the value and what is allowed.
+    """
+    try:
+        return spot_contract.check(name or key, value, label=f"context key {key!r}")
+    except spot_contract.SettingError as exc:
+        if not or_none:
+            raise
+        raise _bad(key, value, exc.allowed + ", or none") from None
+
+
 @dataclasses.dataclass(frozen=True)
 class ContextKey:
     """One context key: its name, default (as stored in ``cdk.json``), unit and meaning."""
@@ -137,25 +162,42 @@ CONTEXT_KEYS: tuple[ContextKey, ...] = (
     ContextKey("training_user", "ubuntu", "-", "OS user that runs the trainer"),
     ContextKey("code_git_url", None, "-", "clone the training code from this git URL instead of using the bootstrap asset"),
     ContextKey("code_git_ref", None, "-", "commit or tag to check out (required with `code_git_url`)"),
-    ContextKey("mount_point", "/dltraining", "-", "where the data volume is mounted; datasets/, checkpoints/, logs/ live under it"),
-    ContextKey("keep_snapshots", 2, "snapshots", "migration snapshots the agent keeps, 1..100 (and as many periodic ones)"),
+    ContextKey("mount_point", DEFAULT_MOUNT_POINT, "-", "where the data volume is mounted; datasets/, checkpoints/, logs/ live under it"),
+    ContextKey("keep_snapshots", spot_contract.default("keep_snapshots"), "snapshots",
+               f"migration snapshots the agent keeps, {_range('keep_snapshots')} (and as many periodic ones)"),
     ContextKey("snapshot_interval_minutes", 60, "minutes", "periodic snapshots of the data volume while training, so a move across AZs copies only what changed since; 0: none; else 1..1440"),
-    ContextKey("volume_initialization_rate_mibps", 300, "MiB/s", "EBS Provisioned Rate for Volume Initialization of a volume moved to another AZ (100..300; billed); none: EBS's default (lazy) rate"),
+    ContextKey("volume_initialization_rate_mibps", spot_contract.default("initialization_rate_mibps"), "MiB/s", "EBS Provisioned Rate for Volume Initialization of a volume moved to another AZ "
+               f"({_range('initialization_rate_mibps')}; billed); none: EBS's default (lazy) rate"),
     ContextKey("pin_to_volume_az", False, "bool", "launch the fleet only in the data volume's Availability Zone (no moves; fewer spot pools)"),
     ContextKey("cancel_fleet_on_success", True, "bool", "the agent cancels the fleet when training completes"),
-    ContextKey("efs", False, "bool", "add an encrypted EFS file system (with access point) mounted at /mnt/efs"),
+    ContextKey("efs", False, "bool", f"add an encrypted EFS file system (with access point) mounted at {EFS_MOUNT_POINT}"),
     ContextKey("retain_data", False, "bool", "keep the data volume and snapshots on `cdk destroy`"),
     ContextKey("fis_drill", False, "bool", "add an AWS FIS experiment template (and its role) that sends a spot interruption notice to the stack's running instance, for `spot-train drill --aws`"),
-    ContextKey("notice_poll_interval_s", None, "s", "how often the agent polls instance metadata for an interruption notice, 0.5..60; default: the agent's (5 s, as AWS recommends; local mode: 1 s for its tiny models)"),
+    ContextKey("notice_poll_interval_s", None, "s", "how often the agents (single and cluster nodes) poll instance metadata for an interruption notice, "
+               f"{_range('notice_poll_interval_s')}; default: the agent's ({spot_contract.default('notice_poll_interval_s'):g} s, as AWS recommends; local mode: 1 s for its tiny models)"),
+    ContextKey("checkpoint_every_steps", None, "steps", f"the trainer checkpoints every this many steps, {_range('checkpoint_every_steps')} "
+               f"(`SPOT_TRAINING_CHECKPOINT_EVERY_STEPS`); default: the trainer's ({spot_contract.default('checkpoint_every_steps')})"),
+    ContextKey("checkpoint_every_seconds", None, "s", f"the trainer also checkpoints every this many seconds, {_range('checkpoint_every_seconds')} "
+               "(`SPOT_TRAINING_CHECKPOINT_EVERY_SECONDS`); default: none (no time-based checkpoints)"),
     ContextKey("imds_endpoint", None, "URL", "instance metadata endpoint for the agent; default: http://169.254.169.254 (local mode sets its emulator)"),
     ContextKey("monitoring", True, "bool", "the agents publish logs and metrics to CloudWatch; the stack adds the log group, dashboard and alarms"),
     ContextKey("log_retention_days", 30, "days", "retention of the nodes' CloudWatch Logs group `/spot-training/<stack>`: one of " + ", ".join(map(str, LOG_RETENTION_DAYS))),
-    ContextKey("monitoring_interval_s", None, "seconds", "how often the agents publish, 1..300; default: the agent's (10 s)"),
+    ContextKey("monitoring_interval_s", None, "seconds", f"how often the agents publish, {_range('monitoring_interval_s')}; "
+               f"default: the agent's ({spot_contract.default('monitoring_interval_s'):g} s)"),
     ContextKey("alarm_no_progress_minutes", 30, "minutes", "no training step for this long while a node runs raises the hang alarm, 1..1440"),
     ContextKey("alarm_no_capacity_minutes", 60, "minutes", "the fleet below its target capacity this long raises the capacity alarm, 5..1440 (5-minute steps)"),
     ContextKey("notification_email", None, "-", "e-mail address told (SNS, encrypted topic) when training completes, fails, hangs or waits for capacity; default: no topic"),
 )
 _KEY_NAMES = tuple(k.name for k in CONTEXT_KEYS)
+#: Context keys whose default and limits are the contract's (spot_contract.SETTINGS): key -> setting.
+CONTRACT_SETTINGS: dict[str, str] = {
+    "keep_snapshots": "keep_snapshots",
+    "volume_initialization_rate_mibps": "initialization_rate_mibps",
+    "notice_poll_interval_s": "notice_poll_interval_s",
+    "checkpoint_every_steps": "checkpoint_every_steps",
+    "checkpoint_every_seconds": "checkpoint_every_seconds",
+    "monitoring_interval_s": "monitoring_interval_s",
+}
 
 
 def _bad(key: str, value: Any, allowed: str) -> ValueError:
@@ -210,6 +252,22 @@ def _as_optional_str(key: str, value: Any, pattern: re.Pattern[str] | None, allo
     return value
 
 
+def instance_types(key: str, value: Any) -> tuple[str, ...]:
+    """Context key ``key``: a non-empty list of distinct EC2 instance types (JSON list or ``a,b``).
+
+    Raises:
+        ValueError: naming the key, the value and what is allowed.
+    """
+    if value in ([], ""):
+        raise _bad(key, value, "a non-empty list of EC2 instance types such as g5.xlarge")
+    types = _as_list(key, value)
+    for t in types:
+        validate_instance_type(t, prop=f"context key {key!r}")
+    if len(set(types)) != len(types):
+        raise _bad(key, value, "distinct instance types")
+    return tuple(types)
+
+
 _REQUIREMENT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(\[[A-Za-z0-9,._-]+\])?\s*([<>=!~]=?[^\s',;]+(,\s*[<>=!~]=?[^\s',;]+)*)?$")
 
 
@@ -252,14 +310,7 @@ def monitoring_settings(v: Mapping[str, Any]) -> dict[str, Any]:
             raise _bad("log_retention_days", v["log_retention_days"], "one of " + ", ".join(map(str, LOG_RETENTION_DAYS)))
         out["log_retention_days"] = days
     if v.get("monitoring_interval_s") is not None:
-        raw = v["monitoring_interval_s"]
-        try:
-            interval = float(raw) if not isinstance(raw, bool) else None
-        except (TypeError, ValueError):
-            interval = None
-        if interval is None or not 1 <= interval <= 300:
-            raise _bad("monitoring_interval_s", raw, "a number of seconds from 1 to 300")
-        out["monitoring_interval_s"] = interval
+        out["monitoring_interval_s"] = contract_setting("monitoring_interval_s", v["monitoring_interval_s"])
     if v.get("alarm_no_progress_minutes") is not None:
         out["alarm_no_progress_minutes"] = _as_int("alarm_no_progress_minutes", v["alarm_no_progress_minutes"], 1, 1440, "(minutes)")
     if v.get("alarm_no_capacity_minutes") is not None:
@@ -309,10 +360,10 @@ class StackSettings:
     training_user: str = "ubuntu"
     code_git_url: str | None = None
     code_git_ref: str | None = None
-    mount_point: str = "/dltraining"
-    keep_snapshots: int = 2
+    mount_point: str = DEFAULT_MOUNT_POINT
+    keep_snapshots: int = spot_contract.default("keep_snapshots")
     snapshot_interval_minutes: int = 60
-    volume_initialization_rate_mibps: int | None = 300
+    volume_initialization_rate_mibps: int | None = spot_contract.default("initialization_rate_mibps")
     pin_to_volume_az: bool = False
     cancel_fleet_on_success: bool = True
     efs: bool = False
@@ -326,6 +377,9 @@ class StackSettings:
     alarm_no_capacity_minutes: int = 60
     notification_email: str | None = None
     notice_poll_interval_s: float | None = None
+    #: None: not written to the node config; the trainer's default (the contract's) applies.
+    checkpoint_every_steps: int | None = None
+    checkpoint_every_seconds: float | None = None
 
     def __post_init__(self) -> None:
         if self.framework not in FRAMEWORKS:
@@ -388,14 +442,7 @@ class StackSettings:
             out["vpc_flow_logs"] = _as_bool("vpc_flow_logs", v["vpc_flow_logs"])
 
         if v["instance_types"] is not None:
-            if v["instance_types"] in ([], ""):
-                raise _bad("instance_types", v["instance_types"], "a non-empty list of EC2 instance types such as g5.xlarge")
-            types = _as_list("instance_types", v["instance_types"])
-            for t in types:
-                validate_instance_type(t, prop="context key 'instance_types'")
-            if len(set(types)) != len(types):
-                raise _bad("instance_types", v["instance_types"], "distinct instance types")
-            out["instance_types"] = tuple(types)
+            out["instance_types"] = instance_types("instance_types", v["instance_types"])
         if v["target_capacity"] is not None:
             out["target_capacity"] = _as_int("target_capacity", v["target_capacity"], 0, None, "(instances)")
         if v["allocation_strategy"] is not None:
@@ -463,7 +510,7 @@ class StackSettings:
                 raise _bad("mount_point", mp, "an absolute directory path such as /dltraining")
             out["mount_point"] = mp
         if v["keep_snapshots"] is not None:
-            out["keep_snapshots"] = _as_int("keep_snapshots", v["keep_snapshots"], 1, 100, "(snapshots)")
+            out["keep_snapshots"] = contract_setting("keep_snapshots", v["keep_snapshots"])
         if v["snapshot_interval_minutes"] is not None:
             out["snapshot_interval_minutes"] = _as_int("snapshot_interval_minutes", v["snapshot_interval_minutes"], 0, 1440, "(minutes; 0: none)")
         rate = v["volume_initialization_rate_mibps"]
@@ -472,19 +519,14 @@ class StackSettings:
         elif isinstance(rate, str) and rate.strip().lower() in ("none", "null", ""):
             out["volume_initialization_rate_mibps"] = None
         else:
-            out["volume_initialization_rate_mibps"] = _as_int("volume_initialization_rate_mibps", rate, 100, 300, "(MiB/s), or none")
+            out["volume_initialization_rate_mibps"] = contract_setting("volume_initialization_rate_mibps", rate, "initialization_rate_mibps", or_none=True)
         for key in ("cancel_fleet_on_success", "efs", "retain_data", "pin_to_volume_az", "fis_drill", "monitoring",
                     "training_inherit_site_packages"):
             if v[key] is not None:
                 out[key] = _as_bool(key, v[key])
-        if v["notice_poll_interval_s"] is not None:
-            try:
-                poll = float(v["notice_poll_interval_s"])
-            except (TypeError, ValueError):
-                poll = -1.0
-            if isinstance(v["notice_poll_interval_s"], bool) or not 0.5 <= poll <= 60:
-                raise _bad("notice_poll_interval_s", v["notice_poll_interval_s"], "a number of seconds from 0.5 to 60")
-            out["notice_poll_interval_s"] = poll
+        for key in ("notice_poll_interval_s", "checkpoint_every_steps", "checkpoint_every_seconds"):
+            if v[key] is not None:
+                out[key] = contract_setting(key, v[key])
         out["imds_endpoint"] = _as_optional_str(
             "imds_endpoint", v["imds_endpoint"], re.compile(r"^https?://[^\s/]+/?$"), "an http(s)://host[:port] URL"
         )

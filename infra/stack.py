@@ -23,10 +23,9 @@ from .roles import TrainingNodeRole
 from .tags import STACK_TAG_KEY
 from .userdata import SERVICE_NAME, node_config
 from .volume import TrainingVolume
+from spot_contract import EFS_MOUNT_POINT  # where the node mounts the shared file system, when there is one
 
 __all__ = ["BOTO3_REQUIREMENT", "EFS_MOUNT_POINT", "FixedImage", "SettingsStack", "SpotTrainingStack", "machine_image", "new_vpc"]
-#: Where the node mounts the shared file system, when there is one.
-EFS_MOUNT_POINT = "/mnt/efs"
 
 
 @jsii.implements(ec2.IMachineImage)
@@ -216,6 +215,8 @@ class SpotTrainingStack(SettingsStack):
             imds_endpoint=settings.imds_endpoint,
             monitoring=self.monitoring.node_config(interval_s=settings.monitoring_interval_s) if self.monitoring else None,
             notice_poll_interval_s=settings.notice_poll_interval_s,
+            checkpoint_every_steps=settings.checkpoint_every_steps,
+            checkpoint_every_seconds=settings.checkpoint_every_seconds,
             requirements=settings.training_requirements,
             inherit_site_packages=settings.training_inherit_site_packages,
         )

@@ -1,31 +1,24 @@
 """Stack-scoped tag keys and values shared by the constructs (docs/contracts.md, "Resource tags").
 
 The node agents find the data volume by these tags and every IAM condition of ours tests them, so
-they are API: changing one strands the volumes and snapshots that already carry the old tags.
+they are API: changing one strands the volumes and snapshots that already carry the old tags. They
+are defined once, in the contract between the layers (:mod:`spot_contract`); these are the names the
+constructs have always imported.
 """
 
 from __future__ import annotations
 
-#: Tag key carried by every resource the stack or its agents create; value: the stack name.
-STACK_TAG_KEY = "spot-training:stack"
-#: Tag key that says what a volume or snapshot is for.
-PURPOSE_TAG_KEY = "spot-training:purpose"
-#: ``spot-training:purpose`` value on the data volume and on every moved copy of it.
-PURPOSE_DATA_VOLUME = "data-volume"
-#: ``spot-training:purpose`` value on the snapshots the agent takes to move the volume.
-PURPOSE_MIGRATION_SNAPSHOT = "migration-snapshot"
-#: The agent's bookkeeping tags on the data volume, its copies and snapshots (docs/contracts.md, the
-#: second table of "Resource tags"): the only tags a node may delete (infra.roles).
-AGENT_BOOKKEEPING_TAG_KEYS: tuple[str, ...] = (
-    "spot-training:lease",
-    "spot-training:source-volume",
-    "spot-training:source-snapshot",
-    "spot-training:move-state",
-    "spot-training:created-by",
-    "spot-training:failed-boots",
+from spot_contract import (
+    AGENT_BOOKKEEPING_TAG_KEYS,
+    CLUSTER_MEMBER_TAG_VALUE,
 )
-#: Tag on every cluster worker instance; removing it asks the worker to leave (the Dynamic Training
-#: article's mechanism; ``cluster.member_tag`` in the node config, docs/contracts.md).
-CLUSTER_MEMBER_TAG_KEY = "spot-training:cluster-member"
-#: Its value (the agent tests only that the key is present).
-CLUSTER_MEMBER_TAG_VALUE = "true"
+from spot_contract import CLUSTER_MEMBER_TAG as CLUSTER_MEMBER_TAG_KEY
+from spot_contract import DATA_VOLUME_PURPOSE as PURPOSE_DATA_VOLUME
+from spot_contract import MIGRATION_SNAPSHOT_PURPOSE as PURPOSE_MIGRATION_SNAPSHOT
+from spot_contract import PURPOSE_TAG as PURPOSE_TAG_KEY
+from spot_contract import STACK_TAG as STACK_TAG_KEY
+
+__all__ = [
+    "AGENT_BOOKKEEPING_TAG_KEYS", "CLUSTER_MEMBER_TAG_KEY", "CLUSTER_MEMBER_TAG_VALUE", "PURPOSE_DATA_VOLUME",
+    "PURPOSE_MIGRATION_SNAPSHOT", "PURPOSE_TAG_KEY", "STACK_TAG_KEY",
+]

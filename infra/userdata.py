@@ -19,19 +19,31 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from spot_contract import (
+    BOOT_ERROR_TAG,
+    CHECKPOINTS_DIR,
+    CONFIG_PATH,
+    DATASETS_DIR,
+    DEFAULT_MOUNT_POINT,
+    ENV_ROOT,
+    EXIT_CHECKPOINT_STORAGE,
+    EXIT_UNAVAILABLE,
+    FAILED_BOOTS_TAG,
+    LOGS_DIR,
+    STACK_TAG,
+    default,
+)
+from spot_contract import EXIT_CONFIG as EXIT_BAD_CONFIG
+
 CONFIG_BEGIN = "# BEGIN spot-training config"
 CONFIG_END = "# END spot-training config"
-CONFIG_PATH = "/etc/spot-training/config.json"
 CODE_DIR = "/opt/spot-training/code"
 SERVICE_NAME = "spot-training-agent"
-#: systemd must not restart the agent after this exit status (78: bad config; docs/contracts.md).
-EXIT_BAD_CONFIG = 78
-#: ... nor after this one (74: the trainer's checkpoint storage is full or unusable; docs/contracts.md).
-EXIT_CHECKPOINT_STORAGE = 74
-#: ... nor after this one (69: the agent gave up for good: the node could no longer work and was
-#: powered off, or a boot failure was reported and the node is shutting down or its fleet cancelled;
-#: sysexits EX_UNAVAILABLE; docs/contracts.md, "Agent exit codes").
-EXIT_NODE_UNUSABLE = 69
+#: systemd must not restart the agent after EXIT_BAD_CONFIG (78: bad config), EXIT_CHECKPOINT_STORAGE
+#: (74: the trainer's checkpoint storage is full or unusable) nor after this one (69: the agent gave up
+#: for good: the node could no longer work and was powered off, or a boot failure was reported and the
+#: node is shutting down or its fleet cancelled; docs/contracts.md, "Agent exit codes").
+EXIT_NODE_UNUSABLE = EXIT_UNAVAILABLE
 _HEREDOC_TAG = "SPOT_TRAINING_CONFIG_JSON"
 _HEREDOC_START = re.compile(r"<<\s*'(?P<tag>[A-Za-z_][A-Za-z0-9_]*)'\s*$")
 
@@ -77,10 +89,10 @@ def node_config(
     python: str,
     command: Sequence[str],
     user: str = "ubuntu",
-    mount_point: str = "/dltraining",
+    mount_point: str = DEFAULT_MOUNT_POINT,
     device_name: str = "/dev/sdf",
     fs_type: str = "xfs",
-    keep_snapshots: int = 2,
+    keep_snapshots: int = default("keep_snapshots"),
     snapshot_interval_s: int | None = None,
     initialization_rate_mibps: int | None = None,
     code: Mapping[str, str] | None = None,
@@ -94,6 +106,8 @@ def node_config(
     requirements: Sequence[str] = (),
     inherit_site_packages: bool = False,
     notice_poll_interval_s: float | None = None,
+    checkpoint_every_steps: int | None = None,
+    checkpoint_every_seconds: float | None = None,
 ) -> dict[str, Any]:
     """The node config dict (schema version 1, docs/contracts.md).
 
@@ -110,6 +124,9 @@ def node_config(
     the volume (or EFS) and reused (``inherit_site_packages``: it also sees ``python``'s packages);
     none (an AMI that ships the framework): ``training.venv`` is null and ``python`` runs as it is.
     ``notice_poll_interval_s`` (seconds): written only when given; the agent's default otherwise.
+    ``checkpoint_every_steps`` / ``checkpoint_every_seconds``: the trainer's checkpoint cadence, written
+    to the ``training`` section only when given (the agent exports them to the trainer as
+    ``SPOT_TRAINING_CHECKPOINT_EVERY_STEPS`` / ``_SECONDS``); the trainer's default otherwise.
     ``monitoring``: the CloudWatch publishing section (``TrainingMonitoring.node_config()``); left out
     when None. Raises nothing; the stack validated the values.
     """
@@ -132,9 +149,9 @@ def node_config(
             "python": python,
             "command": list(command),
             "user": user,
-            "dataset_dir": f"{root}/datasets",
-            "checkpoint_dir": f"{root}/checkpoints",
-            "log_dir": f"{root}/logs",
+            "dataset_dir": f"{root}/{DATASETS_DIR}",
+            "checkpoint_dir": f"{root}/{CHECKPOINTS_DIR}",
+            "log_dir": f"{root}/{LOGS_DIR}",
             "code": dict(code) if code is not None else {"type": "asset", "path": CODE_DIR},
             "venv": ({"requirements": list(requirements), "root": f"{root}/envs",
                       "inherit_site_packages": bool(inherit_site_packages)} if requirements else None),
@@ -153,6 +170,10 @@ def node_config(
         config["monitoring"] = dict(monitoring)
     if notice_poll_interval_s is not None:  # else the agent's default (AWS's recommended 5 s)
         config["notice_poll_interval_s"] = notice_poll_interval_s
+    if checkpoint_every_steps is not None:  # else the trainer's default (spot_contract)
+        config["training"]["checkpoint_every_steps"] = checkpoint_every_steps
+    if checkpoint_every_seconds is not None:
+        config["training"]["checkpoint_every_seconds"] = checkpoint_every_seconds
     return config
 
 
@@ -171,7 +192,7 @@ def config_block(config_json: str) -> list[str]:
 
 #: Local mode only (docs/localmode.md, "The boot script"): the node's file-system root, prefixed to every
 #: path the boot script and the agent write (``/etc``, ``/opt``, the mount points). Unset on an instance.
-ROOT_ENV = "SPOT_TRAINING_ROOT"
+ROOT_ENV = ENV_ROOT
 #: Local mode only: the interpreter that runs the agent (default ``/usr/bin/python3``, the AMI's).
 AGENT_PYTHON_ENV = "SPOT_TRAINING_AGENT_PYTHON"
 #: Local mode only: where boot failures are written for the user to see (default ``/dev/console``,
@@ -180,11 +201,8 @@ CONSOLE_ENV = "SPOT_TRAINING_CONSOLE"
 #: Set by the unit for the agent: the boot-failure script (:func:`boot_failed_script`).
 ON_BOOT_FAILURE_ENV = "SPOT_TRAINING_ON_BOOT_FAILURE"
 BOOT_FAILED_PATH = "/opt/spot-training/boot-failed"
-#: Instance tag that carries a failed boot step and its message (docs/agent.md, "Boot failures").
-BOOT_ERROR_TAG = "spot-training:boot-error"
-#: Data-volume tag that counts consecutive failed boots; the agent removes it once the trainer's
-#: environment is ready.
-FAILED_BOOTS_TAG = "spot-training:failed-boots"
+# BOOT_ERROR_TAG (instance tag: a failed boot step and its message, docs/agent.md, "Boot failures") and
+# FAILED_BOOTS_TAG (data-volume tag: consecutive failed boots) come from the contract.
 #: Failed boots in a row after which a node cancels its spot fleet instead of being replaced again.
 DEFAULT_MAX_FAILED_BOOTS = 3
 #: Attempts of each boot step (``BOOT_STEP_BACKOFF_S * n`` seconds apart).
@@ -192,8 +210,6 @@ BOOT_STEP_ATTEMPTS = 4
 BOOT_STEP_BACKOFF_S = 5
 _ROOT = "${SPOT_TRAINING_ROOT:-}"
 
-
-STACK_TAG = "spot-training:stack"
 
 
 def _jq(text: str) -> str:

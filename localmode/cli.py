@@ -11,7 +11,7 @@
     spot-train cost        [--stack S] ... [--on-demand-price TYPE=USD ...] [--ebs-gb-month-price USD]
                            [--snapshot-gb-month-price USD] [--json]
     spot-train drill --aws --region R [--instance-types ...] [--keep-stack] [--yes]
-                                                      # a real account: deploy, FIS interruption, resume, destroy (infra/aws_drill.py)
+                                                      # a real account: deploy, FIS interruption, resume, destroy (localmode/aws_drill.py)
     spot-train preflight   [--stack single|cluster] [-c key=value ...] [--region R] [--json]
                                                       # a real account before `cdk deploy` (infra/preflight.py)
 
@@ -538,7 +538,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
     aws_drill = sub.add_parser("drill", help="the drill on a real AWS account (--aws --region R --yes): preflight, deploy, "
                                "one FIS spot interruption, resume check, destroy, orphans, cost; exit 0 passed, 1 failed, 2 plan only")
-    from infra import aws_drill as aws_drill_module  # boto3 only until it runs
+    from localmode import aws_drill as aws_drill_module  # boto3 only until it runs
 
     aws_drill_module.add_arguments(aws_drill)
     aws_drill.set_defaults(handler=aws_drill_module.run)

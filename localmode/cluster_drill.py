@@ -51,10 +51,11 @@ from localmode.netns import Network
 from localmode.nodes import LocalNode, NodeError, NodeRunner, _rewrite, _signal_group, _user_data, \
     bootstrap_asset_zip, start_agent, unpack_asset
 
-#: The cluster stack's EFS mount point (infra.cluster.EFS_MOUNT_POINT); local nodes share ``<work>/efs``.
-EFS_MOUNT_POINT = "/mnt/efs"
+# EFS_MOUNT_POINT: the cluster stack's EFS mount point (the contract's); local nodes share ``<work>/efs``.
+from spot_contract import COMPLETED_FILE, EFS_MOUNT_POINT  # noqa: E402
+from spot_contract import STACK_TAG as STACK_TAG_KEY  # noqa: E402
+
 TRAINER_MODULE = "training.distributed.mxnet_dist"
-STACK_TAG_KEY = "spot-training:stack"
 
 
 @dataclasses.dataclass
@@ -581,11 +582,11 @@ def _collect(efs_dir: Path, results: Path, report: dict[str, Any]) -> None:
     fill the report's step, membership and accuracy fields."""
     results.mkdir(parents=True, exist_ok=True)
     for path in list((efs_dir / "logs").glob("steps-*.csv")) + [efs_dir / "logs" / "result.json",
-                                                              efs_dir / "checkpoints" / "COMPLETED",
+                                                              efs_dir / "checkpoints" / COMPLETED_FILE,
                                                               efs_dir / "cluster" / "events.jsonl"]:
         if path.exists():
             shutil.copy2(path, results / path.name)
-    completed = results / "COMPLETED"
+    completed = results / COMPLETED_FILE
     report["completed"] = completed.exists()
     if report["completed"]:
         report["steps_total"] = int(json.loads(completed.read_text())["step"])

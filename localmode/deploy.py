@@ -46,7 +46,7 @@ REGION = "us-east-1"
 AVAILABILITY_ZONES = ("us-east-1a", "us-east-1b")
 #: Any well-formed AMI id: moto does not validate it, and local nodes are processes, not VMs.
 LOCAL_IMAGE_ID = "ami-0123456789abcdef0"
-STACK_TAG_KEY = "spot-training:stack"
+from spot_contract import STACK_TAG as STACK_TAG_KEY  # noqa: E402
 FLEET_TAG = "aws:ec2spot:fleet-request-id"
 #: Seconds a CLI command may take before it is killed (bootstrap takes ~20 s on 2 cores).
 DEFAULT_CLI_TIMEOUT_S = 600

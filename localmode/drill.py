@@ -38,6 +38,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import spot_contract
 from localmode.deploy import CdkCli, clients, find_orphans, local_context, stack_resources
 from localmode.injector import LOG_NAME, Interruption, InterruptionInjector, read_training_log
 from localmode.moto_server import MotoServer
@@ -76,8 +77,8 @@ DRILL_FRAMEWORKS: dict[str, DrillFramework] = {
     "pytorch": DrillFramework(".venv-torch/bin/python", "--save-final-weights",
                               "the model's state dict (BatchNorm buffers included) and AdamW's state"),
 }
-#: The stack's mount point (infra default); the trainer command's paths are written under it.
-MOUNT_POINT = "/dltraining"
+# MOUNT_POINT: the stack's default mount point (the contract's); the trainer command's paths are under it.
+from spot_contract import DEFAULT_MOUNT_POINT as MOUNT_POINT  # noqa: E402
 #: Digits training examples and the trainer's default batch (for planning the interruption steps).
 DIGITS_TRAIN_EXAMPLES = 1437
 _ACCURACY = re.compile(r"done: (\d+) steps, test accuracy ([0-9.]+)")
@@ -97,7 +98,7 @@ class DrillOptions:
         epochs: trainer epochs over the digits (default 30: 1,320 steps of 32 examples).
         batch_size: trainer batch size (default 32).
         seed: trainer seed, and the random AZ seed (default 0).
-        save_every_steps: trainer checkpoint cadence in steps (default 50).
+        save_every_steps: trainer checkpoint cadence in steps (default: the contract's, 50).
         baseline: run the uninterrupted baseline and compare weights (default True).
         timeout_s: the longest the training phase may take (default 900 s).
         framework: ``tensorflow`` (default), ``mxnet`` or ``pytorch``: deployed with
@@ -120,7 +121,7 @@ class DrillOptions:
     epochs: int = 30
     batch_size: int = 32
     seed: int = 0
-    save_every_steps: int = 50
+    save_every_steps: int = spot_contract.default("checkpoint_every_steps")
     baseline: bool = True
     timeout_s: float = 900.0
     framework: str = "tensorflow"
@@ -405,7 +406,7 @@ def run_drill(options: DrillOptions, *, on_event: Callable[[dict[str, Any]], Non
         if node.process.returncode != 0:
             raise DrillError(f"the last node's agent exited {node.process.returncode}; see {node.log_path}")
         _collect(node, work_dir / "results")
-        completed_file = work_dir / "results" / "COMPLETED"
+        completed_file = work_dir / "results" / spot_contract.COMPLETED_FILE
         report["completed"] = completed_file.exists()
         if report["completed"]:
             report["steps_total"] = int(json.loads(completed_file.read_text())["step"])
@@ -494,7 +495,7 @@ def _put_dataset(volume_dir: Path, config: dict[str, Any]) -> None:
 def _collect(node: Any, results: Path) -> None:
     """Copy the trainer's log, COMPLETED and final weights off the volume before destroy deletes it."""
     mount = node.mount_point
-    for source in (node.log_dir / LOG_NAME, node.checkpoint_dir / "COMPLETED", mount / FINAL_WEIGHTS):
+    for source in (node.log_dir / LOG_NAME, node.checkpoint_dir / spot_contract.COMPLETED_FILE, mount / FINAL_WEIGHTS):
         if source.exists():
             shutil.copy2(source, results / source.name)
 

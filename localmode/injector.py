@@ -25,8 +25,9 @@ from typing import Any
 
 from localmode.deploy import STACK_TAG_KEY
 from localmode.nodes import LocalNode, NodeRunner
+from spot_contract import COMPLETED_FILE, DATA_VOLUME_PURPOSE, LATEST_FILE, PURPOSE_TAG, TRAINING_LOG_FILE
 
-LOG_NAME = "training_log.csv"
+LOG_NAME = TRAINING_LOG_FILE
 #: Seconds to wait for the trainer's checkpoint after a notice: the two minutes EC2 gives.
 NOTICE_LEAD_S = 120.0
 #: Seconds to wait for a replacement node to log its first resumed step.
@@ -87,7 +88,7 @@ def read_training_log(path: Path) -> list[dict[str, float]]:
 
 def latest_checkpoint(checkpoint_dir: Path) -> tuple[int, float] | None:
     """``(step, commit time)`` of the ``LATEST`` pointer in ``checkpoint_dir`` (time = the pointer's mtime)."""
-    pointer = checkpoint_dir / "LATEST"
+    pointer = checkpoint_dir / LATEST_FILE
     try:
         data = json.loads(pointer.read_text())
         return int(data["step"]), pointer.stat().st_mtime
@@ -102,7 +103,7 @@ def data_volume(aws_ec2: Any, stack: str) -> tuple[str, str] | None:
     """
     volumes = aws_ec2.describe_volumes(Filters=[
         {"Name": f"tag:{STACK_TAG_KEY}", "Values": [stack]},
-        {"Name": "tag:spot-training:purpose", "Values": ["data-volume"]},
+        {"Name": f"tag:{PURPOSE_TAG}", "Values": [DATA_VOLUME_PURPOSE]},
     ])["Volumes"]
     volumes = [v for v in volumes if v["State"] in ("available", "in-use", "creating")]
     if not volumes:
@@ -169,7 +170,7 @@ class InterruptionInjector:
         if status != 0:
             raise InterruptionError(f"node {node.instance_id}'s agent exited {status} after the notice; expected 0 "
                                     f"(trainer checkpointed and stopped); see {node.log_path}")
-        if (node.checkpoint_dir / "COMPLETED").exists():
+        if (node.checkpoint_dir / COMPLETED_FILE).exists():
             raise InterruptionError(f"training completed on {node.instance_id} before the notice was acted on; "
                                     "interrupt earlier (more epochs, or fewer interruptions)")
         checkpoint = latest_checkpoint(node.checkpoint_dir)

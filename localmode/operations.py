@@ -30,10 +30,10 @@ import time
 from collections import defaultdict
 from typing import Any, Callable, Iterable, Iterator
 
+from spot_contract import PURPOSE_TAG, STACK_TAG  # noqa: F401  (re-exported for local mode's callers)
+
 NAMESPACE = "SpotTraining"
 LOG_GROUP_PREFIX = "/spot-training/"
-STACK_TAG = "spot-training:stack"
-PURPOSE_TAG = "spot-training:purpose"
 #: Hours in a month as AWS prices GB-month storage (730 h).
 HOURS_PER_MONTH = 730.0
 #: Agent log events that make up the interruption history (bootstrap.publish, bootstrap.interruption, bootstrap.ebs).

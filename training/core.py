@@ -52,6 +52,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+import spot_contract
 from training.datasets import default_checkpoint_dir
 from training.notice import NoticeHandler, SaveSchedule
 from training.store import (
@@ -67,6 +68,8 @@ __all__ = [
     "CHECKPOINT_MISMATCH_EXIT_CODE",
     "CHECKPOINT_STORAGE_EXIT_CODE",
     "cadence_flag",
+    "add_checkpoint_arguments",
+    "check_checkpoint_arguments",
     "checkpoint_exit_code",
     "run_script",
     "CheckpointDriver",
@@ -83,10 +86,11 @@ __all__ = [
     "renamed_option",
 ]
 
-EVERY_STEPS_ENV = "SPOT_TRAINING_CHECKPOINT_EVERY_STEPS"
-EVERY_SECONDS_ENV = "SPOT_TRAINING_CHECKPOINT_EVERY_SECONDS"
-#: Steps between checkpoints when neither the caller nor the environment says otherwise.
-DEFAULT_EVERY_STEPS = 50
+EVERY_STEPS_ENV = spot_contract.ENV_CHECKPOINT_EVERY_STEPS
+EVERY_SECONDS_ENV = spot_contract.ENV_CHECKPOINT_EVERY_SECONDS
+#: Steps between checkpoints when neither the caller nor the environment says otherwise (the
+#: contract's one default of ``checkpoint_every_steps``).
+DEFAULT_EVERY_STEPS = spot_contract.default("checkpoint_every_steps")
 #: Checkpoints kept in the directory (>= 2, so that a corrupt newest one has a predecessor).
 DEFAULT_KEEP = 3
 #: File holding the Python ``random`` and numpy global generator states inside a checkpoint.
@@ -96,10 +100,10 @@ DEFAULT: Any = object()
 #: Exit status of a trainer whose checkpoint storage is full or unusable (docs/contracts.md, "Trainer
 #: exit codes"): the node agent's supervisor does not restart it, since every restart would fail the
 #: same way.
-CHECKPOINT_STORAGE_EXIT_CODE = 74
+CHECKPOINT_STORAGE_EXIT_CODE = spot_contract.EXIT_CHECKPOINT_STORAGE
 #: Exit status of a trainer whose checkpoint cannot serve this job (another framework's, another
 #: adapter's, another model's): permanent as well; nothing in the directory is changed.
-CHECKPOINT_MISMATCH_EXIT_CODE = 78
+CHECKPOINT_MISMATCH_EXIT_CODE = spot_contract.EXIT_CHECKPOINT_MISMATCH
 
 
 class CheckpointDiskFullError(CheckpointError, OSError):
@@ -107,29 +111,24 @@ class CheckpointDiskFullError(CheckpointError, OSError):
     known) and the bytes free; the previous checkpoints are untouched."""
 
 
-def _env_number(name: str, kind: type, minimum: float) -> int | float | None:
-    raw = os.environ.get(name, "").strip()
-    if not raw:
-        return None
-    try:
-        value = kind(raw)
-    except ValueError:
-        raise ValueError(f"${name} must be {'an integer' if kind is int else 'a number'} >= {minimum}. "
-                         f"Received: {name}={raw!r}") from None
-    if value < minimum:
-        raise ValueError(f"${name} must be >= {minimum}. Received: {name}={raw!r}")
-    return value
+def _env_setting(env: str, name: str) -> int | float | None:
+    """``$env`` checked by the contract's validator for setting ``name`` (the one the stack and the
+    agent run), or None when unset or empty. ValueError names the variable, the value and the range."""
+    raw = os.environ.get(env, "").strip()
+    return spot_contract.check(name, raw, label=f"${env}") if raw else None
 
 
 def default_every_steps() -> int:
-    """``$SPOT_TRAINING_CHECKPOINT_EVERY_STEPS`` (an integer >= 1) or 50. ValueError names a bad value."""
-    value = _env_number(EVERY_STEPS_ENV, int, 1)
+    """``$SPOT_TRAINING_CHECKPOINT_EVERY_STEPS`` (an integer >= 1) or the contract's default (50).
+    ValueError names a bad value."""
+    value = _env_setting(EVERY_STEPS_ENV, "checkpoint_every_steps")
     return DEFAULT_EVERY_STEPS if value is None else int(value)
 
 
 def default_every_seconds() -> float | None:
-    """``$SPOT_TRAINING_CHECKPOINT_EVERY_SECONDS`` (seconds, > 0) or None (no time-based saves)."""
-    value = _env_number(EVERY_SECONDS_ENV, float, 0.001)
+    """``$SPOT_TRAINING_CHECKPOINT_EVERY_SECONDS`` (seconds, the contract's range) or None (no
+    time-based saves, the contract's default). ValueError names a bad value."""
+    value = _env_setting(EVERY_SECONDS_ENV, "checkpoint_every_seconds")
     return None if value is None else float(value)
 
 
@@ -154,6 +153,32 @@ def cadence_flag(value: float | None) -> Any:
     if value is None:
         return DEFAULT
     return value or None
+
+
+def add_checkpoint_arguments(parser: Any) -> None:
+    """Add the flags every example trainer shares to an ``argparse.ArgumentParser``: the cadence
+    ``--save-every-steps`` (0: off) and ``--save-every-seconds`` with no default of their own (None:
+    the agent's environment, else the contract's default; pass them through :func:`cadence_flag`),
+    ``--keep`` (checkpoints kept, default :data:`DEFAULT_KEEP`), ``--sync`` (synchronous saves), and
+    ``--data-dir`` / ``--checkpoint-dir`` / ``--log-dir`` (default: the ``SPOT_TRAINING_*`` environment).
+    Check them after parsing with :func:`check_checkpoint_arguments`."""
+    parser.add_argument("--save-every-steps", type=int, default=None,
+                        help=f"checkpoint cadence in steps (0: off; default: ${EVERY_STEPS_ENV} or {DEFAULT_EVERY_STEPS})")
+    parser.add_argument("--save-every-seconds", type=float, default=None,
+                        help=f"checkpoint cadence in seconds (default: ${EVERY_SECONDS_ENV} or off)")
+    parser.add_argument("--keep", type=int, default=DEFAULT_KEEP, help="checkpoints kept (>= 2)")
+    parser.add_argument("--sync", action="store_true", help="synchronous saves (default: background)")
+    parser.add_argument("--data-dir", type=Path, default=None, help="default $SPOT_TRAINING_DATA_DIR")
+    parser.add_argument("--checkpoint-dir", type=Path, default=None, help="default $SPOT_TRAINING_CHECKPOINT_DIR")
+    parser.add_argument("--log-dir", type=Path, default=None, help="default $SPOT_TRAINING_LOG_DIR")
+
+
+def check_checkpoint_arguments(parser: Any, args: Any) -> None:
+    """Exit 2 through ``parser.error`` naming a bad flag of :func:`add_checkpoint_arguments`."""
+    if args.keep < 1:
+        parser.error(f"--keep must be >= 1, got {args.keep}")
+    if args.save_every_steps is not None and args.save_every_steps < 0:
+        parser.error(f"--save-every-steps must be >= 0 (0 turns step-based saves off), got {args.save_every_steps}")
 
 
 def checkpoint_exit_code(err: BaseException) -> int | None:
@@ -573,7 +598,7 @@ class CheckpointDriver:
                 raise CheckpointError(f"final checkpoint at step {self.step} is not in {str(self.directory)!r}; "
                                       "not writing COMPLETED")
             self.store.mark_complete(step=self.step, epoch=self.epoch_of(self.step))
-            self.log.info("training complete at step %d; wrote %s", self.step, self.directory / "COMPLETED")
+            self.log.info("training complete at step %d; wrote %s", self.step, self.directory / spot_contract.COMPLETED_FILE)
         self.adapter.barrier()
         return ckpt
 

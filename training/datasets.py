@@ -21,13 +21,17 @@ from pathlib import Path
 
 import numpy as np
 
-DATA_DIR_ENV = "SPOT_TRAINING_DATA_DIR"
-CHECKPOINT_DIR_ENV = "SPOT_TRAINING_CHECKPOINT_DIR"
-LOG_DIR_ENV = "SPOT_TRAINING_LOG_DIR"
+from spot_contract import (CHECKPOINTS_DIR, DATASETS_DIR, DEFAULT_MOUNT_POINT, ENV_CHECKPOINT_DIR, ENV_DATA_DIR,
+                           ENV_LOG_DIR, LOGS_DIR)
 
-DEFAULT_DATA_DIR = "/dltraining/datasets"
-DEFAULT_CHECKPOINT_DIR = "/dltraining/checkpoints"
-DEFAULT_LOG_DIR = "/dltraining/logs"
+DATA_DIR_ENV = ENV_DATA_DIR
+CHECKPOINT_DIR_ENV = ENV_CHECKPOINT_DIR
+LOG_DIR_ENV = ENV_LOG_DIR
+
+#: Off a node (no agent, no environment): the node's layout under the data volume's default mount point.
+DEFAULT_DATA_DIR = f"{DEFAULT_MOUNT_POINT}/{DATASETS_DIR}"
+DEFAULT_CHECKPOINT_DIR = f"{DEFAULT_MOUNT_POINT}/{CHECKPOINTS_DIR}"
+DEFAULT_LOG_DIR = f"{DEFAULT_MOUNT_POINT}/{LOGS_DIR}"
 
 SPLITS = ("train", "test")
 LAYOUTS = ("NHWC", "NCHW")

@@ -17,9 +17,11 @@ import time
 from pathlib import Path
 from typing import Callable, Iterable
 
+import spot_contract
+
 __all__ = ["NoticeHandler", "SaveSchedule", "REQUEST_FILE_ENV", "request_file_from_env"]
 
-REQUEST_FILE_ENV = "SPOT_TRAINING_CHECKPOINT_REQUEST_FILE"
+REQUEST_FILE_ENV = spot_contract.ENV_CHECKPOINT_REQUEST_FILE
 _FROM_ENV = object()
 
 

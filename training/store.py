@@ -34,6 +34,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+import spot_contract
+
 __all__ = [
     "BackgroundSaver",
     "Checkpoint",
@@ -50,8 +52,8 @@ __all__ = [
 ]
 
 MANIFEST_NAME = "manifest.json"
-LATEST_NAME = "LATEST"
-COMPLETED_NAME = "COMPLETED"
+LATEST_NAME = spot_contract.LATEST_FILE
+COMPLETED_NAME = spot_contract.COMPLETED_FILE
 CHECKPOINT_PREFIX = "ckpt-"
 TMP_PREFIX = ".tmp-"
 #: A temporary entry whose owner cannot be checked (another host, or no owner in its name) is left
@@ -240,21 +242,11 @@ def _combined_checksum(files: dict[str, dict]) -> str:
 
 
 def write_json_atomic(path: Path, payload: dict) -> None:
-    """Write ``payload`` as JSON to ``path`` atomically: temp file beside it, fsync, ``os.replace``,
-    fsync the directory. The temp file is removed on any exception."""
-    path = Path(path)
-    tmp = path.with_name(f"{TMP_PREFIX}{path.name}-{_temp_suffix()}")
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(payload, f, indent=1, sort_keys=True)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    _fsync_dir(path.parent)
+    """Write ``payload`` as JSON to ``path`` atomically: temp file (``TMP_PREFIX`` and the owner's
+    ``<host>-<pid>-<random>``, so a store opened elsewhere can tell whether its writer is gone) beside it,
+    fsync, ``os.replace``, fsync the directory (:func:`spot_contract.write_json_atomic`). The temp file is
+    removed on any exception."""
+    spot_contract.write_json_atomic(path, payload, tmp_prefix=TMP_PREFIX, tmp_suffix=_temp_suffix())
 
 
 class CheckpointStore:

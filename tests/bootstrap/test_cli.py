@@ -92,7 +92,7 @@ BAD_CONFIGS = {
     "missing training": (lambda c: _without(c, "training"), r"training: missing; expected a value"),
     "missing volume tags": (lambda c: _without(c, "volume", "tags"), r"volume.tags: missing"),
     "wrong type keep_snapshots": (lambda c: _with(c, "two", "volume", "keep_snapshots"),
-                                  r'volume.keep_snapshots: got "two"; expected an integer >= 1'),
+                                  r'volume.keep_snapshots: got "two"; expected an integer from 1 to 100'),
     "bool is not an int": (lambda c: _with(c, True, "schema_version"), r"schema_version: got true"),
     "command not a list": (lambda c: _with(c, "python train.py", "training", "command"),
                            r'training.command: got "python train.py"; expected a non-empty list'),
@@ -113,7 +113,7 @@ BAD_CONFIGS = {
     "5000-digit integer": (lambda c: json.dumps(c).replace('"keep_snapshots": 2', '"keep_snapshots": ' + "9" * 5000),
                            r"is not valid JSON: .*integer"),
     "keep_snapshots 10**30": (lambda c: _with(c, 10**30, "volume", "keep_snapshots"),
-                              r"volume.keep_snapshots: got 1000000000000000000000000000000; expected an integer >= 1 and <= 100"),
+                              r"volume.keep_snapshots: got 1000000000000000000000000000000; expected an integer from 1 to 100"),
     "mount point /": (lambda c: _with(c, "/", "volume", "mount_point"), r'volume.mount_point: got "/"; expected a directory'),
     "checkpoints on the root disk": (lambda c: _with(c, "/var/lib/checkpoints", "training", "checkpoint_dir"),
                                      r'training.checkpoint_dir: got "/var/lib/checkpoints"; expected a directory under '

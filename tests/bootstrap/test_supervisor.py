@@ -135,6 +135,24 @@ def test_runs_trainer_to_completion_with_the_contract_environment(tmp_path):
     assert (tmp_path / "dltraining" / "datasets").is_dir() and (tmp_path / "dltraining" / "logs").is_dir()
 
 
+def test_checkpoint_cadence_of_the_node_config_reaches_the_trainer_environment(tmp_path):
+    # cdk.json -> node config `training.checkpoint_every_*` -> the trainer's environment (issue 14).
+    config = base_config(tmp_path)
+    config["training"].update(checkpoint_every_steps=7, checkpoint_every_seconds=90)
+    sup = make_supervisor(tmp_path, env={"FAKE_STEPS": "3", "FAKE_DUMP_ENV": "1"}, config=config)
+    assert sup.run() is Outcome.COMPLETED
+    env = json.loads((tmp_path / "dltraining" / "checkpoints" / "env.json").read_text())
+    assert env["SPOT_TRAINING_CHECKPOINT_EVERY_STEPS"] == "7"
+    assert env["SPOT_TRAINING_CHECKPOINT_EVERY_SECONDS"] == "90"
+
+
+def test_a_bad_checkpoint_cadence_is_a_config_error(tmp_path):
+    config = base_config(tmp_path)
+    config["training"]["checkpoint_every_steps"] = 0
+    with pytest.raises(ConfigError, match="training.checkpoint_every_steps: got 0"):
+        parse_config(config)
+
+
 def test_crashing_trainer_is_restarted_with_bounded_backoff_then_given_up(tmp_path):
     clock = FakeClock()
     sup = make_supervisor(tmp_path, env={"FAKE_MODE": "crash"}, max_restarts=3, backoff_base_s=1.0,

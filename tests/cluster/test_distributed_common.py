@@ -64,3 +64,18 @@ def test_rank_zero_also_writes_the_progress_the_agent_publishes(tmp_path, monkey
     assert all(float(r["wall_time"]) > 1.7e9 for r in rows)
     assert json.loads((tmp_path / "progress.json").read_text()) == {"steps_total": 800}
     assert (tmp_path / "steps-node-a.csv").exists() and (tmp_path / "steps-node-b.csv").exists()
+
+
+def test_the_cluster_trainers_cadence_is_the_agents_environment_else_the_contracts(monkeypatch) -> None:
+    # No cadence of their own (issue 14): the node config's, exported by the agent, else the contract's one default.
+    import spot_contract
+    from training.distributed.common import parse_args
+
+    monkeypatch.delenv("SPOT_TRAINING_CHECKPOINT_EVERY_STEPS", raising=False)
+    assert parse_args([], description="t").save_every_steps == spot_contract.default("checkpoint_every_steps")
+    monkeypatch.setenv("SPOT_TRAINING_CHECKPOINT_EVERY_STEPS", "7")
+    assert parse_args([], description="t").save_every_steps == 7
+    assert parse_args(["--save-every-steps", "3"], description="t").save_every_steps == 3
+    monkeypatch.setenv("SPOT_TRAINING_CHECKPOINT_EVERY_STEPS", "0")
+    with pytest.raises(SystemExit):
+        parse_args([], description="t")

@@ -1,4 +1,4 @@
-"""``spot-train drill --aws`` (infra/aws_drill.py): the orchestration against the moto server over HTTP.
+"""``spot-train drill --aws`` (localmode/aws_drill.py): the orchestration against the moto server over HTTP.
 
 What moto cannot be here stands in for it, and only that: the cdk CLI (a fake that creates what the
 stack's deploy would, the fleet, its volume, and removes them on destroy), the node's checkpoint pointer
@@ -18,7 +18,7 @@ import boto3
 import pytest
 
 from infra import preflight
-from infra.aws_drill import FLEET_TAG, AwsDrill, AwsDrillOptions
+from localmode.aws_drill import FLEET_TAG, AwsDrill, AwsDrillOptions
 from localmode.cli import main
 
 REGION = "us-east-1"

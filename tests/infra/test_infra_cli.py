@@ -148,3 +148,51 @@ def test_docs_import_example_synthesizes(tmp_path: Path) -> None:
     errors = [(path, e["data"]) for f in metadata_files for path, entries in json.loads(f.read_text()).items()
               for e in entries if e["type"] == "aws:cdk:error"]
     assert errors == []
+
+
+def _node_configs(template_file: Path) -> list[dict]:
+    """Every node config in the launch templates' user data of a synthesized template."""
+    from aws_cdk import assertions
+    from infra_helpers import render_intrinsics
+
+    from infra.userdata import extract_config
+
+    template = assertions.Template.from_json(json.loads(template_file.read_text()))
+    found = template.find_resources("AWS::EC2::LaunchTemplate")
+    return [extract_config(render_intrinsics(lt["Properties"]["LaunchTemplateData"]["UserData"]["Fn::Base64"]))
+            for lt in found.values()]
+
+
+@pytest.mark.slow
+def test_cli_synth_carries_the_checkpoint_cadence_and_poll_interval_to_every_node(tmp_path: Path) -> None:
+    """`-c checkpoint_every_steps=7` (issue 14, item 2) reaches the node config of the single node and of
+    every cluster role; `-c notice_poll_interval_s=2` reaches the cluster nodes too (item 3). The agent
+    accepts each config (region as a deploy resolves it)."""
+    from bootstrap.config import parse_config
+
+    result = _cdk_synth(tmp_path, "checkpoint_every_steps=7", "checkpoint_every_seconds=600", "notice_poll_interval_s=2")
+    assert result.returncode == 0, result.stderr[-3000:]
+    single = _node_configs(tmp_path / "SpotTraining.template.json")
+    cluster = _node_configs(tmp_path / "DistributedTraining.template.json")
+    assert len(single) == 1 and len(cluster) == 3
+    for config in single + cluster:
+        assert config["training"]["checkpoint_every_steps"] == 7
+        assert config["training"]["checkpoint_every_seconds"] == 600
+        assert config["notice_poll_interval_s"] == 2
+        # Tokens as a deploy resolves them: the region, and the EFS ids of the cluster's file system.
+        efs = config["efs"] and {**config["efs"], "file_system_id": "fs-0123abcd", "access_point_id": "fsap-0123abcd"}
+        agent = parse_config({**config, "region": "us-east-1", "efs": efs})
+        assert (agent.training.checkpoint_every_steps, agent.notice_poll_interval_s) == (7, 2.0)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("item, message", [
+    ("checkpoint_every_steps=0", "context key 'checkpoint_every_steps': got '0'; allowed: an integer >= 1 (steps)"),
+    ("checkpoint_every_seconds=often",
+     "context key 'checkpoint_every_seconds': got 'often'; allowed: a number of seconds from 1 to 86400"),
+])
+def test_cli_synth_fails_on_a_bad_checkpoint_cadence(tmp_path: Path, item: str, message: str) -> None:
+    result = _cdk_synth(tmp_path, item)
+    assert result.returncode != 0
+    assert message in result.stderr
+    assert not (tmp_path / "SpotTraining.template.json").exists()

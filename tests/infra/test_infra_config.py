@@ -198,7 +198,7 @@ def test_move_settings_defaults_and_bad_values() -> None:
     assert (s.snapshot_interval_minutes, s.volume_initialization_rate_mibps, s.pin_to_volume_az) == (60, 300, False)
     s = settings_from_app_context(snapshot_interval_minutes="0", volume_initialization_rate_mibps="none", pin_to_volume_az="true")
     assert (s.snapshot_interval_minutes, s.volume_initialization_rate_mibps, s.pin_to_volume_az) == (0, None, True)
-    with pytest.raises(ValueError, match=r"'volume_initialization_rate_mibps': got 500; allowed: an integer \(MiB/s\), or none from 100 to 300"):
+    with pytest.raises(ValueError, match=r"'volume_initialization_rate_mibps': got 500; allowed: an integer from 100 to 300 \(MiB/s\), or none"):
         settings_from_app_context(volume_initialization_rate_mibps=500)
     with pytest.raises(ValueError, match=r"'snapshot_interval_minutes': got -5"):
         settings_from_app_context(snapshot_interval_minutes=-5)

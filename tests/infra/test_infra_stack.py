@@ -204,7 +204,7 @@ def test_bootstrap_asset_holds_agent_and_training_code_only(default_synth: Synth
     files = {p.relative_to(source).as_posix() for p in source.rglob("*") if p.is_file()}
     assert "bootstrap/__init__.py" in files and "training/__init__.py" in files
     assert not [f for f in files if "__pycache__" in f or f.endswith(".pyc") or "/tests/" in f or f.startswith("tests/")]
-    assert {f.split("/")[0] for f in files} == {"bootstrap", "training"}
+    assert {f.split("/")[0] for f in files} == {"spot_contract", "bootstrap", "training"}
 
 
 def test_outputs(default_synth: Synth) -> None:

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
+from spot_contract import PROGRESS_FILE, TRAINING_LOG_FILE
+from training.core import DEFAULT_EVERY_STEPS, default_every_steps
 from training.datasets import batch_indices, default_log_dir
 
 __all__ = ["parse_args", "global_batch", "global_batch_size", "worker_shard", "StepLog", "write_result", "node_id",
@@ -27,7 +29,7 @@ __all__ = ["parse_args", "global_batch", "global_batch_size", "worker_shard", "S
 STEP_LOG_FIELDS = ("step", "generation", "rank", "num_workers", "loss", "learning_rate", "wall_time")
 #: The progress file the node agent reads and publishes (docs/contracts.md, "Signals and files between
 #: agent and trainer"): rank 0 appends one row per step, whichever node holds rank 0 in a generation.
-TRAINING_LOG = "training_log.csv"
+TRAINING_LOG = TRAINING_LOG_FILE
 TRAINING_LOG_FIELDS = ("step", "generation", "num_workers", "loss", "learning_rate", "wall_time")
 
 
@@ -43,7 +45,9 @@ def parse_args(argv=None, *, description: str) -> argparse.Namespace:
                    help="linear learning-rate scaling by worker count with warm-up (training.distributed.lr)")
     p.add_argument("--warmup-steps", type=int, default=20, help="warm-up steps of --scale-lr (default 20)")
     p.add_argument("--hidden", type=int, default=64, help="hidden units of the MLP (default 64)")
-    p.add_argument("--save-every-steps", type=int, default=25, help="checkpoint cadence (default 25)")
+    p.add_argument("--save-every-steps", type=int, default=None,
+                   help="checkpoint cadence in steps (0: off; default: $SPOT_TRAINING_CHECKPOINT_EVERY_STEPS or "
+                        f"{DEFAULT_EVERY_STEPS})")
     p.add_argument("--min-step-seconds", type=float, default=0.0,
                    help="pace steps to take at least this long (tests and benchmarks: room for events)")
     p.add_argument("--seed", type=int, default=0)
@@ -51,6 +55,11 @@ def parse_args(argv=None, *, description: str) -> argparse.Namespace:
     p.add_argument("--checkpoint-dir", type=Path, default=None, help="default $SPOT_TRAINING_CHECKPOINT_DIR")
     p.add_argument("--log-dir", type=Path, default=None, help="default $SPOT_TRAINING_LOG_DIR")
     args = p.parse_args(argv)
+    if args.save_every_steps is None:  # the node config's cadence (the agent's environment), else the contract's
+        try:
+            args.save_every_steps = default_every_steps()
+        except ValueError as exc:
+            p.error(str(exc))
     for name in ("steps", "batch_size", "hidden"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
@@ -129,7 +138,7 @@ class StepLog:
         if self._progress is None:
             self._progress = self._open(self.directory / TRAINING_LOG, TRAINING_LOG_FIELDS)
             if self.steps_total is not None:
-                progress = self.directory / "progress.json"
+                progress = self.directory / PROGRESS_FILE
                 tmp = progress.with_name(f".progress.json.{os.getpid()}.tmp")
                 tmp.write_text(json.dumps({"steps_total": int(self.steps_total)}))
                 os.replace(tmp, progress)

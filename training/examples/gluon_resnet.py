@@ -37,7 +37,8 @@ if __package__ in (None, ""):  # run as a script: make `training` importable fro
 
 import numpy as np
 
-from training.core import cadence_flag, run_script
+from spot_contract import TRAINING_LOG_FILE
+from training.core import add_checkpoint_arguments, cadence_flag, check_checkpoint_arguments, run_script
 from training.datasets import (
     batch_indices,
     default_data_dir,
@@ -47,7 +48,7 @@ from training.datasets import (
 )
 
 LOG_FIELDS = ("step", "epoch", "loss", "accuracy", "wall_time")
-LOG_NAME = "training_log.csv"
+LOG_NAME = TRAINING_LOG_FILE
 
 
 def build_net(*, channels: int = 16, blocks: int = 2, classes: int = 10, width: int | None = None):
@@ -89,33 +90,24 @@ def parse_args(argv=None) -> argparse.Namespace:
     length.add_argument("--epochs", type=int, default=5, help="total epochs when --steps is not given (default 5)")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--learning-rate", type=float, default=1e-3, help="Adam learning rate (default 1e-3)")
-    parser.add_argument("--save-every-steps", type=int, default=None,
-                        help="checkpoint cadence in steps (0: off; default: $SPOT_TRAINING_CHECKPOINT_EVERY_STEPS or 50)")
-    parser.add_argument("--save-every-seconds", type=float, default=None,
-                        help="checkpoint cadence in seconds (default: $SPOT_TRAINING_CHECKPOINT_EVERY_SECONDS or off)")
-    parser.add_argument("--keep", type=int, default=3, help="checkpoints kept (>= 2)")
+    add_checkpoint_arguments(parser)  # cadence (no default of its own), --keep, --sync, the directories
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--sync", action="store_true", help="synchronous saves (default: background)")
     parser.add_argument("--channels", type=int, default=16)
     parser.add_argument("--blocks", type=int, default=2)
     parser.add_argument("--width", type=int, default=0, help="hidden dense units before the output (0: none)")
     parser.add_argument("--threads", type=int, default=1, help="OMP_NUM_THREADS for MXNet (default 1, see above)")
     parser.add_argument("--hybridize", action=argparse.BooleanOptionalAction, default=True)
-    parser.add_argument("--data-dir", type=Path, default=None, help="default $SPOT_TRAINING_DATA_DIR")
-    parser.add_argument("--checkpoint-dir", type=Path, default=None, help="default $SPOT_TRAINING_CHECKPOINT_DIR")
-    parser.add_argument("--log-dir", type=Path, default=None, help="default $SPOT_TRAINING_LOG_DIR")
     parser.add_argument("--save-final-params", type=Path, default=None,
                         help="also write the final parameters to this .npz (for comparisons)")
     args = parser.parse_args(argv)
-    for name in ("batch_size", "threads", "keep"):
+    for name in ("batch_size", "threads"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if args.steps is not None and args.steps < 1:
         parser.error(f"--steps must be >= 1, got {args.steps}")
     if args.epochs is not None and args.epochs < 1:
         parser.error(f"--epochs must be >= 1, got {args.epochs}")
-    if args.save_every_steps is not None and args.save_every_steps < 0:
-        parser.error(f"--save-every-steps must be >= 0 (0 turns step-based saves off), got {args.save_every_steps}")
+    check_checkpoint_arguments(parser, args)
     return args
 
 

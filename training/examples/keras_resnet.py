@@ -38,11 +38,12 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import numpy as np
 
-from training.core import cadence_flag, run_script
+from spot_contract import PROGRESS_FILE, TRAINING_LOG_FILE
+from training.core import add_checkpoint_arguments, cadence_flag, check_checkpoint_arguments, run_script
 from training.datasets import default_data_dir, default_log_dir, load_digits
 
 LOG_FIELDS = ("step", "epoch", "loss", "accuracy", "wall_time")
-LOG_NAME = "training_log.csv"
+LOG_NAME = TRAINING_LOG_FILE
 
 
 def build_model(*, channels: int = 16, blocks: int = 2, classes: int = 10, dropout: float = 0.1,
@@ -74,30 +75,21 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--epochs", type=int, default=5)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--learning-rate", type=float, default=1e-3, help="Adam learning rate (default 1e-3)")
-    parser.add_argument("--save-every-steps", type=int, default=None,
-                        help="checkpoint cadence in steps (0: off; default: $SPOT_TRAINING_CHECKPOINT_EVERY_STEPS or 50)")
-    parser.add_argument("--save-every-seconds", type=float, default=None,
-                        help="checkpoint cadence in seconds (default: $SPOT_TRAINING_CHECKPOINT_EVERY_SECONDS or off)")
-    parser.add_argument("--keep", type=int, default=3, help="checkpoints kept (>= 2)")
+    add_checkpoint_arguments(parser)  # cadence (no default of its own), --keep, --sync, the directories
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--sync", action="store_true", help="synchronous saves (default: background)")
     parser.add_argument("--channels", type=int, default=16)
     parser.add_argument("--blocks", type=int, default=2)
     parser.add_argument("--dropout", type=float, default=0.1)
     parser.add_argument("--threads", type=int, default=1, help="TensorFlow intra-op threads (default 1)")
-    parser.add_argument("--data-dir", type=Path, default=None, help="default $SPOT_TRAINING_DATA_DIR")
-    parser.add_argument("--checkpoint-dir", type=Path, default=None, help="default $SPOT_TRAINING_CHECKPOINT_DIR")
-    parser.add_argument("--log-dir", type=Path, default=None, help="default $SPOT_TRAINING_LOG_DIR")
     parser.add_argument("--step-delay", type=float, default=0.0,
                         help="sleep this many seconds after each step (tests use it to land signals mid-run)")
     parser.add_argument("--save-final-weights", type=Path, default=None,
                         help="also write the final weights and optimizer state to this .npz (for comparisons)")
     args = parser.parse_args(argv)
-    for name in ("epochs", "batch_size", "threads", "keep"):
+    for name in ("epochs", "batch_size", "threads"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-    if args.save_every_steps is not None and args.save_every_steps < 0:
-        parser.error(f"--save-every-steps must be >= 0 (0 turns step-based saves off), got {args.save_every_steps}")
+    check_checkpoint_arguments(parser, args)
     return args
 
 
@@ -143,7 +135,7 @@ def train(argv=None) -> int:
             if new:
                 self.writer.writerow(LOG_FIELDS)
             # docs/contracts.md: progress.json tells the node agent (and `spot-train status`) the total.
-            progress = log_path.with_name("progress.json")
+            progress = log_path.with_name(PROGRESS_FILE)
             tmp = progress.with_name(".progress.json.tmp")
             tmp.write_text(json.dumps({"steps_total": args.epochs * fitter.steps_per_epoch}))
             os.replace(tmp, progress)

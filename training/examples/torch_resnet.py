@@ -48,7 +48,8 @@ if __package__ in (None, ""):  # run as a script: make `training` importable fro
 
 import numpy as np
 
-from training.core import cadence_flag, run_script
+from spot_contract import PROGRESS_FILE, TRAINING_LOG_FILE
+from training.core import add_checkpoint_arguments, cadence_flag, check_checkpoint_arguments, run_script
 from training.datasets import default_data_dir, default_log_dir, load_digits, steps_per_epoch
 
 #: When the checkpoint directory or its content cannot serve this run, restarting cannot help: the
@@ -57,7 +58,7 @@ from training.datasets import default_data_dir, default_log_dir, load_digits, st
 #: ``training.core.checkpoint_exit_code`` says (docs/contracts.md); nothing in the directory is
 #: changed or deleted.
 LOG_FIELDS = ("step", "epoch", "loss", "accuracy", "wall_time")
-LOG_NAME = "training_log.csv"
+LOG_NAME = TRAINING_LOG_FILE
 
 
 def build_model(*, channels: int = 16, blocks: int = 2, classes: int = 10, dropout: float = 0.1, width: int = 0):
@@ -114,13 +115,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     length.add_argument("--epochs", type=int, default=5, help="total epochs when --steps is not given (default 5)")
     parser.add_argument("--batch-size", type=int, default=32, help="examples per step on each rank")
     parser.add_argument("--learning-rate", type=float, default=3e-3, help="OneCycleLR peak learning rate of AdamW")
-    parser.add_argument("--save-every-steps", type=int, default=None,
-                        help="checkpoint cadence in steps (0: off; default: $SPOT_TRAINING_CHECKPOINT_EVERY_STEPS or 50)")
-    parser.add_argument("--save-every-seconds", type=float, default=None,
-                        help="checkpoint cadence in seconds (default: $SPOT_TRAINING_CHECKPOINT_EVERY_SECONDS or off)")
-    parser.add_argument("--keep", type=int, default=3, help="checkpoints kept (>= 2)")
+    add_checkpoint_arguments(parser)  # cadence (no default of its own), --keep, --sync, the directories
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--sync", action="store_true", help="synchronous saves (default: background)")
     parser.add_argument("--snapshot-mode", choices=("auto", "device", "pinned", "sync"), default="auto")
     parser.add_argument("--channels", type=int, default=16)
     parser.add_argument("--blocks", type=int, default=2)
@@ -131,22 +127,18 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     parser.add_argument("--compile", nargs="?", const="inductor", default=None, metavar="BACKEND",
                         help="train a torch.compile'd model (default backend inductor)")
-    parser.add_argument("--data-dir", type=Path, default=None, help="default $SPOT_TRAINING_DATA_DIR")
-    parser.add_argument("--checkpoint-dir", type=Path, default=None, help="default $SPOT_TRAINING_CHECKPOINT_DIR")
-    parser.add_argument("--log-dir", type=Path, default=None, help="default $SPOT_TRAINING_LOG_DIR")
     parser.add_argument("--step-delay", type=float, default=0.0,
                         help="sleep this many seconds after each step (tests use it to land signals mid-run)")
     parser.add_argument("--save-final-weights", type=Path, default=None,
                         help="also write the final model and optimizer state to this .npz (for comparisons)")
     args = parser.parse_args(argv)
-    for name in ("batch_size", "threads", "keep"):
+    for name in ("batch_size", "threads"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     for name in ("steps", "epochs"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             parser.error(f"--{name} must be >= 1, got {getattr(args, name)}")
-    if args.save_every_steps is not None and args.save_every_steps < 0:
-        parser.error(f"--save-every-steps must be >= 0 (0 turns step-based saves off), got {args.save_every_steps}")
+    check_checkpoint_arguments(parser, args)
     return args
 
 
@@ -233,7 +225,7 @@ def train(argv=None) -> int:
         if new:
             writer.writerow(LOG_FIELDS)
         # docs/contracts.md: progress.json tells the node agent (and `spot-train status`) the total.
-        progress = log_path.with_name("progress.json")
+        progress = log_path.with_name(PROGRESS_FILE)
         tmp = progress.with_name(".progress.json.tmp")
         tmp.write_text(json.dumps({"steps_total": total_steps}))
         os.replace(tmp, progress)

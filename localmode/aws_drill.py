@@ -42,7 +42,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from .preflight import EXIT_FAILED, Target, default_client_factory, exit_code, format_checks, run_checks
+from infra.preflight import EXIT_FAILED, Target, default_client_factory, exit_code, format_checks, run_checks
+from spot_contract import DEFAULT_MOUNT_POINT, STACK_TAG
 
 FLEET_TAG = "aws:ec2spot:fleet-request-id"
 #: Small, cheap single-GPU types the current Deep Learning Base AMI supports (docs/infra.md).
@@ -63,7 +64,7 @@ class AwsDrillOptions:
     context: tuple[str, ...] = ()
     work_dir: Path = Path("out/aws-drill")
     cdk: str = "cdk"
-    mount_point: str = "/dltraining"
+    mount_point: str = DEFAULT_MOUNT_POINT
     keep_stack: bool = False
     launch_timeout_s: float = 1800.0
     progress_timeout_s: float = 3600.0
@@ -183,7 +184,7 @@ class AwsDrill:
     # ---- steps -------------------------------------------------------------------------------------
     def preflight(self) -> None:
         self.step("preflight", "service-linked roles, spot vCPU quota, AMI parameter, capacity")
-        from .config import DEFAULT_AMI_SSM_PARAMETER
+        from infra.config import DEFAULT_AMI_SSM_PARAMETER
 
         given = dict(item.partition("=")[::2] for item in self.o.context)
         checks = run_checks(Target(self.o.region, self.o.instance_types, 1,
@@ -209,7 +210,7 @@ class AwsDrill:
 
     def interrupt(self, template_id: str) -> str:
         experiment = self.client("fis").start_experiment(experimentTemplateId=template_id, clientToken=str(uuid.uuid4()),
-                                                         tags={"spot-training:stack": self.o.stack})
+                                                         tags={STACK_TAG: self.o.stack})
         return experiment["experiment"]["id"]
 
     def destroy(self) -> None:
@@ -340,6 +341,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 if __name__ == "__main__":  # pragma: no cover
-    parser = argparse.ArgumentParser(prog="python -m infra.aws_drill")
+    parser = argparse.ArgumentParser(prog="python -m localmode.aws_drill")
     add_arguments(parser)
     sys.exit(run(parser.parse_args()))

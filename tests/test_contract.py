@@ -1,0 +1,169 @@
+"""The contract between the layers (spot_contract, issue 14): the layers import only it from each
+other's domain, it needs nothing but the standard library, and the stack (at synth) and the agent (at
+boot) accept and refuse the same values because they run its one validator."""
+
+from __future__ import annotations
+
+import ast
+import copy
+import sys
+from pathlib import Path
+
+import pytest
+
+import spot_contract
+from bootstrap.config import parse_config
+from bootstrap.errors import ConfigError
+from infra.cluster_config import ClusterSettings
+from infra.config import StackSettings
+
+REPO = Path(__file__).resolve().parent.parent
+#: The ground-floor layers: none may import another's package; each may import the contract.
+LAYERS = ("infra", "bootstrap", "training")
+#: Local mode sits on top and may import every layer (docs/architecture.md, "Layers"); nothing imports it.
+TOP = "localmode"
+CONTRACT = "spot_contract"
+
+
+def _imports(path: Path) -> list[tuple[int, str]]:
+    """(line, top-level package) of every absolute import in ``path``, function-level ones included."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name.split(".")[0]) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.append((node.lineno, node.module.split(".")[0]))
+    return found
+
+
+def _violations(package: str, allowed: set[str]) -> list[str]:
+    forbidden = (set(LAYERS) | {TOP, CONTRACT}) - allowed - {package}
+    return [f"{path.relative_to(REPO)}:{line} imports {name}"
+            for path in sorted((REPO / package).rglob("*.py"))
+            for line, name in _imports(path) if name in forbidden]
+
+
+@pytest.mark.parametrize("layer", LAYERS)
+def test_a_layer_imports_only_the_contract_of_the_other_layers(layer: str) -> None:
+    assert _violations(layer, {CONTRACT}) == []
+
+
+def test_the_contract_imports_only_the_standard_library() -> None:
+    names = {name for path in (REPO / CONTRACT).rglob("*.py") for _, name in _imports(path)}
+    assert names - set(sys.stdlib_module_names) - {"__future__"} == set()
+
+
+def test_the_import_rule_catches_a_layer_that_reaches_into_another(tmp_path: Path, monkeypatch) -> None:
+    # The check itself can fail: a training module importing the agent is reported with its line.
+    (tmp_path / "training").mkdir()
+    (tmp_path / "training" / "bad.py").write_text("import os\n\ndef f():\n    from bootstrap.config import STACK_TAG\n")
+    monkeypatch.setattr(sys.modules[__name__], "REPO", tmp_path)
+    assert _violations("training", {CONTRACT}) == ["training/bad.py:4 imports bootstrap"]
+
+
+def _node_config(**changes) -> dict:
+    """A valid single-node config, with ``changes`` as ``section.key`` -> value."""
+    config = {
+        "schema_version": 1, "region": "us-east-1", "stack_name": "SpotTraining", "node_role": "single",
+        "volume": {"tags": {spot_contract.STACK_TAG: "SpotTraining", spot_contract.PURPOSE_TAG: "data-volume"},
+                   "device_name": "/dev/sdf", "mount_point": "/dltraining", "fs_type": "xfs", "keep_snapshots": 2},
+        "efs": None,
+        "training": {"framework": "tensorflow", "python": "/usr/bin/python3", "command": ["{python}", "t.py"],
+                     "user": "ubuntu", "checkpoint_dir": "/dltraining/checkpoints",
+                     "code": {"type": "asset", "path": "/opt/spot-training/code"}},
+        "cleanup": {"cancel_fleet_on_success": True}, "imds_endpoint": None,
+        "monitoring": {"enabled": True, "log_group": "/spot-training/SpotTraining", "namespace": "SpotTraining"},
+    }
+    config = copy.deepcopy(config)
+    for path, value in changes.items():
+        *parents, key = path.split(".")
+        section = config
+        for parent in parents:
+            section = section[parent]
+        section[key] = value
+    return config
+
+
+#: context key -> where the stack writes it in the node config.
+PLACES = {
+    "notice_poll_interval_s": "notice_poll_interval_s",
+    "keep_snapshots": "volume.keep_snapshots",
+    "monitoring_interval_s": "monitoring.interval_s",
+    "checkpoint_every_steps": "training.checkpoint_every_steps",
+    "checkpoint_every_seconds": "training.checkpoint_every_seconds",
+    "volume_initialization_rate_mibps": "volume.initialization_rate_mibps",
+}
+BAD = [(key, value) for key, values in {
+    "notice_poll_interval_s": (0.4, 0, 61, 1e9),
+    "keep_snapshots": (0, 101, 10**6),
+    "monitoring_interval_s": (0.5, 301),
+    "checkpoint_every_steps": (0, -3),
+    "checkpoint_every_seconds": (0, 0.5, 86401),
+    "volume_initialization_rate_mibps": (99, 301),
+}.items() for value in values]
+GOOD = [(key, value) for key, values in {
+    "notice_poll_interval_s": (0.5, 1, 5, 60),
+    "keep_snapshots": (1, 2, 100),
+    "monitoring_interval_s": (1, 10, 300),
+    "checkpoint_every_steps": (1, 7, 10**6),
+    "checkpoint_every_seconds": (1, 90, 86400),
+    "volume_initialization_rate_mibps": (100, 300),
+}.items() for value in values]
+
+
+@pytest.mark.parametrize("key, value", BAD)
+def test_a_value_the_stack_refuses_the_agent_refuses(key: str, value: float) -> None:
+    with pytest.raises(ValueError, match=f"context key '{key}': got {value!r}; allowed: "):
+        StackSettings.from_mapping({key: value})
+    with pytest.raises(ConfigError, match=f"{PLACES[key]}: got "):
+        parse_config(_node_config(**{PLACES[key]: value}))
+
+
+@pytest.mark.parametrize("key, value", GOOD)
+def test_a_value_the_stack_accepts_the_agent_accepts(key: str, value: float) -> None:
+    settings = StackSettings.from_mapping({key: value, **({"monitoring": True} if "monitoring" in key else {})})
+    parse_config(_node_config(**{PLACES[key]: value}))
+    # And as `-c key=value` passes it: text.
+    assert StackSettings.from_mapping({key: str(value)}) == settings
+
+
+@pytest.mark.parametrize("port, ok", [(1023, False), (1024, True), (9000, True), (65535, True), (65536, False)])
+def test_cluster_ports_agree_between_stack_and_agent(port: int, ok: bool) -> None:
+    from bootstrap.cluster import settings_from_config
+
+    section = {"state_dir": "/mnt/efs/cluster", "num_servers": 1, "min_workers": 1, "scheduler_port": port}
+    if ok:
+        assert ClusterSettings.from_mapping({"cluster_scheduler_port": port}).ports.scheduler == port
+        assert settings_from_config(section).scheduler_port == port
+    else:
+        with pytest.raises(ValueError, match="context key 'cluster_scheduler_port'"):
+            ClusterSettings.from_mapping({"cluster_scheduler_port": port})
+        with pytest.raises(ConfigError, match="cluster.scheduler_port"):
+            settings_from_config(section)
+
+
+def test_true_and_text_are_not_numbers_in_the_node_config() -> None:
+    for value in (True, "5"):
+        with pytest.raises(ConfigError, match="notice_poll_interval_s: got"):
+            parse_config(_node_config(notice_poll_interval_s=value))
+    with pytest.raises(ValueError):
+        StackSettings.from_mapping({"notice_poll_interval_s": True})
+
+
+def test_one_write_json_atomic_with_the_directory_fsync(tmp_path: Path, monkeypatch) -> None:
+    import os
+
+    import training.store
+
+    synced = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(os.path.realpath(f"/proc/self/fd/{fd}")), real_fsync(fd)))
+    spot_contract.write_json_atomic(tmp_path / "plan.json", {"generation": 3})
+    assert (tmp_path / "plan.json").read_text().strip().startswith("{")
+    assert str(tmp_path) in synced  # the directory, so the rename survives a power cut
+    assert [p.name for p in tmp_path.iterdir()] == ["plan.json"]
+    import bootstrap.cluster
+
+    assert bootstrap.cluster.write_json_atomic is spot_contract.write_json_atomic
+    assert training.store.write_json_atomic.__module__ == "training.store"  # keeps the store's temp prefix
