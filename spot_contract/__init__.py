@@ -99,6 +99,10 @@ EXIT_TEMPFAIL = 75
 EXIT_CONFIG = 78
 #: The trainer's exit status when its checkpoint belongs to another job.
 EXIT_CHECKPOINT_MISMATCH = EXIT_CONFIG
+#: A PyTorch worker under an elastic torchrun that stopped only because another rank got the stop
+#: signal (its checkpoint is committed): non-zero so that its torchrun restarts the worker group
+#: instead of ending the job (training.core.stop_exit_code; docs/training-pytorch.md).
+EXIT_PEER_STOPPED = EXIT_TEMPFAIL
 
 # ---- ports -----------------------------------------------------------------------------------------
 #: Default TCP ports of the parameter-server cluster's roles (ps-lite / TensorFlow gRPC).
