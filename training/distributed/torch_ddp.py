@@ -59,10 +59,17 @@ from training.datasets import default_data_dir, default_log_dir, epoch_permutati
 from training.distributed.common import global_batch_size, pace, parse_args, worker_shard, write_result
 from training.distributed.lr import scaled_learning_rate
 
-__all__ = ["LOG_FIELDS", "DataPosition", "main", "rank_indices", "stream_indices"]
+__all__ = ["LOG_FIELDS", "TORCHRUN_ENV", "DataPosition", "main", "rank_indices", "stream_indices"]
 
 LOG_NAME = "training_log.csv"
 LOG_FIELDS = ("step", "epoch", "loss", "accuracy", "world_size", "learning_rate", "restart_count", "wall_time")
+#: Environment every worker node's torchrun needs (the node agent sets it; tests do too). Without
+#: ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` torch (checked in 2.14's dynamic_rendezvous.py,
+#: ``next_rendezvous``) publishes MASTER_ADDR/MASTER_PORT only in the first round a node takes part
+#: in: a node that joins a running job waits for them forever (``DistStoreError: wait timeout ...
+#: MASTER_ADDR``) and the group never restarts. With it set, rank 0's node publishes them every round
+#: and the workers' process-group store is hosted by rank 0's worker for that round only.
+TORCHRUN_ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
 #: Seconds a collective (and the process-group setup) may wait for a peer before raising: a peer that
 #: hangs without closing its sockets fails the group after this long instead of never.
 COLLECTIVE_TIMEOUT_S = 120
