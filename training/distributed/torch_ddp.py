@@ -12,7 +12,7 @@ present) and trains an MLP on the 8x8 digits (as the MXNet and TensorFlow cluste
 checkpoint at start, one ``all_reduce`` per step agrees on saves and stops, the cadence comes from
 ``--save-every-steps`` or ``$SPOT_TRAINING_CHECKPOINT_EVERY_STEPS``/``..._SECONDS``.
 
-Membership changes (docs/training.md, "PyTorch clusters"). torchrun restarts every worker group when a
+Membership changes (docs/training-pytorch.md, "Elastic clusters (TorchElastic)"). torchrun restarts every worker group when a
 node joins or leaves; the restarted workers restore the newest checkpoint and continue with the new
 world size. On a stop (SIGTERM from torchrun or the agent) all ranks stop after the same step, rank 0
 saves it, and a rank that did not get the signal itself exits

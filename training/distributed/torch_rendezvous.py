@@ -6,7 +6,7 @@ Every worker node runs ``torchrun --rdzv-backend=c10d --rdzv-endpoint=<coordinat
 c10d rendezvous backend (``torch/distributed/elastic/rendezvous/c10d_rendezvous_backend.py``) hosts
 the store itself only when it is told it is the host or its hostname matches the endpoint's host;
 on a worker it is neither, so each worker's torchrun is a client of this process, and no spot worker
-holds the rendezvous: losing any worker keeps the store (docs/training.md, "PyTorch clusters").
+holds the rendezvous: losing any worker keeps the store (docs/training-pytorch.md, "Elastic clusters (TorchElastic)").
 
 This is ``torch.distributed.TCPStore(host, port, is_master=True, wait_for_workers=False)``, the
 framework's own store (no server of ours). The store keeps its keys in memory only: a restarted
