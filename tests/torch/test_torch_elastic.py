@@ -13,6 +13,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -25,14 +26,12 @@ import numpy as np
 import pytest
 
 from training.core import EXIT_PEER_STOPPED, stop_exit_code
-from training.distributed.torch_ddp import rank_indices, stream_indices
+from training.distributed.torch_ddp import TORCHRUN_ENV, rank_indices, stream_indices
 from training.store import CheckpointStore
 
 REPO = Path(__file__).resolve().parents[2]
 TORCHRUN = Path(sys.executable).with_name("torchrun")
 TRAINER = REPO / "training" / "distributed" / "torch_ddp.py"
-from training.distributed.torch_ddp import TORCHRUN_ENV  # noqa: E402
-
 STEPS = 150
 SAVE_EVERY = 10
 #: Each step lasts at least this long (seconds), so that joins and signals land mid-training.
@@ -190,10 +189,11 @@ class Cluster:
                 pytest.fail(f"timed out waiting for {what}; steps so far {self.steps()[-5:]}\n" + self.logs())
             time.sleep(0.2)
 
-    def logs(self) -> str:
+    def logs(self, full: bool = False) -> str:
         parts = []
         for path in sorted(self.root.glob("*/torchrun-*.log")):
-            parts.append(f"--- {path.relative_to(self.root)}\n" + path.read_text(errors="replace")[-3000:])
+            text = path.read_text(errors="replace")
+            parts.append(f"--- {path.relative_to(self.root)}\n" + (text if full else text[-3000:]))
         return "\n".join(parts)
 
     def result(self) -> dict:
@@ -240,6 +240,9 @@ def _latest_step(cluster: Cluster) -> int:
 
 
 def _assert_finished(cluster: Cluster) -> None:
+    # Every group restored the data position with its step: examples consumed = step x global batch (64).
+    starts = re.findall(r"starting at step (\d+) of \d+, (\d+) examples consumed", cluster.logs(full=True))
+    assert len(starts) >= 4 and all(int(e) == int(s) * 64 for s, e in starts), starts
     completed = json.loads((cluster.checkpoint_dir / "COMPLETED").read_text())
     assert completed["step"] == STEPS
     result = cluster.result()
