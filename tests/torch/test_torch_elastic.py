@@ -26,7 +26,8 @@ import numpy as np
 import pytest
 
 from training.core import EXIT_PEER_STOPPED, stop_exit_code
-from training.distributed.torch_ddp import TORCHRUN_ENV, rank_indices, stream_indices
+from training.distributed.lr import scaled_learning_rate
+from training.distributed.torch_ddp import TORCHRUN_ENV, DataPosition, rank_indices, stream_indices
 from training.store import CheckpointStore
 
 REPO = Path(__file__).resolve().parents[2]
@@ -70,6 +71,22 @@ def test_rank_shards_partition_the_global_batch() -> None:
     assert np.concatenate(shards).tolist() == stream_indices(40, 10, n=50, seed=1).tolist()
     with pytest.raises(ValueError, match="rank"):
         rank_indices(0, global_batch=10, rank=3, world_size=3, n=50, seed=1)
+
+
+def test_learning_rate_warm_up_restarts_when_the_world_size_changes() -> None:
+    pos = DataPosition()
+    pos.begin_group(0, 2)  # fresh start at W=2: warm up from step 0
+    assert (pos.warmup_start, pos.world_size) == (0, 2)
+    saved = pos.state_dict()
+    resumed = DataPosition()
+    resumed.load_state_dict(saved)
+    resumed.begin_group(40, 2)  # same world size after a restart: no new warm-up
+    assert resumed.warmup_start == 0
+    resumed.begin_group(60, 3)  # a node joined: warm up again from step 60
+    assert resumed.state_dict()["warmup_start"] == 60
+    lr = [scaled_learning_rate(0.1, num_workers=3, step=s, warmup_steps=10, warmup_start_step=resumed.warmup_start)
+          for s in (60, 69, 70)]
+    assert lr[0] < lr[1] == pytest.approx(0.3) == lr[2]
 
 
 def test_peer_stopped_rank_exit_code_rule() -> None:

@@ -110,6 +110,14 @@ class DataPosition:
         self.world_size = 0
         self.warmup_start = 0
 
+    def begin_group(self, step: int, world_size: int) -> None:
+        """Call at the first step a (re)started worker group runs: a world size other than the one
+        that wrote the checkpoint restarts the learning-rate warm-up at ``step`` (the global batch
+        changed under ``--per-worker-batch``); a fresh start (``world_size`` 0) keeps step 0."""
+        if self.world_size not in (0, world_size):
+            self.warmup_start = step
+        self.world_size = world_size
+
     def state_dict(self) -> dict:
         return {"samples": self.samples, "world_size": self.world_size, "warmup_start": self.warmup_start}
 
@@ -199,9 +207,7 @@ def train(argv=None) -> int:
             began = time.perf_counter()
             if started is None:  # first step of this group, after the restore
                 started = step
-                if position.world_size not in (0, world_size):
-                    position.warmup_start = step  # the global batch changed: warm up again from here
-                position.world_size = world_size
+                position.begin_group(step, world_size)
                 log.info("rank %d of %d (restart %d) starting at step %d of %d, %d examples consumed",
                          rank, world_size, restart_count, step, args.steps, position.samples)
             lr = (scaled_learning_rate(args.learning_rate, num_workers=world_size, step=step,
