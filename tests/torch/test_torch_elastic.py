@@ -174,7 +174,7 @@ class Cluster:
         cmd = [str(TORCHRUN), "--nnodes=1:3", "--nproc-per-node=1", "--rdzv-backend=c10d",
                f"--rdzv-endpoint=127.0.0.1:{self.port}", f"--rdzv-id={rdzv_id}", "--max-restarts=100",
                "--monitor-interval=0.5", "--shutdown-timeout=60",
-               "--rdzv-conf=is_host=false,last_call_timeout=2,join_timeout=120",
+               "--rdzv-conf=is_host=false,last_call_timeout=2,join_timeout=120,keep_alive_interval=1,keep_alive_max_attempt=3",
                str(TRAINER), "--steps", str(STEPS), "--save-every-steps", str(SAVE_EVERY),
                "--min-step-seconds", str(STEP_SECONDS), "--learning-rate", "0.1"]
         with open(node_dir / f"torchrun-{rdzv_id}.log", "wb") as out:
