@@ -273,10 +273,10 @@ def test_two_nodes_train_a_third_joins_one_leaves_with_notice_and_no_step_is_los
     cluster.start_store()
     cluster.start_node("n1", "run-1")
     cluster.start_node("n2", "run-1")
-    cluster.wait_for("2 nodes training", lambda: any(r["world_size"] == "2" for r in cluster.rows()))
+    cluster.wait_for("2 nodes training", lambda: any(r["num_workers"] == "2" for r in cluster.rows()))
     cluster.start_node("n3", "run-1")
-    cluster.wait_for("world size 3", lambda: any(r["world_size"] == "3" for r in cluster.rows()))
-    joined_at = next(int(r["step"]) for r in cluster.rows() if r["world_size"] == "3")
+    cluster.wait_for("world size 3", lambda: any(r["num_workers"] == "3" for r in cluster.rows()))
+    joined_at = next(int(r["step"]) for r in cluster.rows() if r["num_workers"] == "3")
     cluster.wait_for("steps at world size 3", lambda: cluster.steps()[-1] >= joined_at + 5)
 
     # Leave with notice: SIGTERM to n3's torchrun only (what its agent does on a spot interruption notice).
@@ -289,8 +289,8 @@ def test_two_nodes_train_a_third_joins_one_leaves_with_notice_and_no_step_is_los
     assert f"stop requested (signal 15): checkpoint at step {left_at} written, exiting 0" in \
         leaver.log_path.read_text(errors="replace"), cluster.logs()
     cluster.wait_for("training at world size 2 after the leave",
-                     lambda: any(r["world_size"] == "2" and int(r["step"]) > left_at for r in cluster.rows()))
-    after = next(int(r["step"]) for r in cluster.rows() if r["world_size"] == "2" and int(r["step"]) > left_at)
+                     lambda: any(r["num_workers"] == "2" and int(r["step"]) > left_at for r in cluster.rows()))
+    after = next(int(r["step"]) for r in cluster.rows() if r["num_workers"] == "2" and int(r["step"]) > left_at)
     assert after == left_at + 1, f"resumed at {after - 1}, the agreed checkpoint was {left_at}"
 
     for name in ("n1", "n2"):
@@ -298,7 +298,7 @@ def test_two_nodes_train_a_third_joins_one_leaves_with_notice_and_no_step_is_los
     steps = cluster.steps()
     # 0 steps lost and none trained twice: every step exactly once, across join and leave.
     assert steps == list(range(1, STEPS + 1)), [s for s in steps if steps.count(s) > 1][:10]
-    sizes = [int(r["world_size"]) for r in cluster.rows()]
+    sizes = [int(r["num_workers"]) for r in cluster.rows()]
     assert sizes[0] in (1, 2) and 3 in sizes and sizes[-1] == 2
     _assert_finished(cluster)
 
@@ -308,7 +308,7 @@ def test_sigkilled_node_and_sigkilled_store_resume_from_the_newest_checkpoint(cl
     cluster.start_store()
     cluster.start_node("n1", "run-1")
     cluster.start_node("n2", "run-1")
-    cluster.wait_for("2 nodes training", lambda: sum(r["world_size"] == "2" for r in cluster.rows()) >= 25)
+    cluster.wait_for("2 nodes training", lambda: sum(r["num_workers"] == "2" for r in cluster.rows()) >= 25)
 
     # A node lost without notice: the survivor resumes from the newest checkpoint.
     killed_after = cluster.steps()[-1]
@@ -316,15 +316,15 @@ def test_sigkilled_node_and_sigkilled_store_resume_from_the_newest_checkpoint(cl
     newest = _latest_step(cluster)
     assert killed_after - SAVE_EVERY <= newest <= killed_after + 1
     cluster.wait_for("training at world size 1",
-                     lambda: any(r["world_size"] == "1" for r in cluster.rows()))
-    resumed = next(int(r["step"]) for r in cluster.rows() if r["world_size"] == "1") - 1
+                     lambda: any(r["num_workers"] == "1" for r in cluster.rows()))
+    resumed = next(int(r["step"]) for r in cluster.rows() if r["num_workers"] == "1") - 1
     assert newest <= resumed, (resumed, newest)  # the newest checkpoint (or one the survivor committed after)
-    last_before_kill = max(int(r["step"]) for r in cluster.rows() if r["world_size"] == "2")
+    last_before_kill = max(int(r["step"]) for r in cluster.rows() if r["num_workers"] == "2")
     assert last_before_kill - resumed <= SAVE_EVERY, (last_before_kill, resumed)
     cluster.start_node("n2", "run-1")  # its replacement joins the same rendezvous
-    cluster.wait_for("2 nodes again", lambda: cluster.rows()[-1]["world_size"] == "2")
+    cluster.wait_for("2 nodes again", lambda: cluster.rows()[-1]["num_workers"] == "2")
     cluster.wait_for("a few steps at world size 2", lambda: cluster.steps()[-1] >= int(
-        next(r["step"] for r in reversed(cluster.rows()) if r["world_size"] == "1")) + 5)
+        next(r["step"] for r in reversed(cluster.rows()) if r["num_workers"] == "1")) + 5)
 
     # The coordinator's store lost: every torchrun fails; the store comes back (same port, as the
     # replacement coordinator would publish), the agents relaunch torchrun with a new rendezvous id.

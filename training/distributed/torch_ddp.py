@@ -29,19 +29,19 @@ the next unread position: no example is skipped or repeated across a resize. Wit
 examples' summed loss times ``W / B``; DDP averages gradients over the ``W`` ranks, so the update is
 the mean over the global batch whatever the shard sizes.
 
-Outputs (rank 0; docs/contracts.md): ``<log_dir>/training_log.csv``
-(``step,epoch,loss,accuracy,world_size,learning_rate,restart_count,wall_time``, one row per step,
-appended), ``<log_dir>/progress.json`` ``{"steps_total": N}``, ``COMPLETED`` in the checkpoint
-directory after the final checkpoint, and ``<log_dir>/result.json`` (``step``, ``test_accuracy`` on
-the held-out digits, ``world_size``, ``framework``). Exit statuses: 0 (done, or stopped by its own
+Outputs, as the other cluster trainers (:class:`training.distributed.common.StepLog`): every rank
+appends ``<log_dir>/steps-<node_id>.csv``; rank 0 appends ``<log_dir>/training_log.csv``
+(``step,generation,num_workers,loss,learning_rate,wall_time``; ``num_workers`` = the world size) and
+writes ``<log_dir>/progress.json`` ``{"steps_total": N}`` (docs/contracts.md), ``COMPLETED`` in the
+checkpoint directory after the final checkpoint, and ``<log_dir>/result.json`` (``step``,
+``test_accuracy`` on the held-out digits, ``generation``, ``num_workers``, ``restart_count``,
+``framework``). Exit statuses: 0 (done, or stopped by its own
 SIGTERM), 75 (stopped by a peer under torchrun), 74/78 (checkpoint storage unusable / checkpoint of
 another job: ``training.core.checkpoint_exit_code``), 1 (a crash, e.g. a peer lost mid-collective).
 """
 
 from __future__ import annotations
 
-import csv
-import json
 import logging
 import os
 import sys
@@ -55,14 +55,13 @@ if __package__ in (None, ""):  # run as a script by torchrun: make `training` im
 import numpy as np
 
 from training.core import run_script
-from training.datasets import default_data_dir, default_log_dir, epoch_permutation, load_digits
-from training.distributed.common import global_batch_size, pace, parse_args, worker_shard, write_result
+from training.datasets import default_data_dir, epoch_permutation, load_digits
+from training.distributed.common import (StepLog, generation, global_batch_size, pace, parse_args, worker_shard,
+                                         write_result)
 from training.distributed.lr import scaled_learning_rate
 
-__all__ = ["LOG_FIELDS", "TORCHRUN_ENV", "DataPosition", "main", "rank_indices", "run", "stream_indices"]
+__all__ = ["TORCHRUN_ENV", "DataPosition", "main", "rank_indices", "run", "stream_indices"]
 
-LOG_NAME = "training_log.csv"
-LOG_FIELDS = ("step", "epoch", "loss", "accuracy", "world_size", "learning_rate", "restart_count", "wall_time")
 #: Environment every worker node's torchrun needs (the node agent sets it; tests do too). Without
 #: ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` torch (checked in 2.14's dynamic_rendezvous.py,
 #: ``next_rendezvous``) publishes MASTER_ADDR/MASTER_PORT only in the first round a node takes part
@@ -186,19 +185,7 @@ def train(argv=None) -> int:
                              every_steps=args.save_every_steps or None, notices=notices, snapshot_mode="sync")
     loss_fn = nn.CrossEntropyLoss(reduction="sum")
 
-    log_path = (args.log_dir or default_log_dir()) / LOG_NAME
-    log_file = writer = None
-    if rank == 0:
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        new = not log_path.exists() or log_path.stat().st_size == 0
-        log_file = open(log_path, "a", newline="", buffering=1)
-        writer = csv.writer(log_file)
-        if new:
-            writer.writerow(LOG_FIELDS)
-        progress = log_path.with_name("progress.json")  # docs/contracts.md: the total before the end
-        tmp = progress.with_name(".progress.json.tmp")
-        tmp.write_text(json.dumps({"steps_total": args.steps}))
-        os.replace(tmp, progress)
+    steps_log = StepLog(args.log_dir, steps_total=args.steps)  # rank 0 also: training_log.csv, progress.json
     x_all = torch.from_numpy(x_train)
     y_all = torch.from_numpy(y_train)
     started = None
@@ -225,11 +212,8 @@ def train(argv=None) -> int:
             loss.backward()
             optimizer.step()
             position.samples += batch
-            if writer is not None:
-                accuracy = float((logits.argmax(1) == y).float().mean())
-                local_mean = loss.item() * batch / (world_size * len(idx))  # rank 0's mean loss per example
-                writer.writerow([step + 1, (position.samples - 1) // n, f"{local_mean:.6f}", f"{accuracy:.6f}",
-                                 world_size, f"{lr:.6g}", restart_count, f"{time.time():.3f}"])
+            local_mean = loss.item() * batch / (world_size * len(idx))  # this rank's mean loss per example
+            steps_log.write(step=step + 1, rank=rank, num_workers=world_size, loss=local_mean, learning_rate=lr)
             pace(began, args.min_step_seconds)
     except SystemExit as stop:  # an agreed stop: the checkpoint is committed and every rank met
         if distributed:
@@ -238,15 +222,15 @@ def train(argv=None) -> int:
             log.info("process group destroyed in %.2f s; exiting %s", time.perf_counter() - began, stop.code)
         raise
     finally:
-        if log_file is not None:
-            log_file.close()
+        steps_log.close()
 
     if rank == 0:
         model.eval()
         with torch.no_grad():
             predicted = model(torch.from_numpy(x_test).to(device)).argmax(1).cpu().numpy()
         accuracy = float((predicted == y_test).mean())
-        write_result(args.log_dir, {"step": ckpt.step, "test_accuracy": accuracy, "world_size": world_size,
+        write_result(args.log_dir, {"step": ckpt.step, "test_accuracy": accuracy, "generation": generation(),
+                                    "num_workers": world_size, "restart_count": restart_count,
                                     "framework": "pytorch"})
         log.info("done at step %d: test accuracy %.4f", ckpt.step, accuracy)
     if distributed:
