@@ -22,6 +22,7 @@ import math
 import os
 import uuid
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any, Mapping, Optional
 
 # ---- resource tags (docs/contracts.md, "Resource tags") --------------------------------------------
@@ -67,6 +68,10 @@ ENV_CHECKPOINT_EVERY_STEPS = "SPOT_TRAINING_CHECKPOINT_EVERY_STEPS"
 ENV_CHECKPOINT_EVERY_SECONDS = "SPOT_TRAINING_CHECKPOINT_EVERY_SECONDS"
 #: Local mode only: the node's file-system root, prefixed to every path of the node config.
 ENV_ROOT = "SPOT_TRAINING_ROOT"
+#: Environment a PyTorch worker node's agent gives its ``torchrun`` (docs/training-pytorch.md,
+#: "Elastic clusters"): without it torch 2.14 publishes MASTER_ADDR/MASTER_PORT only in a node's
+#: first rendezvous round, so a node joining a running job waits for them until it times out.
+TORCHRUN_ENV = MappingProxyType({"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"})
 
 # ---- files and mount points ------------------------------------------------------------------------
 #: Where the user data writes the node config on an instance.

@@ -54,6 +54,7 @@ if __package__ in (None, ""):  # run as a script by torchrun: make `training` im
 
 import numpy as np
 
+import spot_contract
 from training.core import run_script
 from training.datasets import default_data_dir, epoch_permutation, load_digits
 from training.distributed.common import (StepLog, generation, global_batch_size, pace, parse_args, worker_shard,
@@ -62,13 +63,13 @@ from training.distributed.lr import scaled_learning_rate
 
 __all__ = ["TORCHRUN_ENV", "DataPosition", "main", "rank_indices", "run", "stream_indices"]
 
-#: Environment every worker node's torchrun needs (the node agent sets it; tests do too). Without
-#: ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` torch (checked in 2.14's dynamic_rendezvous.py,
-#: ``next_rendezvous``) publishes MASTER_ADDR/MASTER_PORT only in the first round a node takes part
-#: in: a node that joins a running job waits for them forever (``DistStoreError: wait timeout ...
-#: MASTER_ADDR``) and the group never restarts. With it set, rank 0's node publishes them every round
-#: and the workers' process-group store is hosted by rank 0's worker for that round only.
-TORCHRUN_ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+#: Environment every worker node's torchrun needs (``spot_contract.TORCHRUN_ENV``, so the node agent
+#: can set it): ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``. Without it torch (checked in 2.14's
+#: dynamic_rendezvous.py, ``next_rendezvous``) publishes MASTER_ADDR/MASTER_PORT only in the first
+#: round a node takes part in: a node that joins a running job waits for them until
+#: ``DistStoreError: wait timeout ... MASTER_ADDR`` and the group never restarts. With it set, rank 0's
+#: node publishes them every round and rank 0's worker hosts the process-group store for that round.
+TORCHRUN_ENV = spot_contract.TORCHRUN_ENV
 #: Seconds a collective (and the process-group setup) may wait for a peer before raising: a peer that
 #: hangs without closing its sockets fails the group after this long instead of never.
 COLLECTIVE_TIMEOUT_S = 120

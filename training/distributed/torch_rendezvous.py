@@ -26,11 +26,17 @@ import signal
 import sys
 import threading
 from datetime import timedelta
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script: make `spot_contract` importable from the repo root
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import spot_contract  # noqa: E402
 
 __all__ = ["EXIT_CONFIG", "main", "serve"]
 
 #: Exit status for a bad address (EX_CONFIG, as the node agents' bad configuration).
-EXIT_CONFIG = 78
+EXIT_CONFIG = spot_contract.EXIT_CONFIG
 
 log = logging.getLogger("training.torch_rendezvous")
 
