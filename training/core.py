@@ -67,6 +67,7 @@ from training.store import (
 __all__ = [
     "CHECKPOINT_MISMATCH_EXIT_CODE",
     "CHECKPOINT_STORAGE_EXIT_CODE",
+    "EXIT_PEER_STOPPED",
     "cadence_flag",
     "add_checkpoint_arguments",
     "check_checkpoint_arguments",
@@ -84,6 +85,7 @@ __all__ = [
     "default_every_seconds",
     "default_every_steps",
     "renamed_option",
+    "stop_exit_code",
 ]
 
 EVERY_STEPS_ENV = spot_contract.ENV_CHECKPOINT_EVERY_STEPS
@@ -104,6 +106,13 @@ CHECKPOINT_STORAGE_EXIT_CODE = spot_contract.EXIT_CHECKPOINT_STORAGE
 #: Exit status of a trainer whose checkpoint cannot serve this job (another framework's, another
 #: adapter's, another model's): permanent as well; nothing in the directory is changed.
 CHECKPOINT_MISMATCH_EXIT_CODE = spot_contract.EXIT_CHECKPOINT_MISMATCH
+#: Exit status of a torchrun worker that stopped only because ANOTHER rank was asked to (an agreed
+#: stop: a spot notice or a membership restart on another node) while its own torchrun may restart
+#: it (``$TORCHELASTIC_MAX_RESTARTS`` > 0). Non-zero on purpose: torchrun then counts a worker-group
+#: failure and re-rendezvouses (the group continues from the agreed checkpoint without the leaver),
+#: where a 0 would end this node's torchrun and close the rendezvous for good
+#: (torch/distributed/launcher/api.py). 75 = EX_TEMPFAIL ("try again"). docs/contracts.md.
+EXIT_PEER_STOPPED = 75
 
 
 class CheckpointDiskFullError(CheckpointError, OSError):
@@ -193,6 +202,27 @@ def checkpoint_exit_code(err: BaseException) -> int | None:
     if isinstance(err, CheckpointError):
         return CHECKPOINT_MISMATCH_EXIT_CODE
     return None
+
+
+def stop_exit_code(own_signal: bool, environ: dict[str, str] | None = None) -> int:
+    """The exit status of a rank after an agreed stop (the checkpoint is written and every rank met).
+
+    0 when this process got the stop signal itself (its launcher or agent is going away anyway), or
+    when it does not run under a torchrun that can restart it. :data:`EXIT_PEER_STOPPED` (75) when it
+    stopped only because a peer asked (``own_signal`` False) and it runs under torchrun with restarts
+    allowed: ``$TORCHELASTIC_RUN_ID`` set and ``$TORCHELASTIC_MAX_RESTARTS`` > 0 (the variables
+    torchrun's agent sets for each worker). With ``--max-restarts=0`` (torchrun's default, e.g.
+    ``--standalone``) no restart can follow, so such a rank exits 0 as a single process does.
+    ``environ`` defaults to ``os.environ``.
+    """
+    env = os.environ if environ is None else environ
+    if own_signal or not env.get("TORCHELASTIC_RUN_ID"):
+        return 0
+    try:
+        max_restarts = int(env.get("TORCHELASTIC_MAX_RESTARTS", "0"))
+    except ValueError:
+        max_restarts = 0
+    return EXIT_PEER_STOPPED if max_restarts > 0 else 0
 
 
 def run_script(train: Callable[[list[str] | None], int], argv: list[str] | None = None) -> int:
@@ -564,21 +594,24 @@ class CheckpointDriver:
         """Count one completed step, then save if due, requested, or a stop was requested.
 
         On a stop request the checkpoint is written and waited for, every rank meets at
-        :meth:`StateAdapter.barrier`, then ``SystemExit(0)`` is raised (``exit_on_stop=True``, the
+        :meth:`StateAdapter.barrier`, then ``SystemExit(stop_exit_code(...))`` is raised (0, or
+        :data:`EXIT_PEER_STOPPED` on a torchrun rank that a peer's stop stopped) (``exit_on_stop=True``, the
         default) or True returned. Returns False otherwise. ``count=False``: the caller already
         advanced :attr:`step` (Keras counts in its first callback and saves in its last).
         """
         if count:
             self.step += 1
-        stop, requested = self.adapter.agree(self.notices.stop_requested, self.notices.consume_checkpoint_request())
+        own = self.notices.stop_requested
+        stop, requested = self.adapter.agree(own, self.notices.consume_checkpoint_request())
         if stop:
             self.save(wait=True)
             self.adapter.barrier()
-            self.log.info("stop requested (signal %s): checkpoint at step %d written, exiting 0",
-                          self.notices.stop_signal, self.step)
+            code = stop_exit_code(own)
+            self.log.info("stop requested (%s): checkpoint at step %d written, exiting %d",
+                          f"signal {self.notices.stop_signal}" if own else "by another rank", self.step, code)
             self.close()
             if exit_on_stop:
-                raise SystemExit(0)
+                raise SystemExit(code)
             return True
         if requested or self.schedule.due(self.step):
             if requested:
