@@ -214,11 +214,14 @@ class _Base:
                 pass
 
     def _kill_group(self) -> None:
+        """SIGKILL the process and everything under it: torchrun starts each rank in a session of
+        its own (torch's SubprocessHandler), so its process group alone would orphan the ranks."""
         if self.running is not None:
-            try:
-                os.killpg(self.running.proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+            for pid in [self.running.proc.pid, *descendants(self.running.proc.pid)]:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
 
     def _stop_and_wait(self, grace_s: float) -> None:
         """SIGTERM, wait up to ``grace_s`` for the exit, then SIGKILL the group."""
@@ -239,6 +242,31 @@ class _Base:
             self._kill_group()
             self.running.proc.wait()
             self._reap()
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (children first seen in /proc; Linux). Empty when /proc is missing."""
+    children: dict[int, list[int]] = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return []
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", encoding="ascii", errors="replace") as handle:
+                stat = handle.read()
+        except OSError:
+            continue
+        ppid = int(stat[stat.rindex(")") + 2:].split()[1])  # fields after "(comm)": state ppid ...
+        children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
 
 
 def _interface_of(netns: str, address: str) -> str | None:
