@@ -62,6 +62,12 @@ STORE_MODULE = "training.distributed.torch_rendezvous"
 #: Seconds between a torchrun's exit and its relaunch (or a store's restart): long enough not to spin
 #: on a coordinator that is not up yet, short next to torchrun's own rendezvous timeouts.
 RELAUNCH_BACKOFF_S = 2.0
+#: Set in torchrun's environment. With the rendezvous store shared with the workers (torch's default
+#: since 2.4), an agent that was rank 0 in an earlier round keeps its bootstrap store info and does not
+#: publish ``MASTER_ADDR`` for the next round, so a node joining a running job waits for it until the
+#: store timeout (60 s) and the round fails (torch/distributed/elastic/rendezvous/dynamic_rendezvous.py,
+#: ``next_rendezvous``; seen here on every scale-up). Opting out rebuilds it every round.
+TORCHRUN_ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
 #: torchrun's ``last_call_timeout`` (seconds a rendezvous waits for more nodes once it has MIN):
 #: torchrun's default of 30 s would hold every join and leave that long.
 LAST_CALL_TIMEOUT_S = 3
@@ -174,9 +180,11 @@ class _Base:
                               "returncode": None if self.running else self.last_exit,
                               "pid": self.running.proc.pid if self.running else None, "leaving": self.leaving})
 
-    def _popen(self, argv: list[str], epoch: int, endpoint: str, log_name: str) -> None:
+    def _popen(self, argv: list[str], epoch: int, endpoint: str, log_name: str,
+               extra_env: Mapping[str, str] | None = None) -> None:
         prefix = ["ip", "netns", "exec", self.netns] if self.netns else []
         env = dict(self.environ)
+        env.update(extra_env or {})
         if self.netns and "GLOO_SOCKET_IFNAME" not in env:
             interface = _interface_of(self.netns, self.host)
             if interface:  # in a namespace the hostname resolves to loopback: name gloo's interface
@@ -404,7 +412,7 @@ class TorchWorker(_Base):
                              training_argv=self.training_argv)
         self.epoch = epoch
         self.launches += 1
-        self._popen(argv, epoch, endpoint, f"torchrun-{self.node_id}.log")
+        self._popen(argv, epoch, endpoint, f"torchrun-{self.node_id}.log", extra_env=TORCHRUN_ENV)
 
     def step(self) -> str | None:
         now = self.clock()
