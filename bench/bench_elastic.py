@@ -1,16 +1,19 @@
 """Elastic cluster figures on this machine: join time, leave time, throughput with 1/2/3 workers.
 
-    python bench/bench_elastic.py [--window-s 12] [--framework mxnet|tensorflow|both]   (make bench-elastic)
+    python bench/bench_elastic.py [--window-s 12] [--framework mxnet|tensorflow|pytorch|all]   (make bench-elastic)
 
 Real agents (``python -m bootstrap run``) and real ps-lite processes, each node in its own network
 namespace (tests/cluster/cluster_harness.py; loopback fallback), EFS as a shared directory, the 8x8
 digits, the MLP of ``training.distributed.mxnet_dist`` with 64 examples per worker per step
 (``--per-worker-batch 64``: the global batch grows with the workers, as in the P3 article), and the
 same MLP under TensorFlow ``ParameterServerStrategy`` (``training.distributed.tf_pss``, asynchronous:
-one 64-example closure per step on whichever worker is free).
+one 64-example closure per step on whichever worker is free), and the same MLP under PyTorch DDP on
+TorchElastic (``training.distributed.torch_ddp`` run by ``torchrun``, gloo, 64 examples per worker per
+step; the coordinator's c10d store, no servers; bootstrap/torch_elastic.py).
 
 - join: a new worker's agent starts -> its first training step (registration, debounce, the
-  checkpoint-and-restart of the generation and ``import mxnet`` included). Goal < 30 s locally.
+  checkpoint-and-restart of the generation and ``import mxnet`` included; PyTorch: the first step
+  logged with the larger world size). Goal < 30 s locally.
 - leave: spot interruption notice posted to the worker's IMDS -> the first step of the generation
   without it.
 - throughput: examples/s in the steady state of the generation with 1, 2, 3 workers, relative to
@@ -38,6 +41,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests" / "cluster"))
 
 from cluster_harness import Cluster, Network  # noqa: E402
+from torch_harness import TORCH_PYTHON, TorchCluster  # noqa: E402
 
 from training.examples.prepare_data import prepare_digits  # noqa: E402
 
@@ -118,12 +122,51 @@ def bench_cluster(framework: str, data: Path, root: Path, network: Network, wind
         cluster.close()
 
 
+def bench_torch(data: Path, root: Path, network: Network, window_s: float) -> dict:
+    """Join, leave and throughput figures of a PyTorch TorchElastic cluster (module docstring)."""
+    cluster = TorchCluster(root, network, framework="pytorch", data_dir=data, trainer_module="training.distributed.torch_ddp",
+                           trainer_args=["--steps", "10000000", "--save-every-steps", "50", "--per-worker-batch",
+                                         str(PER_WORKER_BATCH)],
+                           num_servers=0, heartbeat_timeout_s=10.0, kill_grace_s=3.0, base_port=9400)
+
+    def at(size: int, since: int) -> list[dict]:
+        return [r for r in cluster.rows()[since:] if int(r["world_size"]) == size]
+
+    try:
+        cluster.add_node("scheduler")
+        first = cluster.add_node("worker")
+        rows = cluster.wait_rows(lambda rows: at(1, 0), "the first step", timeout=400)
+        throughput, joins, workers = {}, [float(rows[0]["wall_time"]) - first.started_at], [first]
+        for count in (1, 2, 3):
+            if count > 1:
+                since = len(cluster.rows())
+                node = cluster.add_node("worker")
+                workers.append(node)
+                rows = cluster.wait_rows(lambda rows: at(count, since), f"the first step with {count} workers", timeout=400)
+                joins.append(float(at(count, since)[0]["wall_time"]) - node.started_at)
+            since = len(cluster.rows())
+            time.sleep(window_s)
+            throughput[count] = _rate(at(count, since), skip=10) * PER_WORKER_BATCH * count
+        since = len(cluster.rows())
+        workers[-1].imds.post_spot_interruption()
+        noticed = time.time()
+        cluster.wait_rows(lambda rows: at(2, since), "training to continue without the leaver", timeout=400)
+        return {"first_worker_start_s": round(joins[0], 1), "join_s": [round(j, 1) for j in joins[1:]],
+                "leave_s": round(float(at(2, since)[0]["wall_time"]) - noticed, 1),
+                "examples_per_s": {str(k): round(v, 1) for k, v in throughput.items()},
+                "epoch": (cluster.rdzv() or {}).get("epoch")}
+    finally:
+        cluster.close()
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--window-s", type=float, default=12.0, help="seconds of steady state per worker count")
-    parser.add_argument("--framework", choices=["mxnet", "tensorflow", "both"], default="both")
+    parser.add_argument("--framework", choices=["mxnet", "tensorflow", "pytorch", "both", "all"], default="all",
+                        help="both: mxnet and tensorflow; all (default): the three, in one run")
     args = parser.parse_args(argv)
-    frameworks = ["mxnet", "tensorflow"] if args.framework == "both" else [args.framework]
+    frameworks = {"both": ["mxnet", "tensorflow"], "all": ["mxnet", "tensorflow", "pytorch"]}.get(
+        args.framework, [args.framework])
     root = Path(tempfile.mkdtemp(prefix="bench-elastic-"))
     network = Network()
     figures: dict = {"per_worker_batch": PER_WORKER_BATCH, "cores": os.cpu_count(), "netns": network.netns,
@@ -142,6 +185,13 @@ def main(argv=None) -> int:
             one = tf["examples_per_s"]["1"] or float("nan")
             tf["relative_to_one_worker"] = {k: round(v / one, 3) for k, v in tf["examples_per_s"].items()}
             figures["tensorflow"] = tf
+        if "pytorch" in frameworks:
+            if not TORCH_PYTHON.exists():
+                raise SystemExit(f"{TORCH_PYTHON} missing: run `make setup`")
+            pt = bench_torch(data, root / "pytorch", network, args.window_s)
+            one = pt["examples_per_s"]["1"] or float("nan")
+            pt["relative_to_one_worker"] = {k: round(v / one, 3) for k, v in pt["examples_per_s"].items()}
+            figures["pytorch"] = pt
     finally:
         network.close()
         shutil.rmtree(root, ignore_errors=True)

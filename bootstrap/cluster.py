@@ -85,6 +85,11 @@ class ClusterSettings:
     older is dead. debounce_s (default 5): joins wait until membership is stable this long.
     stop_timeout_s (default 120): bound on the checkpoint and teardown phases. kill_grace_s
     (default 5): SIGTERM -> SIGKILL in teardown. member_tag: instance tag whose removal means leave.
+
+    PyTorch (TorchElastic, bootstrap/torch_elastic.py): ``num_servers`` is 0; ``scheduler_port`` is the
+    c10d rendezvous port on the coordinator; max_workers (default 8) is torchrun's upper ``--nnodes``;
+    torch_max_restarts (default 100), torch_shutdown_timeout_s (default 90), torch_nproc_per_node
+    (default 1) are torchrun's ``--max-restarts``, ``--shutdown-timeout`` and ``--nproc-per-node``.
     """
 
     state_dir: Path
@@ -99,15 +104,20 @@ class ClusterSettings:
     stop_timeout_s: float = 120.0
     kill_grace_s: float = 5.0
     member_tag: str = DEFAULT_MEMBER_TAG
+    max_workers: int = 8
+    torch_max_restarts: int = 100
+    torch_shutdown_timeout_s: float = 90.0
+    torch_nproc_per_node: int = 1
 
     def port_for(self, role: str) -> int:
         """The fixed port of a node with ``role``."""
         return {"scheduler": self.scheduler_port, "server": self.server_port, "worker": self.worker_port}[role]
 
 
-def settings_from_config(section: Mapping[str, Any] | None) -> ClusterSettings:
+def settings_from_config(section: Mapping[str, Any] | None, *, framework: str | None = None) -> ClusterSettings:
     """Validate the ``cluster`` section (a dict); every problem is reported in one ConfigError (exit 78)
-    naming ``cluster.<key>``, the value and what is allowed."""
+    naming ``cluster.<key>``, the value and what is allowed. ``framework`` ``pytorch`` allows
+    ``num_servers`` 0 (TorchElastic, no parameter servers); every other framework needs 1..64."""
     if not isinstance(section, Mapping):
         raise ConfigError(f"cluster: got {section!r}; a cluster node (node_role scheduler/server/worker) needs a "
                           "'cluster' object with at least state_dir and num_servers")
@@ -122,8 +132,10 @@ def settings_from_config(section: Mapping[str, Any] | None) -> ClusterSettings:
         problems.append(f"cluster.state_dir: got {state_dir!r}; expected an absolute path on EFS, e.g. '/mnt/efs/cluster'")
     else:
         values["state_dir"] = Path(state_dir)
-    for key, minimum, maximum in (("num_servers", 1, 64), ("min_workers", 1, 1024), ("scheduler_port", PORTS.minimum, PORTS.maximum),
-                                  ("server_port", PORTS.minimum, PORTS.maximum), ("worker_port", PORTS.minimum, PORTS.maximum)):
+    for key, minimum, maximum in (("num_servers", 0 if framework == "pytorch" else 1, 64), ("min_workers", 1, 1024),
+                                  ("scheduler_port", PORTS.minimum, PORTS.maximum),
+                                  ("server_port", PORTS.minimum, PORTS.maximum), ("worker_port", PORTS.minimum, PORTS.maximum),
+                                  ("max_workers", 1, 1024), ("torch_max_restarts", 0, 10000), ("torch_nproc_per_node", 1, 64)):
         if key not in section and key != "num_servers":
             continue
         value = section.get(key)
@@ -131,7 +143,8 @@ def settings_from_config(section: Mapping[str, Any] | None) -> ClusterSettings:
             problems.append(f"cluster.{key}: got {value!r}; expected an integer {minimum}..{maximum}")
         else:
             values[key] = value
-    for key in ("heartbeat_interval_s", "heartbeat_timeout_s", "debounce_s", "stop_timeout_s", "kill_grace_s"):
+    for key in ("heartbeat_interval_s", "heartbeat_timeout_s", "debounce_s", "stop_timeout_s", "kill_grace_s",
+                "torch_shutdown_timeout_s"):
         if key not in section:
             continue
         value = section[key]
@@ -146,7 +159,9 @@ def settings_from_config(section: Mapping[str, Any] | None) -> ClusterSettings:
             values["member_tag"] = section["member_tag"]
     if not problems:
         settings = ClusterSettings(**values)
-        if settings.heartbeat_timeout_s <= 2 * settings.heartbeat_interval_s:
+        if settings.min_workers > settings.max_workers:
+            problems.append(f"cluster.min_workers: got {settings.min_workers}; expected at most max_workers ({settings.max_workers})")
+        elif settings.heartbeat_timeout_s <= 2 * settings.heartbeat_interval_s:
             problems.append(f"cluster.heartbeat_timeout_s: got {settings.heartbeat_timeout_s}; expected more than twice "
                             f"heartbeat_interval_s ({settings.heartbeat_interval_s}) so one late write is not a death")
         else:
@@ -744,7 +759,10 @@ def run_node(config: Any, imds: Any, *, instance_id: str, local_mode: bool,
     from bootstrap.interruption import SpotInterruptionMonitor
     from bootstrap.supervisor import Supervisor
 
-    settings = settings_from_config(config.extensions.get("cluster"))
+    settings = settings_from_config(config.extensions.get("cluster"), framework=config.training.framework)
+    if config.training.framework == "pytorch" and config.node_role == "server":
+        raise ConfigError(f"node_role: got 'server' with training.framework 'pytorch'; a PyTorch cluster has no "
+                          "parameter servers (node_role 'scheduler' runs the rendezvous, 'worker' runs torchrun)")
     supervisor = Supervisor(config, is_mounted=lambda: True, run_as_current_user_if_missing=local_mode)
     workdir = supervisor.prepare_code()
     python = supervisor.prepare_environment()  # once on EFS; every later node reuses it
@@ -754,14 +772,30 @@ def run_node(config: Any, imds: Any, *, instance_id: str, local_mode: bool,
     user = (account.pw_uid, account.pw_gid, os.getgrouplist(account.pw_name, account.pw_gid)) if account else None
     for directory in (config.training.checkpoint_dir, config.training.log_dir):
         directory.mkdir(parents=True, exist_ok=True)
-    agent = NodeAgent(settings, framework=config.training.framework, role=config.node_role, node_id=instance_id,
-                      host=imds.private_ipv4(), training_argv=config.training.argv(python),
-                      python=python, environ=supervisor.trainer_environment(), workdir=workdir,
-                      checkpoint_dir=config.training.checkpoint_dir, dataset_dir=config.training.dataset_dir,
-                      log_dir=config.training.log_dir,
-                      monitors=[SpotInterruptionMonitor(imds), MemberTagMonitor(imds, settings.member_tag)],
-                      monitor_interval_s=config.notice_poll_interval_s,
-                      netns=os.environ.get(launch.NETNS_ENV) if local_mode else None, preexec_user=user)
+    netns = os.environ.get(launch.NETNS_ENV) if local_mode else None
+    monitors = [SpotInterruptionMonitor(imds), MemberTagMonitor(imds, settings.member_tag)]
+    if config.training.framework == "pytorch":
+        # TorchElastic does membership (bootstrap/torch_elastic.py); no generations, no servers.
+        from bootstrap import torch_elastic
+
+        common = dict(node_id=instance_id, host=imds.private_ipv4(), python=python,
+                      environ=supervisor.trainer_environment(), workdir=workdir,
+                      checkpoint_dir=config.training.checkpoint_dir, log_dir=config.training.log_dir, netns=netns,
+                      preexec_user=user)
+        if config.node_role == "scheduler":
+            agent = torch_elastic.TorchCoordinator(settings, **common)
+        else:
+            agent = torch_elastic.TorchWorker(settings, training_argv=config.training.argv(python),
+                                              run_id_prefix=config.stack_name, dataset_dir=config.training.dataset_dir,
+                                              monitors=monitors, monitor_interval_s=config.notice_poll_interval_s,
+                                              **common)
+    else:
+        agent = NodeAgent(settings, framework=config.training.framework, role=config.node_role, node_id=instance_id,
+                          host=imds.private_ipv4(), training_argv=config.training.argv(python),
+                          python=python, environ=supervisor.trainer_environment(), workdir=workdir,
+                          checkpoint_dir=config.training.checkpoint_dir, dataset_dir=config.training.dataset_dir,
+                          log_dir=config.training.log_dir, monitors=monitors,
+                          monitor_interval_s=config.notice_poll_interval_s, netns=netns, preexec_user=user)
     previous = {sig: signal.signal(sig, lambda *_: agent.request_stop()) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         outcome = agent.run()

@@ -48,9 +48,9 @@ INITIALIZATION_RATE_MIBPS = (spot_contract.SETTINGS["initialization_rate_mibps"]
 
 NODE_ROLES = ("single", "scheduler", "server", "worker")
 #: ``training.framework`` values; parameter-server cluster nodes (``node_role`` other than ``single``)
-#: run only :data:`CLUSTER_FRAMEWORKS` (PyTorch trains on single nodes).
+#: run only :data:`CLUSTER_FRAMEWORKS` (PyTorch clusters: TorchElastic, bootstrap/torch_elastic.py).
 FRAMEWORKS = ("tensorflow", "mxnet", "pytorch")
-CLUSTER_FRAMEWORKS = ("tensorflow", "mxnet")
+CLUSTER_FRAMEWORKS = ("tensorflow", "mxnet", "pytorch")
 FS_TYPES = ("xfs", "ext4")
 CODE_TYPES = ("asset", "git")
 #: Instance-metadata poll interval for notices, seconds (the contract's ``notice_poll_interval_s``:

@@ -70,6 +70,24 @@ class Framework(enum.Enum):
     MXNET = "mxnet"
     #: TensorFlow ``ParameterServerStrategy`` (chief on the scheduler node, ps, workers).
     TENSORFLOW = "tensorflow"
+    #: PyTorch DDP on TorchElastic: ``torchrun`` on every spot worker, the c10d rendezvous store on
+    #: the on-demand coordinator node, no parameter servers (all-reduce: gloo on CPU, NCCL on GPU).
+    PYTORCH = "pytorch"
+
+
+#: torchrun defaults of a PyTorch cluster (context keys ``cluster_torch_*``, docs/contracts.md):
+#: worker-group restarts before torchrun gives up (every join and leave costs one; the agent then
+#: relaunches torchrun under a new rendezvous id), and the SIGTERM -> SIGKILL grace torchrun gives
+#: its workers (``--shutdown-timeout``): long enough to agree on a step and write the checkpoint,
+#: inside the 120 s of a spot interruption notice.
+DEFAULT_TORCH_MAX_RESTARTS = 100
+DEFAULT_TORCH_SHUTDOWN_TIMEOUT_S = 90
+MAX_TORCH_SHUTDOWN_TIMEOUT_S = 115
+DEFAULT_TORCH_NPROC_PER_NODE = 1
+#: Ports gloo and NCCL listen on between PyTorch workers: neither can be given a fixed port or range
+#: (each pair connects on ports the kernel picks), so the members' group opens the Linux default
+#: ephemeral range (``net.ipv4.ip_local_port_range``) between members only.
+TORCH_COLLECTIVE_PORTS = (32768, 60999)
 
 
 #: The trainer each framework runs (on MXNet workers, on the TensorFlow chief); ``{python}`` is
@@ -183,6 +201,9 @@ class ParameterServerCluster(constructs.Construct):
         notice_poll_interval_s: float | None = None,
         checkpoint_every_steps: int | None = None,
         checkpoint_every_seconds: float | None = None,
+        torch_max_restarts: int = DEFAULT_TORCH_MAX_RESTARTS,
+        torch_shutdown_timeout_s: int = DEFAULT_TORCH_SHUTDOWN_TIMEOUT_S,
+        torch_nproc_per_node: int = DEFAULT_TORCH_NPROC_PER_NODE,
     ) -> None:
         """Define the cluster.
 
@@ -231,6 +252,15 @@ class ParameterServerCluster(constructs.Construct):
                 interruption notice (seconds, the contract's range); default: the agent's (5 s).
             checkpoint_every_steps, checkpoint_every_seconds: the trainer's checkpoint cadence (steps;
                 seconds), exported by the agents; default: the trainer's (spot_contract).
+            torch_max_restarts: PyTorch only: torchrun's ``--max-restarts``, 0..10000; default 100.
+            torch_shutdown_timeout_s: PyTorch only: torchrun's ``--shutdown-timeout`` (seconds its
+                workers get after SIGTERM to agree on a step and checkpoint), 5..115; default 90.
+            torch_nproc_per_node: PyTorch only: processes (GPUs) per worker node, 1..64; default 1.
+
+        PyTorch (``framework=PYTORCH``): ``num_servers`` is ignored (no parameter servers; the
+        ``server_group``/``server_launch_template`` attributes are None); the coordinator node serves
+        the c10d rendezvous on ``ports.scheduler``; the members' group opens that port and
+        :data:`TORCH_COLLECTIVE_PORTS` between members only.
 
         Raises:
             ValueError: a count out of range or out of order (names the props and values), a
@@ -243,6 +273,12 @@ class ParameterServerCluster(constructs.Construct):
             raise ValueError(f"framework must be a Framework ({', '.join(f.name for f in Framework)}), got {framework!r}")
         self.framework = framework
         self.num_servers = _count("num_servers", num_servers, 1, MAX_SERVERS, "parameter-server nodes")
+        self.torch_max_restarts = _count("torch_max_restarts", torch_max_restarts, 0, 10000, "restarts")
+        self.torch_shutdown_timeout_s = _count("torch_shutdown_timeout_s", torch_shutdown_timeout_s, 5,
+                                               MAX_TORCH_SHUTDOWN_TIMEOUT_S, "seconds")
+        self.torch_nproc_per_node = _count("torch_nproc_per_node", torch_nproc_per_node, 1, 64, "processes")
+        is_torch = framework is Framework.PYTORCH
+        roles = ("scheduler", "worker") if is_torch else ("scheduler", "server", "worker")
         self.min_workers = _count("min_workers", min_workers, 1, MAX_WORKERS, "instances")
         self.max_workers = _count("max_workers", max_workers, 1, MAX_WORKERS, "instances")
         self.desired_workers = _count("desired_workers", desired_workers, 1, MAX_WORKERS, "instances")
@@ -266,15 +302,14 @@ class ParameterServerCluster(constructs.Construct):
         if not isinstance(python, str) or not python.startswith("/"):
             raise ValueError(f"training_python must be an absolute path to a Python interpreter such as /usr/bin/python3, got {training_python!r}")
         if training_requirements is None and training_python is None:
-            requirements = {"scheduler": FRAMEWORK_CPU_REQUIREMENTS[framework.value],
-                            "server": FRAMEWORK_CPU_REQUIREMENTS[framework.value],
-                            "worker": FRAMEWORK_REQUIREMENTS[framework.value]}
+            requirements = {role: FRAMEWORK_REQUIREMENTS[framework.value] if role == "worker"
+                            else FRAMEWORK_CPU_REQUIREMENTS[framework.value] for role in roles}
         else:
             given = checked_requirements(
                 list(training_requirements) if training_requirements is not None else None,
                 framework=framework.value, python_given=True, key="training_requirements",
             )
-            requirements = dict.fromkeys(("scheduler", "server", "worker"), given)
+            requirements = dict.fromkeys(roles, given)
 
         stack = cdk.Stack.of(self)
         tag_value = stack_tag_value or stack.stack_name
@@ -285,17 +320,23 @@ class ParameterServerCluster(constructs.Construct):
             self,
             "SecurityGroup",
             vpc=vpc,
-            description=f"{framework.value} parameter-server cluster: members reach each other on the framework ports only",
+            description=("pytorch TorchElastic cluster: members reach each other on the rendezvous and collective ports only"
+                         if is_torch else
+                         f"{framework.value} parameter-server cluster: members reach each other on the framework ports only"),
             allow_all_outbound=True,
         )
         self.connections = ec2.Connections(security_groups=[self.security_group])
-        for lo, hi in self.ports.ranges():
+        if is_torch:
+            ingress = [((self.ports.scheduler, self.ports.scheduler), "torchrun c10d rendezvous on the coordinator"),
+                       (TORCH_COLLECTIVE_PORTS, "gloo/NCCL collectives and the worker group's store between workers")]
+        else:
+            ingress = [(r, f"{framework.value} cluster traffic between members (scheduler, servers, workers)")
+                       for r in self.ports.ranges()]
+        for (lo, hi), description in ingress:
             port = ec2.Port.tcp(lo) if lo == hi else ec2.Port.tcp_range(lo, hi)
             # Ingress only (Connections.allow_internally would also add an egress rule, which a group
             # that allows all outbound ignores with a warning).
-            self.security_group.add_ingress_rule(
-                self.security_group, port, f"{framework.value} cluster traffic between members (scheduler, servers, workers)"
-            )
+            self.security_group.add_ingress_rule(self.security_group, port, description)
 
         self.file_system = file_system or SharedFileSystem(
             self, "SharedFileSystem", vpc=vpc, vpc_subnets=subnets, removal_policy=file_system_removal_policy
@@ -344,9 +385,14 @@ class ParameterServerCluster(constructs.Construct):
             "worker_port": self.ports.worker,
             "member_tag": CLUSTER_MEMBER_TAG_KEY,
         }
+        if is_torch:
+            cluster_section.update({"num_servers": 0, "max_workers": self.max_workers,
+                                    "torch_max_restarts": self.torch_max_restarts,
+                                    "torch_shutdown_timeout_s": self.torch_shutdown_timeout_s,
+                                    "torch_nproc_per_node": self.torch_nproc_per_node})
         self.node_configs: dict[str, dict[str, Any]] = {}
         user_data: dict[str, ec2.UserData] = {}
-        for role in ("scheduler", "server", "worker"):
+        for role in roles:
             self.node_configs[role] = node_config(
                 region=stack.region,
                 stack_name=tag_value,
@@ -380,9 +426,13 @@ class ParameterServerCluster(constructs.Construct):
         self.scheduler_launch_template, self.scheduler_group = self._on_demand_group(
             "Scheduler", scheduler_instance_type, 1, machine_image, user_data["scheduler"], subnets, root_volume_size_gib
         )
-        self.server_launch_template, self.server_group = self._on_demand_group(
-            "Server", server_instance_type, self.num_servers, machine_image, user_data["server"], subnets, root_volume_size_gib
-        )
+        self.server_launch_template: ec2.LaunchTemplate | None = None
+        self.server_group: autoscaling.AutoScalingGroup | None = None
+        if not is_torch:
+            self.server_launch_template, self.server_group = self._on_demand_group(
+                "Server", server_instance_type, self.num_servers, machine_image, user_data["server"], subnets,
+                root_volume_size_gib
+            )
         self.worker_fleet = SpotTrainingFleet(
             self,
             "WorkerFleet",
@@ -403,7 +453,7 @@ class ParameterServerCluster(constructs.Construct):
         cdk.Tags.of(self.worker_fleet.launch_template).add(CLUSTER_MEMBER_TAG_KEY, CLUSTER_MEMBER_TAG_VALUE)
 
         # Nodes must find their permissions and the EFS mount targets in place when they boot.
-        for dependent in (self.scheduler_group, self.server_group):
+        for dependent in (g for g in (self.scheduler_group, self.server_group) if g is not None):
             dependent.node.add_dependency(self.node_role, self.file_system)
         self.worker_fleet.resource.node.add_dependency(self.worker_role, self.file_system)
 

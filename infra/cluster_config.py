@@ -19,8 +19,13 @@ from typing import Any
 from .cluster import (
     DEFAULT_SCHEDULER_INSTANCE_TYPE,
     DEFAULT_SERVER_INSTANCE_TYPE,
+    DEFAULT_TORCH_MAX_RESTARTS,
+    DEFAULT_TORCH_NPROC_PER_NODE,
+    DEFAULT_TORCH_SHUTDOWN_TIMEOUT_S,
     DEFAULT_TRAINING_COMMANDS,
     MAX_SERVERS,
+    MAX_TORCH_SHUTDOWN_TIMEOUT_S,
+    TORCH_COLLECTIVE_PORTS,
     MAX_WORKERS,
     ClusterPorts,
     Framework,
@@ -57,18 +62,22 @@ SHARED_KEYS: tuple[str, ...] = (
 CLUSTER_CONTEXT_KEYS: tuple[ContextKey, ...] = (
     ContextKey("cluster_stack_name", "DistributedTraining", "-", "CloudFormation stack name of the cluster; also its `spot-training:stack` tag value"),
     ContextKey("cluster_framework", "mxnet", "-", "one of " + ", ".join(f.value for f in Framework)),
-    ContextKey("cluster_num_servers", 2, "nodes", f"parameter-server nodes (on-demand, fixed-size Auto Scaling group), 1..{MAX_SERVERS}"),
+    ContextKey("cluster_num_servers", 2, "nodes", f"parameter-server nodes (on-demand, fixed-size Auto Scaling group), 1..{MAX_SERVERS}; ignored by pytorch (no parameter servers)"),
     ContextKey("cluster_workers", 2, "instances", "desired workers: the worker Spot Fleet's target capacity"),
     ContextKey("cluster_min_workers", 1, "instances", "fewest workers a generation trains with (`cluster.min_workers`)"),
     ContextKey("cluster_max_workers", 8, "instances", f"upper bound of `cluster_workers`, up to {MAX_WORKERS}"),
     ContextKey("cluster_scheduler_instance_type", DEFAULT_SCHEDULER_INSTANCE_TYPE, "-", "on-demand type of the coordinator/scheduler node"),
     ContextKey("cluster_server_instance_type", DEFAULT_SERVER_INSTANCE_TYPE, "-", "on-demand type of each parameter server"),
     ContextKey("cluster_worker_instance_types", list(DEFAULT_INSTANCE_TYPES), "list", "spot types the worker fleet may launch"),
-    ContextKey("cluster_scheduler_port", DEFAULT_SCHEDULER_PORT, "TCP port", f"ps-lite scheduler port (MXNet) / chief gRPC port (TensorFlow), {_PORTS}"),
+    ContextKey("cluster_scheduler_port", DEFAULT_SCHEDULER_PORT, "TCP port", "ps-lite scheduler port (MXNet) / chief gRPC port (TensorFlow) / torchrun c10d rendezvous port on the coordinator (PyTorch; its collectives use "
+               f"{TORCH_COLLECTIVE_PORTS[0]}-{TORCH_COLLECTIVE_PORTS[1]} between members), {_PORTS}"),
     ContextKey("cluster_server_port", DEFAULT_SERVER_PORT, "TCP port", f"ps-lite server PORT (MXNet) / ps gRPC port (TensorFlow), {_PORTS}"),
     ContextKey("cluster_worker_port", DEFAULT_WORKER_PORT, "TCP port", f"ps-lite worker PORT (MXNet) / worker gRPC port (TensorFlow), {_PORTS}"),
     ContextKey("cluster_training_command", None, "list", "trainer command; default per framework: "
                + "; ".join(f"{f.value}: {' '.join(c)}" for f, c in DEFAULT_TRAINING_COMMANDS.items())),
+    ContextKey("cluster_torch_max_restarts", DEFAULT_TORCH_MAX_RESTARTS, "restarts", "pytorch: torchrun `--max-restarts` (each join or leave costs one), 0..10000"),
+    ContextKey("cluster_torch_shutdown_timeout_s", DEFAULT_TORCH_SHUTDOWN_TIMEOUT_S, "seconds", f"pytorch: torchrun `--shutdown-timeout`, the workers' SIGTERM -> SIGKILL grace to agree on a step and checkpoint, 5..{MAX_TORCH_SHUTDOWN_TIMEOUT_S} (a spot notice gives 120)"),
+    ContextKey("cluster_torch_nproc_per_node", DEFAULT_TORCH_NPROC_PER_NODE, "processes", "pytorch: torchrun `--nproc-per-node` (GPUs per worker), 1..64"),
     ContextKey("cluster_training_python", None, "-", f"trainer's interpreter on every node; default: {DEFAULT_TRAINING_PYTHON}, with `cluster_training_requirements` in virtual environments built once on EFS"),
     ContextKey("cluster_training_requirements", None, "list", "pip requirements of the trainer's virtual environment on every node (built once per requirement set on EFS, reused); default when "
                "`cluster_training_python` is not set: the framework's GPU build on workers ("
@@ -101,6 +110,9 @@ class ClusterSettings:
     ports: ClusterPorts = ClusterPorts()
     training_command: tuple[str, ...] = DEFAULT_TRAINING_COMMANDS[Framework.MXNET]
     training_python: str = DEFAULT_TRAINING_PYTHON
+    torch_max_restarts: int = DEFAULT_TORCH_MAX_RESTARTS
+    torch_shutdown_timeout_s: int = DEFAULT_TORCH_SHUTDOWN_TIMEOUT_S
+    torch_nproc_per_node: int = DEFAULT_TORCH_NPROC_PER_NODE
     #: None: the framework's builds per role (GPU on workers, CPU on scheduler and servers).
     training_requirements: tuple[str, ...] | None = None
 
@@ -148,6 +160,9 @@ class ClusterSettings:
             ("cluster_workers", "workers", 1, MAX_WORKERS, "(instances)"),
             ("cluster_min_workers", "min_workers", 1, MAX_WORKERS, "(instances)"),
             ("cluster_max_workers", "max_workers", 1, MAX_WORKERS, "(instances)"),
+            ("cluster_torch_max_restarts", "torch_max_restarts", 0, 10000, "(restarts)"),
+            ("cluster_torch_shutdown_timeout_s", "torch_shutdown_timeout_s", 5, MAX_TORCH_SHUTDOWN_TIMEOUT_S, "(seconds)"),
+            ("cluster_torch_nproc_per_node", "torch_nproc_per_node", 1, 64, "(processes)"),
         ):
             if v[key] is not None:
                 out[field] = _as_int(key, v[key], lo, hi, unit)
@@ -196,4 +211,6 @@ class ClusterSettings:
             "stack_name": self.stack_name, "framework": self.framework.value, "num_servers": self.num_servers,
             "workers": self.workers, "min_workers": self.min_workers, "max_workers": self.max_workers,
             "ports": dataclasses.asdict(self.ports), "training_command": list(self.training_command),
+            "torch_max_restarts": self.torch_max_restarts, "torch_shutdown_timeout_s": self.torch_shutdown_timeout_s,
+            "torch_nproc_per_node": self.torch_nproc_per_node,
         }))

@@ -8,7 +8,7 @@ import aws_cdk as cdk
 import constructs
 from aws_cdk import aws_ec2 as ec2
 
-from .cluster import EFS_MOUNT_POINT, STATE_DIR, ParameterServerCluster
+from .cluster import EFS_MOUNT_POINT, STATE_DIR, Framework, ParameterServerCluster
 from .cluster_config import ClusterSettings
 from .monitoring import RETENTION_DAYS, TrainingMonitoring
 from .stack import SettingsStack, machine_image, new_vpc
@@ -59,7 +59,9 @@ class DistributedTrainingStack(SettingsStack):
         super().__init__(
             scope, construct_id, stack_name=settings.stack_name, account=base.account, region=base.region,
             availability_zones=base.availability_zones,
-            default_description=f"Spot training: {settings.framework.value} parameter-server cluster, on-demand scheduler and servers, elastic spot workers, EFS",
+            default_description=(f"Spot training: {settings.framework.value} parameter-server cluster, on-demand scheduler and servers, elastic spot workers, EFS"
+                                 if settings.framework is not Framework.PYTORCH else
+                                 "Spot training: pytorch cluster on TorchElastic, on-demand rendezvous coordinator, elastic spot workers, EFS"),
             **kwargs,
         )
         self.settings = settings
@@ -105,6 +107,9 @@ class DistributedTrainingStack(SettingsStack):
             imds_endpoint=base.imds_endpoint,
             stack_tag_value=self.stack_name,
             file_system_removal_policy=cdk.RemovalPolicy.RETAIN if base.retain_data else cdk.RemovalPolicy.DESTROY,
+            torch_max_restarts=settings.torch_max_restarts,
+            torch_shutdown_timeout_s=settings.torch_shutdown_timeout_s,
+            torch_nproc_per_node=settings.torch_nproc_per_node,
             monitoring=self.monitoring.node_config(interval_s=base.monitoring_interval_s) if self.monitoring else None,
             notice_poll_interval_s=base.notice_poll_interval_s,
             checkpoint_every_steps=base.checkpoint_every_steps,
@@ -114,7 +119,7 @@ class DistributedTrainingStack(SettingsStack):
         if self.monitoring is not None:
             for role in (c.node_role, c.worker_role):
                 self.monitoring.grant_publish(role.role)
-            for nodes in (c.worker_fleet.resource, c.scheduler_group, c.server_group):
+            for nodes in (n for n in (c.worker_fleet.resource, c.scheduler_group, c.server_group) if n is not None):
                 nodes.node.add_dependency(self.monitoring.log_group)
             self.monitoring.add_capacity_alarm(c.worker_fleet.fleet_request_id)
             cdk.CfnOutput(self, "Dashboard", value=self.monitoring.dashboard.dashboard_name,
@@ -129,7 +134,8 @@ class DistributedTrainingStack(SettingsStack):
             f"(aws ec2 modify-spot-fleet-request), or remove a worker's {CLUSTER_MEMBER_TAG_KEY} tag to let it leave",
         )
         cdk.CfnOutput(self, "SchedulerGroupName", value=c.scheduler_group.auto_scaling_group_name)
-        cdk.CfnOutput(self, "ServerGroupName", value=c.server_group.auto_scaling_group_name)
+        if c.server_group is not None:  # PyTorch clusters have no parameter servers
+            cdk.CfnOutput(self, "ServerGroupName", value=c.server_group.auto_scaling_group_name)
         cdk.CfnOutput(self, "SecurityGroupId", value=c.security_group.security_group_id)
         cdk.CfnOutput(
             self,

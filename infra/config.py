@@ -52,7 +52,8 @@ class FrameworkDefaults:
 #: libraries, ``tensorflow[and-cuda]`` pulls several GiB of them). PyTorch: the Linux x86_64 wheels
 #: of ``torch`` on PyPI are its CUDA builds, declaring the CUDA libraries as ``nvidia-*`` wheel
 #: dependencies (pytorch/pytorch issue 100974), so no extra index is needed; numpy is for the
-#: examples' data (training/datasets.py). PyTorch has no parameter-server cluster mode here. The
+#: examples' data (training/datasets.py). PyTorch clusters run on TorchElastic (torchrun), not on
+#: parameter servers (infra/cluster.py). The
 #: tables below are derived from this one; the stacks read no other per-framework default.
 FRAMEWORKS: dict[str, FrameworkDefaults] = {
     "tensorflow": FrameworkDefaults(
@@ -70,6 +71,11 @@ FRAMEWORKS: dict[str, FrameworkDefaults] = {
     "pytorch": FrameworkDefaults(
         training_command=("{python}", "training/examples/torch_resnet.py"),
         requirements=("torch>=2.5,<3", "numpy>=1.26"),
+        # The coordinator only serves torchrun's c10d store (training.distributed.torch_rendezvous);
+        # PyPI has no CPU-only Linux torch wheel, so it installs the same build as the workers.
+        cpu_requirements=("torch>=2.5,<3", "numpy>=1.26"),
+        # Run by torchrun on every worker (bootstrap/torch_elastic.py wraps it with --no-python).
+        cluster_training_command=("{python}", "-m", "training.distributed.torch_ddp"),
     ),
 }
 #: The framework when context key ``framework`` is not set.

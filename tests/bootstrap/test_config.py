@@ -166,14 +166,14 @@ def test_all_problems_are_reported_together():
     assert "region" in message and "training.framework" in message and "volume.mount_point" in message
 
 
-def test_pytorch_runs_on_single_nodes_not_on_cluster_nodes():
+def test_pytorch_runs_on_single_nodes_and_on_cluster_nodes():
+    # Issue 11: PyTorch clusters run on TorchElastic (bootstrap/torch_elastic.py).
     config = parse_config(_set("training.framework", "pytorch"))
     assert config.training.framework == "pytorch"
-    data = _set("training.framework", "pytorch")
-    data["node_role"] = "worker"
-    problems = _problems(data)
-    assert any("training.framework: got \"pytorch\"; expected one of 'tensorflow', 'mxnet' on a cluster node "
-               "(node_role 'worker')" in p for p in problems), problems
+    for role in ("scheduler", "worker"):
+        data = _set("training.framework", "pytorch")
+        data["node_role"] = role
+        assert parse_config(data).training.framework == "pytorch"
 
 
 def test_root_must_be_an_object():

@@ -441,7 +441,7 @@ def _cluster(stack: cdk.Stack, **props: Any) -> ParameterServerCluster:
         ({"ports": ClusterPorts(scheduler=80)}, r"ports.scheduler: got 80; allowed: an integer from 1024 to 65535 \(TCP port\)"),
         ({"ports": ClusterPorts(server=9002)}, r"ports must be three different TCP ports, got scheduler=9000, server=9002, worker=9002"),
         ({"ports": {"scheduler": 9000}}, r"ports must be a ClusterPorts"),
-        ({"framework": "mxnet"}, r"framework must be a Framework \(MXNET, TENSORFLOW\), got 'mxnet'"),
+        ({"framework": "mxnet"}, r"framework must be a Framework \(MXNET, TENSORFLOW, PYTORCH\), got 'mxnet'"),
         ({"training_command": []}, r"training_command must be a non-empty list of strings"),
         ({"training_python": "python3"}, r"training_python must be an absolute path .* got 'python3'"),
         ({"training_requirements": ["ok==1", "bad'quote"]}, r"'training_requirements': got .*; allowed: a list of pip requirement"),
@@ -505,7 +505,7 @@ def test_cluster_defaults() -> None:
 @pytest.mark.parametrize(
     ("context", "message"),
     [
-        ({"cluster_framework": "pytorch"}, r"'cluster_framework': got 'pytorch'; allowed: one of mxnet, tensorflow"),
+        ({"cluster_framework": "torch"}, r"'cluster_framework': got 'torch'; allowed: one of mxnet, tensorflow, pytorch"),
         ({"cluster_num_servers": "0"}, r"'cluster_num_servers': got '0'; allowed: an integer \(nodes\) from 1 to 64"),
         ({"cluster_num_servers": 65}, r"'cluster_num_servers': got 65; allowed: an integer \(nodes\) from 1 to 64"),
         ({"cluster_workers": "two"}, r"'cluster_workers': got 'two'; allowed: an integer \(instances\) from 1 to 1024"),

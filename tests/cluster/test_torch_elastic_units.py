@@ -1,0 +1,162 @@
+"""The TorchElastic agents (bootstrap/torch_elastic.py) with real stand-in processes: the coordinator's
+store supervision and epochs, a worker's torchrun supervision, relaunch, report, and leave with notice."""
+
+from __future__ import annotations
+
+import shlex
+import signal
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from bootstrap.cluster import ClusterSettings, settings_from_config
+from bootstrap.errors import ConfigError
+from bootstrap.torch_elastic import RendezvousState, TorchCoordinator, TorchWorker, torchrun_argv
+
+
+def _settings(tmp_path: Path, **kw) -> ClusterSettings:
+    return ClusterSettings(state_dir=tmp_path / "cluster", num_servers=0, heartbeat_interval_s=0.2,
+                           heartbeat_timeout_s=2.0, kill_grace_s=1.0, stop_timeout_s=5.0, **kw)
+
+
+def test_torchrun_argv_has_the_elastic_flags():
+    s = ClusterSettings(state_dir=Path("/x"), num_servers=0, min_workers=2, max_workers=5, torch_max_restarts=9,
+                        torch_shutdown_timeout_s=60.0, torch_nproc_per_node=4)
+    argv = torchrun_argv(python="/p", settings=s, endpoint="10.0.0.1:9000", run_id="Stack-3", local_addr="10.0.0.7",
+                         training_argv=["/p", "-m", "train", "--steps", "5"])
+    assert argv[:3] == ["/p", "-m", "torch.distributed.run"]
+    for flag in ("--nnodes=2:5", "--nproc-per-node=4", "--rdzv-backend=c10d", "--rdzv-endpoint=10.0.0.1:9000",
+                 "--rdzv-id=Stack-3", "--max-restarts=9", "--shutdown-timeout=60", "--local-addr=10.0.0.7"):
+        assert flag in argv
+    assert argv[argv.index("--no-python") + 1:] == ["/p", "-m", "train", "--steps", "5"]
+
+
+def test_settings_accept_zero_servers_only_for_pytorch(tmp_path):
+    section = {"state_dir": "/mnt/efs/cluster", "num_servers": 0, "torch_shutdown_timeout_s": 30}
+    assert settings_from_config(section, framework="pytorch").torch_shutdown_timeout_s == 30.0
+    with pytest.raises(ConfigError, match="cluster.num_servers: got 0; expected an integer 1..64"):
+        settings_from_config(section, framework="mxnet")
+    with pytest.raises(ConfigError, match="cluster.torch_nproc_per_node: got 0"):
+        settings_from_config({**section, "torch_nproc_per_node": 0}, framework="pytorch")
+    with pytest.raises(ConfigError, match="cluster.min_workers: got 3; expected at most max_workers"):
+        settings_from_config({**section, "min_workers": 3, "max_workers": 2}, framework="pytorch")
+
+
+def _coordinator(tmp_path, store_code: str) -> TorchCoordinator:
+    # The stand-in store: ``python -m training.distributed.torch_rendezvous`` is replaced through a
+    # python that runs ``store_code`` whatever its arguments.
+    shim = tmp_path / "python"
+    shim.write_text(f"#!/bin/sh\nexec {sys.executable} -c {shlex.quote(store_code)}\n")
+    shim.chmod(0o755)
+    return TorchCoordinator(_settings(tmp_path), node_id="i-coord", host="10.0.0.1", python=str(shim), environ={},
+                            workdir=tmp_path, checkpoint_dir=tmp_path / "ckpt", log_dir=tmp_path / "logs")
+
+
+def _until(agent, predicate, timeout=15.0):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        outcome = agent.step()
+        if predicate(outcome):
+            return outcome
+        time.sleep(0.1)
+    raise AssertionError("timed out")
+
+
+def test_coordinator_publishes_restarts_its_store_under_a_new_epoch_and_bumps_on_a_report(tmp_path):
+    (tmp_path / "ckpt").mkdir()
+    rdzv = RendezvousState(tmp_path / "cluster")
+    rdzv.publish(host="10.0.0.9", port=9000, epoch=4, node_id="i-old", since=0)  # a replaced coordinator's
+    coord = _coordinator(tmp_path, "import time; time.sleep(60)")
+    coord._register()
+    _until(coord, lambda _: coord.running is not None)
+    assert (rdzv.read()["epoch"], rdzv.read()["host"]) == (5, "10.0.0.1")
+    coord.running.proc.kill()  # the store dies: restarted under a new epoch
+    _until(coord, lambda _: coord.running is not None and rdzv.read()["epoch"] == 6)
+    rdzv.report("i-w1", 5, 1, time.time())  # an old epoch's report: ignored
+    coord.step()
+    assert rdzv.read()["epoch"] == 6
+    rdzv.report("i-w1", 6, 1, time.time())  # this epoch's torchrun gave up: a new run id
+    coord.step()
+    assert rdzv.read()["epoch"] == 7 and rdzv.reports() == []
+    (tmp_path / "ckpt" / "COMPLETED").write_text("")
+    pid = coord.running.proc.pid
+    assert _until(coord, lambda o: o is not None) == "completed"
+    coord._stop_and_wait(1.0)
+    assert coord.running is None
+    with pytest.raises(ProcessLookupError):
+        import os
+        os.kill(pid, 0)
+
+
+def _worker(tmp_path, script: str, monitors=()) -> TorchWorker:
+    (tmp_path / "data").mkdir(exist_ok=True)
+    (tmp_path / "data" / "x").write_text("1")
+    (tmp_path / "ckpt").mkdir(exist_ok=True)
+    shim = tmp_path / "python"  # stands in for ``python -m torch.distributed.run ...``
+    shim.write_text(f"#!/bin/sh\nexec {sys.executable} -c {shlex.quote(script)}\n")
+    shim.chmod(0o755)
+    return TorchWorker(_settings(tmp_path, torch_shutdown_timeout_s=5.0), node_id="i-w1", host="10.0.0.5",
+                       python=str(shim), training_argv=["train"], run_id_prefix="Stack", environ={},
+                       workdir=tmp_path, checkpoint_dir=tmp_path / "ckpt", dataset_dir=tmp_path / "data",
+                       log_dir=tmp_path / "logs", monitors=monitors, monitor_interval_s=0.0)
+
+
+def test_worker_waits_for_the_rendezvous_relaunches_and_reports_an_exit_it_did_not_ask_for(tmp_path):
+    env_file = tmp_path / "env"
+    # The stand-in records what torchrun would see: the opt-out of torch's shared rendezvous store.
+    worker = _worker(tmp_path, "import os, sys; open(%r, 'w').write(os.environ.get('TORCH_DISABLE_SHARE_RDZV_TCP_STORE', '')); "
+                     "sys.exit(3)" % str(env_file))
+    worker._register()
+    for _ in range(3):
+        assert worker.step() is None
+    assert worker.running is None and worker.launches == 0  # nothing published yet
+    rdzv = worker.rdzv
+    rdzv.publish(host="10.0.0.1", port=9000, epoch=2, node_id="i-c", since=0)
+    _until(worker, lambda _: worker.launches >= 2, timeout=20)  # exits 3, relaunched after the back-off
+    assert [r["epoch"] for r in rdzv.reports()] == [2]
+    assert env_file.read_text() == "1"
+
+
+def test_worker_restarts_torchrun_when_the_epoch_moves_and_finishes_on_completed(tmp_path):
+    worker = _worker(tmp_path, "import signal, sys, time; signal.signal(signal.SIGTERM, lambda *a: sys.exit(1)); time.sleep(60)")
+    rdzv = worker.rdzv
+    rdzv.publish(host="10.0.0.1", port=9000, epoch=1, node_id="i-c", since=0)
+    _until(worker, lambda _: worker.running is not None)
+    first = worker.running.proc.pid
+    rdzv.publish(host="10.0.0.2", port=9000, epoch=2, node_id="i-c2", since=0)  # a replacement coordinator
+    _until(worker, lambda _: worker.running is not None and worker.running.epoch == 2, timeout=20)
+    assert worker.running.proc.pid != first and worker.running.endpoint == "10.0.0.2:9000"
+    assert rdzv.reports() == []  # the agent asked it to stop: no failure to report
+    (tmp_path / "ckpt" / "COMPLETED").write_text("")
+    worker.running.proc.send_signal(signal.SIGTERM)
+    assert _until(worker, lambda o: o is not None) == "completed"
+
+
+class _Notice:
+    def __init__(self):
+        self.fired = False
+
+    def poll(self):
+        from bootstrap.interruption import Event
+
+        return Event(kind="spot-interruption", id="n1", detail={}) if self.fired else None
+
+
+def test_worker_leaving_sigterms_only_its_torchrun_and_waits_for_it(tmp_path):
+    marker = tmp_path / "saved"
+    # torchrun stand-in: on SIGTERM it "checkpoints" for 1 s, then exits non-zero (as torchrun does).
+    script = (f"import signal, sys, time\n"
+              f"def stop(*a):\n    time.sleep(1); open({str(marker)!r}, 'w').write('ok'); sys.exit(143)\n"
+              f"signal.signal(signal.SIGTERM, stop)\nopen({str(marker) + '.ready'!r}, 'w').write('')\ntime.sleep(60)\n")
+    notice = _Notice()
+    worker = _worker(tmp_path, script, monitors=[notice])
+    worker.rdzv.publish(host="10.0.0.1", port=9000, epoch=1, node_id="i-c", since=0)
+    _until(worker, lambda _: Path(str(marker) + ".ready").exists())
+    notice.fired = True
+    started = time.time()
+    assert _until(worker, lambda o: o is not None) == "left"
+    assert marker.read_text() == "ok" and time.time() - started >= 1.0
+    assert worker.leave_reason == "spot-interruption" and worker.running is None
+    assert worker.rdzv.reports() == []
