@@ -48,6 +48,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
+import spot_contract
 from bootstrap.cluster import ClusterSettings, ClusterState, _read_json, write_json_atomic
 
 log = logging.getLogger("bootstrap.torch_elastic")
@@ -67,7 +68,7 @@ RELAUNCH_BACKOFF_S = 2.0
 #: publish ``MASTER_ADDR`` for the next round, so a node joining a running job waits for it until the
 #: store timeout (60 s) and the round fails (torch/distributed/elastic/rendezvous/dynamic_rendezvous.py,
 #: ``next_rendezvous``; seen here on every scale-up). Opting out rebuilds it every round.
-TORCHRUN_ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+TORCHRUN_ENV = dict(spot_contract.TORCHRUN_ENV)
 #: torchrun's ``last_call_timeout`` (seconds a rendezvous waits for more nodes once it has MIN):
 #: torchrun's default of 30 s would hold every join and leave that long.
 LAST_CALL_TIMEOUT_S = 3
