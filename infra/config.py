@@ -140,6 +140,7 @@ CONTEXT_KEYS: tuple[ContextKey, ...] = (
     ContextKey("availability_zones", None, "list", "pin the Availability Zones (no lookup); default: the stack's AZs (2 when environment-agnostic)"),
     ContextKey("vpc_id", None, "-", "use this existing VPC (Vpc.from_lookup; needs account and region) instead of a new one"),
     ContextKey("vpc_flow_logs", True, "bool", "VPC flow logs to CloudWatch Logs for a new VPC"),
+    ContextKey("private_subnets", False, "bool", "nodes in private subnets without public IPs, reaching AWS through VPC endpoints (new VPC only; docs/infra.md, \"Private subnets\")"),
     ContextKey("instance_types", list(DEFAULT_INSTANCE_TYPES), "list", "EC2 instance types the fleet may launch"),
     ContextKey("target_capacity", 1, "instances", "Spot Fleet target capacity (0 pauses the fleet)"),
     ContextKey("allocation_strategy", AllocationStrategy.PRICE_CAPACITY_OPTIMIZED.value, "-", "one of " + ", ".join(s.value for s in AllocationStrategy)),
@@ -339,6 +340,7 @@ class StackSettings:
     availability_zones: tuple[str, ...] | None = None
     vpc_id: str | None = None
     vpc_flow_logs: bool = True
+    private_subnets: bool = False
     instance_types: tuple[str, ...] = DEFAULT_INSTANCE_TYPES
     target_capacity: int = 1
     allocation_strategy: AllocationStrategy = AllocationStrategy.PRICE_CAPACITY_OPTIMIZED
@@ -440,6 +442,12 @@ class StackSettings:
             raise _bad("vpc_id", out["vpc_id"], "an existing VPC only together with an explicit account and region (Vpc.from_lookup needs them)")
         if v["vpc_flow_logs"] is not None:
             out["vpc_flow_logs"] = _as_bool("vpc_flow_logs", v["vpc_flow_logs"])
+        if v["private_subnets"] is not None:
+            out["private_subnets"] = _as_bool("private_subnets", v["private_subnets"])
+            if out["private_subnets"] and out["vpc_id"]:
+                raise _bad("private_subnets", v["private_subnets"],
+                           "false with vpc_id (private subnets and their VPC endpoints are made only in a new VPC; "
+                           "an existing VPC's nodes go in its public subnets)")
 
         if v["instance_types"] is not None:
             out["instance_types"] = instance_types("instance_types", v["instance_types"])
