@@ -27,6 +27,7 @@ from spot_contract import (  # noqa: F401
     DATA_VOLUME_PURPOSE,
     DATASETS_DIR,
     DEFAULT_MOUNT_POINT,
+    DEPLOYMENT_TAG,
     FAILED_BOOTS_TAG,
     LOGS_DIR,
     MIGRATION_SNAPSHOT_PURPOSE,
@@ -40,6 +41,15 @@ from spot_contract import (  # noqa: F401
 DEFAULT_CONFIG_PATH = Path(spot_contract.CONFIG_PATH)
 
 SCHEMA_VERSION = 1
+
+
+def deployment_tags(volume_tags: Mapping[str, str]) -> dict[str, str]:
+    """``{DEPLOYMENT_TAG: value}`` when ``volume_tags`` (the node config's) name a deployment, else ``{}``
+    (configs of stacks synthesized before deployments were tagged). When it does, the agent finds,
+    copies, snapshots and prunes only volumes and snapshots of this deployment. Raises nothing."""
+    return {DEPLOYMENT_TAG: volume_tags[DEPLOYMENT_TAG]} if DEPLOYMENT_TAG in volume_tags else {}
+
+
 #: Shortest interval between periodic snapshots, seconds.
 MIN_SNAPSHOT_INTERVAL_S = 60
 #: Valid range of EBS's Provisioned Rate for Volume Initialization, MiB/s (CreateVolume reference).

@@ -55,6 +55,7 @@ from bootstrap.config import (
     PURPOSE_TAG,
     STACK_TAG,
     AgentConfig,
+    deployment_tags,
 )
 from bootstrap.errors import ConfigError, TemporaryError
 from bootstrap.lease import LEASE_TAG, Lease, VolumeLease, lease_of
@@ -150,8 +151,12 @@ def _plan(volumes: list[dict[str, Any]], *, instance_id: str, availability_zone:
         if len(sources) != 1 or None in sources:
             raise ConfigError(
                 f"{len(authoritative)} independent EBS volumes carry the data-volume tags {tags}: "
-                f"{'; '.join(map(_describe, authoritative))}. The agent will not guess which one holds your data: "
-                f"remove the {PURPOSE_TAG!r} tag from the volume(s) to ignore, or delete them")
+                f"{'; '.join(map(_describe, authoritative))}. The agent will not guess which one holds your data "
+                f"and has changed none of them. Do not delete or untag any of them yet: `cdk destroy` deletes every "
+                f"volume carrying these tags (unless retain_data=true) whatever its purpose tag, so an untagged "
+                f"volume is not safe either. Snapshot each one first (aws ec2 create-snapshot --volume-id ...), "
+                f"find the one with your data, then give the others another {STACK_TAG!r} value (the node role "
+                f"cannot) or move their data; docs/agent-storage.md, 'Several data volumes'")
         # Duplicate verified copies of one source (a lease race): pick deterministically, keep the rest.
         authoritative.sort(key=lambda v: (_attached_instance(v) != instance_id, v["AvailabilityZone"] != availability_zone,
                                           str(v.get("CreateTime")), v["VolumeId"]))
@@ -193,6 +198,8 @@ class _VolumeStep:
         self.rng = rng
         self.tags = dict(config.volume.tags)
         self.filters = [{"Name": f"tag:{k}", "Values": [v]} for k, v in sorted(self.tags.items())]
+        # Snapshots of this deployment only (issue 15 item 1); the volume filters include the tag already.
+        self.deployment_filters = [{"Name": f"tag:{k}", "Values": [v]} for k, v in deployment_tags(self.tags).items()]
         self.lease = VolumeLease(ec2=ec2, owner=instance_id, ttl_s=timeouts.lease_ttl_s, settle_s=timeouts.lease_settle_s,
                                  wait_s=timeouts.lease_wait_s, poll_s=timeouts.lease_poll_s, wall_clock=wall_clock,
                                  clock=clock, sleep=sleep, rng=rng, log=log)
@@ -365,6 +372,7 @@ class _VolumeStep:
         existing = self.ec2.describe_snapshots(OwnerIds=["self"], Filters=[
             {"Name": f"tag:{STACK_TAG}", "Values": [self.config.stack_name]},
             {"Name": f"tag:{PURPOSE_TAG}", "Values": [MIGRATION_SNAPSHOT_PURPOSE]},
+            *self.deployment_filters,
 
             {"Name": f"tag:{CREATED_BY_TAG}", "Values": [self.instance_id]},
         ])["Snapshots"]
@@ -380,6 +388,7 @@ class _VolumeStep:
     def new_snapshot(self, source: dict[str, Any]) -> tuple[str, str]:
         tags = [{"Key": STACK_TAG, "Value": self.config.stack_name},
                 {"Key": PURPOSE_TAG, "Value": MIGRATION_SNAPSHOT_PURPOSE},
+                *({"Key": k, "Value": v} for k, v in deployment_tags(self.tags).items()),
                 {"Key": SOURCE_VOLUME_TAG, "Value": source["VolumeId"]},
                 {"Key": CREATED_BY_TAG, "Value": self.instance_id}]
         deadline = Deadline(self.t.snapshot_s, f"create snapshot of {source['VolumeId']}", self.clock)
@@ -551,6 +560,7 @@ class _VolumeStep:
         snapshots = self.ec2.describe_snapshots(OwnerIds=["self"], Filters=[
             {"Name": f"tag:{STACK_TAG}", "Values": [self.config.stack_name]},
             {"Name": f"tag:{PURPOSE_TAG}", "Values": [MIGRATION_SNAPSHOT_PURPOSE]},
+            *self.deployment_filters,
         ])["Snapshots"]
         completed = sorted((s for s in snapshots if s["State"] == "completed"),
                            key=lambda s: (str(s.get("StartTime")), s["SnapshotId"]), reverse=True)

@@ -20,7 +20,7 @@ from .fis import SpotInterruptionDrill
 from .fleet import SpotTrainingFleet
 from .monitoring import RETENTION_DAYS, TrainingMonitoring
 from .roles import TrainingNodeRole
-from .tags import STACK_TAG_KEY
+from .tags import STACK_TAG_KEY, deployment_tag_value
 from .userdata import SERVICE_NAME, node_config
 from .volume import TrainingVolume
 from spot_contract import EFS_MOUNT_POINT  # where the node mounts the shared file system, when there is one
@@ -140,6 +140,9 @@ class SpotTrainingStack(SettingsStack):
         )
         self.settings = settings
         tag_value = self.stack_name
+        # One deployment of this stack name (issue 15 item 1): its data volume, copies and snapshots
+        # carry it, and agents and the cleanup act only on their own deployment's.
+        deployment = deployment_tag_value()
 
         self.vpc = self._vpc(settings)
         subnets = self.vpc.select_subnets(subnet_type=node_subnets(settings.private_subnets).subnet_type)
@@ -157,6 +160,7 @@ class SpotTrainingStack(SettingsStack):
             encryption_key=volume_key,
             removal_policy=cdk.RemovalPolicy.RETAIN,
             stack_tag_value=tag_value,
+            deployment_tag_value=deployment,
         )
 
         self.bootstrap_asset = BootstrapAsset(self, "BootstrapAsset")
@@ -255,7 +259,8 @@ class SpotTrainingStack(SettingsStack):
             self.file_system.allow_from(self.fleet.connections)
             self.fleet.resource.node.add_dependency(self.file_system)
 
-        self.cleanup = DataCleanup(self, "DataCleanup", retain_data=settings.retain_data, stack_tag_value=tag_value)
+        self.cleanup = DataCleanup(self, "DataCleanup", retain_data=settings.retain_data, stack_tag_value=tag_value,
+                                   deployment_tag_value=deployment)
         self.cleanup.run_after(self.fleet.resource)
 
         cdk.CfnOutput(self, "FleetRequestId", value=self.fleet.fleet_request_id, description="Spot Fleet request id")

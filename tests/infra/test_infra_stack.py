@@ -266,7 +266,8 @@ def test_retain_data_reaches_the_custom_resource(pinned_synth: Synth) -> None:
 
 
 def _render(value: Any, pseudo: dict[str, str]) -> str:
-    """Render the few intrinsics our user data uses (Fn::Join, Fn::Sub, Ref to pseudo parameters)."""
+    """Render the few intrinsics our user data uses (Fn::Join, Fn::Sub, Ref to pseudo parameters,
+    Fn::Select of an Fn::Split of the stack id)."""
     if isinstance(value, str):
         return value
     ((fn, arg),) = value.items()
@@ -285,6 +286,11 @@ def _render(value: Any, pseudo: dict[str, str]) -> str:
             return "fsap-0123456789abcdef0"
         if arg.startswith("SharedFileSystem"):
             return "fs-0123456789abcdef0"
+        if arg == "AWS::StackId":  # its UUID part is the deployment tag (issue 15 item 1)
+            return "arn:aws:cloudformation:us-east-1:123456789012:stack/SpotTraining/1f2e3d4c-0000-4000-8000-00000000abcd"
+    if fn == "Fn::Select" and isinstance(arg[1], dict) and "Fn::Split" in arg[1]:
+        separator, text = arg[1]["Fn::Split"]
+        return _render(text, pseudo).split(separator)[int(arg[0])]
     raise AssertionError(f"unexpected intrinsic {fn} in user data")
 
 
@@ -306,7 +312,8 @@ def test_extract_config_reads_the_contract_config_from_user_data(default_synth: 
         "stack_name": "SpotTraining",
         "node_role": "single",
         "volume": {
-            "tags": {"spot-training:stack": "SpotTraining", "spot-training:purpose": "data-volume"},
+            "tags": {"spot-training:stack": "SpotTraining", "spot-training:purpose": "data-volume",
+                     "spot-training:deployment": "1f2e3d4c-0000-4000-8000-00000000abcd"},
             "device_name": "/dev/sdf",
             "mount_point": "/dltraining",
             "fs_type": "xfs",
