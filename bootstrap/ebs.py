@@ -54,6 +54,8 @@ from bootstrap.config import (
     MIGRATION_SNAPSHOT_PURPOSE,
     PURPOSE_TAG,
     STACK_TAG,
+    DATA_VOLUME_PURPOSE,
+    DEPLOYMENT_TAG,
     AgentConfig,
     deployment_tags,
 )
@@ -236,7 +238,45 @@ class _VolumeStep:
             raise TemporaryError(f"{waiter_name} for {kwargs} did not succeed within {deadline.seconds:g} s: {error}") from error
 
     # -- the step ---------------------------------------------------------------------------------
+    def adopt(self) -> None:
+        """Make ``volume.adopt_volume_id`` this deployment's (issue 15 item 1): the user named it, so it
+        is explicit. Only a volume carrying this stack's tag and the data-volume purpose is adopted, by
+        setting its ``spot-training:deployment`` tag to ours (nothing else changes). Already ours: nothing
+        to do. Gone: fine once this deployment has a volume (an adopted volume moved to another AZ is
+        retired after its copy is verified), else ConfigError. Raises ConfigError (exit 78) naming the
+        volume and its tags when it is not this stack's data volume."""
+        volume_id = self.volume_config.adopt_volume_id
+        if volume_id is None or DEPLOYMENT_TAG not in self.tags:
+            return
+        deadline = Deadline(self.t.volume_s, f"adopt {volume_id}", self.clock)
+        try:
+            found = self.retry(lambda: self.ec2.describe_volumes(VolumeIds=[volume_id])["Volumes"],
+                               f"DescribeVolumes {volume_id}", deadline)
+        except ClientError as error:
+            if error_code(error) != "InvalidVolume.NotFound":
+                raise
+            found = []
+        if not found:
+            if self.read():
+                self.event("adopt_skipped", "the adopted volume is gone; this deployment's volume is found by its tags",
+                           volume_id=volume_id)
+                return
+            raise ConfigError(f"volume.adopt_volume_id {volume_id}: no such volume in region {self.config.region}")
+        tags = _tags(found[0])
+        ours = self.tags[DEPLOYMENT_TAG]
+        if tags.get(STACK_TAG) != self.config.stack_name or tags.get(PURPOSE_TAG) != DATA_VOLUME_PURPOSE:
+            raise ConfigError(
+                f"volume.adopt_volume_id {volume_id} carries the tags {tags}; only a data volume of this stack "
+                f"({STACK_TAG}={self.config.stack_name}, {PURPOSE_TAG}={DATA_VOLUME_PURPOSE}) can be adopted. Nothing was changed")
+        if tags.get(DEPLOYMENT_TAG) == ours:
+            return
+        self.retry(lambda: self.ec2.create_tags(Resources=[volume_id], Tags=[{"Key": DEPLOYMENT_TAG, "Value": ours}]),
+                   f"CreateTags {DEPLOYMENT_TAG} on {volume_id}", deadline)
+        self.event("volume_adopted", "adopted the data volume an earlier deployment retained",
+                   volume_id=volume_id, previous_deployment=tags.get(DEPLOYMENT_TAG), deployment=ours)
+
     def run(self) -> Path:
+        self.adopt()
         volumes = self.read()
         self.event("volumes_found", "found data volume candidates by tags",
                    volume_ids=[v["VolumeId"] for v in volumes], tags=self.tags)

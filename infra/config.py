@@ -92,6 +92,7 @@ _AZ_RE = re.compile(r"^[a-z]{2}(-[a-z]+)+-\d[a-z]$")
 _REGION_RE = re.compile(r"^[a-z]{2}(-[a-z]+)+-\d$")
 _ACCOUNT_RE = re.compile(r"^\d{12}$")
 _VPC_ID_RE = re.compile(r"^vpc-[0-9a-f]{8,17}$")
+_VOLUME_ID_RE = re.compile(r"^vol-[0-9a-f]{8,17}$")
 _AMI_ID_RE = re.compile(r"^ami-[0-9a-f]{8,17}$")
 _STACK_NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9-]{0,127}$")
 _MAX_PRICE_RE = re.compile(r"^\d+(\.\d+)?$")
@@ -149,6 +150,7 @@ CONTEXT_KEYS: tuple[ContextKey, ...] = (
     ContextKey("volume_iops", 3000, "IOPS", "data volume provisioned IOPS (gp3: 3000..16000)"),
     ContextKey("volume_throughput_mibps", 125, "MiB/s", "data volume throughput (gp3: 125..1000)"),
     ContextKey("volume_kms_key_arn", None, "-", "customer managed KMS key for the data volume; default: the AWS managed EBS key"),
+    ContextKey("adopt_volume_id", None, "-", "adopt this data volume that an earlier deployment of the same stack name retained (docs/agent-storage.md, \"Adopting retained data\"); the stack then creates no new one"),
     ContextKey("root_volume_size_gib", 150, "GiB", "encrypted gp3 root volume of each instance"),
     ContextKey("image_id", None, "-", "AMI id; default: the Deep Learning AMI from `ami_ssm_parameter`"),
     ContextKey("ami_ssm_parameter", DEFAULT_AMI_SSM_PARAMETER, "-", "public SSM parameter resolved to the AMI id at deploy time"),
@@ -349,6 +351,7 @@ class StackSettings:
     volume_iops: int = 3000
     volume_throughput_mibps: int = 125
     volume_kms_key_arn: str | None = None
+    adopt_volume_id: str | None = None
     root_volume_size_gib: int = 150
     image_id: str | None = None
     ami_ssm_parameter: str = DEFAULT_AMI_SSM_PARAMETER
@@ -477,6 +480,9 @@ class StackSettings:
             raise _bad("volume_throughput_mibps", v["volume_throughput_mibps"], f"at most volume_iops/4 = {iops // 4} MiB/s (gp3)")
         out["volume_kms_key_arn"] = _as_optional_str(
             "volume_kms_key_arn", v["volume_kms_key_arn"], re.compile(r"^arn:aws[a-z-]*:kms:"), "a KMS key ARN (arn:aws:kms:REGION:ACCOUNT:key/ID)"
+        )
+        out["adopt_volume_id"] = _as_optional_str(
+            "adopt_volume_id", v["adopt_volume_id"], _VOLUME_ID_RE, "an EBS volume id such as vol-0123456789abcdef0"
         )
         if v["root_volume_size_gib"] is not None:
             out["root_volume_size_gib"] = _as_int("root_volume_size_gib", v["root_volume_size_gib"], 8, 16384, "(GiB)")

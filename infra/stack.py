@@ -20,7 +20,7 @@ from .fis import SpotInterruptionDrill
 from .fleet import SpotTrainingFleet
 from .monitoring import RETENTION_DAYS, TrainingMonitoring
 from .roles import TrainingNodeRole
-from .tags import STACK_TAG_KEY, deployment_tag_value
+from .tags import DEPLOYMENT_TAG_KEY, PURPOSE_DATA_VOLUME, PURPOSE_TAG_KEY, STACK_TAG_KEY, deployment_tag_value
 from .userdata import SERVICE_NAME, node_config
 from .volume import TrainingVolume
 from spot_contract import EFS_MOUNT_POINT  # where the node mounts the shared file system, when there is one
@@ -150,7 +150,8 @@ class SpotTrainingStack(SettingsStack):
         volume_key = (
             kms.Key.from_key_arn(self, "VolumeKey", settings.volume_kms_key_arn) if settings.volume_kms_key_arn else None
         )
-        self.volume = TrainingVolume(
+        # adopt_volume_id: the agent makes that retained volume this deployment's, so no new one.
+        self.volume: TrainingVolume | None = None if settings.adopt_volume_id else TrainingVolume(
             self,
             "DataVolume",
             availability_zone=subnets.availability_zones[0],
@@ -162,6 +163,8 @@ class SpotTrainingStack(SettingsStack):
             stack_tag_value=tag_value,
             deployment_tag_value=deployment,
         )
+        volume_tags = self.volume.tags if self.volume is not None else {
+            STACK_TAG_KEY: tag_value, PURPOSE_TAG_KEY: PURPOSE_DATA_VOLUME, DEPLOYMENT_TAG_KEY: deployment}
 
         self.bootstrap_asset = BootstrapAsset(self, "BootstrapAsset")
         self.node_role = TrainingNodeRole(self, "NodeRole", stack_tag_value=tag_value, assets=[self.bootstrap_asset.asset])
@@ -204,7 +207,7 @@ class SpotTrainingStack(SettingsStack):
         self.node_config = node_config(
             region=self.region,
             stack_name=self.stack_name,
-            volume_tags=self.volume.tags,
+            volume_tags=volume_tags,
             framework=settings.framework,
             python=settings.training_python,
             command=settings.training_command,
@@ -224,6 +227,8 @@ class SpotTrainingStack(SettingsStack):
             requirements=settings.training_requirements,
             inherit_site_packages=settings.training_inherit_site_packages,
         )
+        if settings.adopt_volume_id:
+            self.node_config["volume"]["adopt_volume_id"] = settings.adopt_volume_id
         user_data = self.bootstrap_asset.user_data(
             self.node_config,
             region=self.region,
@@ -251,7 +256,7 @@ class SpotTrainingStack(SettingsStack):
             stack_tag_value=tag_value,
         )
         # Nodes must find their volume, their permissions and (if any) EFS mount targets in place.
-        self.fleet.resource.node.add_dependency(self.volume, self.node_role)
+        self.fleet.resource.node.add_dependency(*[c for c in (self.volume, self.node_role) if c is not None])
         if self.monitoring is not None:
             self.fleet.resource.node.add_dependency(self.monitoring.log_group)
             self.monitoring.add_capacity_alarm(self.fleet.fleet_request_id)
@@ -267,10 +272,13 @@ class SpotTrainingStack(SettingsStack):
         cdk.CfnOutput(
             self,
             "DataVolumeId",
-            value=self.volume.volume_id,
-            description="The data volume as created; the agent may move it to another AZ (find it by its tags)",
+            value=self.volume.volume_id if self.volume is not None else settings.adopt_volume_id,
+            description=("The data volume as created; the agent may move it to another AZ (find it by its tags)"
+                         if self.volume is not None else
+                         "The adopted data volume (adopt_volume_id); the agent may move it to another AZ (find it by its tags)"),
         )
-        cdk.CfnOutput(self, "DataVolumeAvailabilityZone", value=self.volume.availability_zone)
+        if self.volume is not None:
+            cdk.CfnOutput(self, "DataVolumeAvailabilityZone", value=self.volume.availability_zone)
         cdk.CfnOutput(
             self,
             "Logs",

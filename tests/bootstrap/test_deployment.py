@@ -136,3 +136,44 @@ def test_cdk_destroy_deletes_only_this_deployments_data(ec2):
     assert old_snapshot in _snapshot_ids(ec2)
     with pytest.raises(ValueError, match="DeploymentTagValue"):
         handler.handler({"RequestType": "Delete", "ResourceProperties": {"StackName": STACK, "DeploymentTagValue": ""}}, None)
+
+
+def test_explicit_adoption_makes_a_retained_volume_this_deployments(ec2, moto_server, tmp_path):
+    """-c adopt_volume_id=vol-...: the stack creates no new volume; the agent retags the named one."""
+    old_volume = create_data_volume(ec2, "us-east-1a", extra_tags={DEPLOYMENT_TAG: OLD})
+    other_stack = create_data_volume(ec2, "us-east-1a", stack="OtherStack", extra_tags={DEPLOYMENT_TAG: OLD})
+    data = config_dict(tmp_path)
+    data["volume"]["tags"][DEPLOYMENT_TAG] = NEW
+    data["volume"]["adopt_volume_id"] = other_stack
+    with pytest.raises(ConfigError, match=rf"adopt_volume_id {other_stack} carries the tags"):
+        prepare_data_volume(ec2=ec2, config=parse_config(data), instance_id=run_instance(ec2, "us-east-1a"),
+                            availability_zone="us-east-1a", blockdev=DirectoryBlockDevices(moto_server.volumes_dir),
+                            log=LOG, timeouts=VolumeTimeouts(**FAST))
+    [untouched] = ec2.describe_volumes(VolumeIds=[other_stack])["Volumes"]
+    assert _tags(untouched)[DEPLOYMENT_TAG] == OLD
+
+    data["volume"]["adopt_volume_id"] = old_volume
+    config = parse_config(data)
+    instance_id = run_instance(ec2, "us-east-1a")
+    for _ in range(2):  # a second boot finds it by its tags; adopting again changes nothing
+        prepare_data_volume(ec2=ec2, config=config, instance_id=instance_id, availability_zone="us-east-1a",
+                            blockdev=DirectoryBlockDevices(moto_server.volumes_dir), log=LOG, timeouts=VolumeTimeouts(**FAST))
+    [adopted] = ec2.describe_volumes(VolumeIds=[old_volume])["Volumes"]
+    assert _tags(adopted)[DEPLOYMENT_TAG] == NEW
+    assert [a["InstanceId"] for a in adopted["Attachments"]] == [instance_id]
+
+    # Once moved away (source retired), the gone id is not an error: the copy is found by its tags.
+    data["volume"]["adopt_volume_id"] = "vol-0000000000000dead"
+    prepare_data_volume(ec2=ec2, config=parse_config(data), instance_id=instance_id, availability_zone="us-east-1a",
+                        blockdev=DirectoryBlockDevices(moto_server.volumes_dir), log=LOG, timeouts=VolumeTimeouts(**FAST))
+
+
+def test_adoption_needs_a_deployment_tag_and_a_volume_id(tmp_path):
+    data = config_dict(tmp_path)
+    data["volume"]["adopt_volume_id"] = "vol-0123456789abcdef0"
+    with pytest.raises(ConfigError, match="adopt_volume_id"):
+        parse_config(data)  # no deployment tag: nothing to adopt into
+    data["volume"]["tags"][DEPLOYMENT_TAG] = NEW
+    data["volume"]["adopt_volume_id"] = "--volume"
+    with pytest.raises(ConfigError, match="adopt_volume_id"):
+        parse_config(data)

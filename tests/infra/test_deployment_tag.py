@@ -22,3 +22,20 @@ def test_volume_config_and_cleanup_carry_this_deployments_tag(default_synth: Syn
     config = extract_config(launch_template_user_data(default_synth.template))
     assert config["volume"]["tags"] == {"spot-training:stack": "SpotTraining", "spot-training:purpose": "data-volume",
                                         DEPLOYMENT_TAG_KEY: "1f2e3d4c-0000-4000-8000-00000000abcd"}
+
+
+def test_adopting_a_retained_volume_creates_none_and_tells_the_agent(tmp_path) -> None:
+    import pytest
+    from infra_helpers import cfn_lint_errors, synth_stack
+
+    from infra.config import StackSettings
+
+    synth = synth_stack(tmp_path, StackSettings.from_mapping({"adopt_volume_id": "vol-0123456789abcdef0"}))
+    synth.template.resource_count_is("AWS::EC2::Volume", 0)
+    config = extract_config(launch_template_user_data(synth.template))
+    assert config["volume"]["adopt_volume_id"] == "vol-0123456789abcdef0"
+    assert set(config["volume"]["tags"]) == {"spot-training:stack", "spot-training:purpose", DEPLOYMENT_TAG_KEY}
+    assert synth.data["Outputs"]["DataVolumeId"]["Value"] == "vol-0123456789abcdef0"
+    assert synth.nag_errors == [] and cfn_lint_errors(synth.template_file) == []
+    with pytest.raises(ValueError, match="adopt_volume_id"):
+        StackSettings.from_mapping({"adopt_volume_id": "snap-0123456789abcdef0"})
