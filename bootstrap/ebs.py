@@ -275,15 +275,29 @@ class _VolumeStep:
         self.event("volume_adopted", "adopted the data volume an earlier deployment retained",
                    volume_id=volume_id, previous_deployment=tags.get(DEPLOYMENT_TAG), deployment=ours)
 
+    def other_deployments(self) -> list[dict[str, Any]]:
+        """Data volumes of this stack whose deployment tag is not ours (or missing); [] without a deployment tag."""
+        if DEPLOYMENT_TAG not in self.tags:
+            return []
+        found = self.ec2.describe_volumes(Filters=[
+            {"Name": f"tag:{STACK_TAG}", "Values": [self.config.stack_name]},
+            {"Name": f"tag:{PURPOSE_TAG}", "Values": [DATA_VOLUME_PURPOSE]}])["Volumes"]
+        return [v for v in found if _tags(v).get(DEPLOYMENT_TAG) != self.tags[DEPLOYMENT_TAG]]
+
     def run(self) -> Path:
         self.adopt()
         volumes = self.read()
         self.event("volumes_found", "found data volume candidates by tags",
                    volume_ids=[v["VolumeId"] for v in volumes], tags=self.tags)
         if not volumes:
+            others = self.other_deployments()
             raise ConfigError(
                 f"no EBS volume in region {self.config.region} carries the tags {self.tags} (volume.tags); "
-                "deploy the stack that creates the data volume, or fix volume.tags in the node config")
+                "deploy the stack that creates the data volume, or fix volume.tags in the node config"
+                + (f". Data volumes of this stack from other deployments (or from before deployments were tagged) "
+                   f"exist and were left alone: {'; '.join(map(_describe, others))}. To train on one, adopt it "
+                   "explicitly: cdk deploy -c adopt_volume_id=<its id> (docs/agent-storage.md, 'Adopting retained data')"
+                   if others else ""))
         plan = _plan(volumes, instance_id=self.instance_id, availability_zone=self.az, tags=self.tags, log=self.log)
         clean = (plan.pending is None and not plan.retire and not plan.stale
                  and all(lease_of(v) is None for v in volumes))

@@ -177,3 +177,15 @@ def test_adoption_needs_a_deployment_tag_and_a_volume_id(tmp_path):
     data["volume"]["adopt_volume_id"] = "--volume"
     with pytest.raises(ConfigError, match="adopt_volume_id"):
         parse_config(data)
+
+
+def test_no_volume_of_this_deployment_names_the_others_and_how_to_adopt(ec2, moto_server, tmp_path):
+    """An existing stack updated to deployment tags after its volume moved (the copy has no deployment
+    tag), or a new deployment whose volume is missing: the agent names the candidates, touches nothing."""
+    legacy = create_data_volume(ec2, "us-east-1a")  # no deployment tag
+    with pytest.raises(ConfigError, match=rf"{legacy}.*adopt_volume_id"):
+        prepare_data_volume(ec2=ec2, config=_config(tmp_path), instance_id=run_instance(ec2, "us-east-1a"),
+                            availability_zone="us-east-1a", blockdev=DirectoryBlockDevices(moto_server.volumes_dir),
+                            log=LOG, timeouts=VolumeTimeouts(**FAST))
+    [volume] = ec2.describe_volumes(VolumeIds=[legacy])["Volumes"]
+    assert DEPLOYMENT_TAG not in _tags(volume) and volume["Attachments"] == []
