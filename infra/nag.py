@@ -31,7 +31,8 @@ ACKNOWLEDGEMENTS: tuple[tuple[type, str, list[object], str], ...] = (
         "requests); EC2 supports no resource-level permissions for Describe actions. Session Manager's "
         "ssmmessages:Create/OpenControlChannel/DataChannel (of the Session Manager instance profile AWS "
         "documents, used instead of AmazonSSMManagedInstanceCore with its ssm:GetParameter(s) on *), which "
-        "support no resource-level permissions either. With monitoring, also "
+        "support no resource-level permissions either. Cluster scheduler and server nodes: "
+        "autoscaling:DescribeTags (their failed-boot count), which has none either. With monitoring, also "
         "cloudwatch:PutMetricData, which has no resource-level permissions either and is conditioned on "
         "cloudwatch:namespace = SpotTraining (a test asserts it).",
     ),
