@@ -10,6 +10,9 @@ STAMP := $(VENV)/.installed
 TORCH_VENV := .venv-torch
 TORCH_STAMP := $(TORCH_VENV)/.installed
 TORCH_PYTEST := $(TORCH_VENV)/bin/python -m pytest --confcutdir=tests/torch
+# checkov has an environment of its own too (its exact pins would downgrade boto3; requirements-checkov.txt).
+CHECKOV_VENV := .venv-checkov
+CHECKOV_STAMP := $(CHECKOV_VENV)/.installed
 DEB_PACKAGES := iproute2 procps
 export PATH := $(CURDIR)/$(BIN):$(CURDIR)/node_modules/.bin:$(PATH)
 export TF_CPP_MIN_LOG_LEVEL := 2
@@ -23,7 +26,7 @@ PYTEST := $(BIN)/python -m pytest
 
 .PHONY: setup system-deps test test-fast demo synth bench-synth bench-checkpoint bench-agent bench-elastic bench-boot bench-move clean
 
-setup: system-deps $(STAMP) $(TORCH_STAMP) $(CDK)
+setup: system-deps $(STAMP) $(TORCH_STAMP) $(CHECKOV_STAMP) $(CDK)
 
 system-deps:
 	@scripts/install-system-deps.sh $(DEB_PACKAGES)
@@ -41,6 +44,13 @@ $(TORCH_STAMP): requirements-torch.txt pyproject.toml
 	$(TORCH_VENV)/bin/python -m pip install -q --upgrade pip
 	$(TORCH_VENV)/bin/python -m pip install -q -r requirements-torch.txt
 	$(TORCH_VENV)/bin/python -m pip install -q --no-deps -e .
+	touch $@
+
+$(CHECKOV_STAMP): requirements-checkov.txt
+	test -x $(CHECKOV_VENV)/bin/python || $(PYTHON) -m venv $(CHECKOV_VENV)
+	$(CHECKOV_VENV)/bin/python -m pip install -q --upgrade pip
+	$(CHECKOV_VENV)/bin/python -m pip install -q -r requirements-checkov.txt
+	$(CHECKOV_VENV)/bin/python -m pip check
 	touch $@
 
 $(CDK): package.json package-lock.json

@@ -27,6 +27,7 @@ from spot_contract import (  # noqa: F401
     DATA_VOLUME_PURPOSE,
     DATASETS_DIR,
     DEFAULT_MOUNT_POINT,
+    DEPLOYMENT_TAG,
     FAILED_BOOTS_TAG,
     LOGS_DIR,
     MIGRATION_SNAPSHOT_PURPOSE,
@@ -40,6 +41,16 @@ from spot_contract import (  # noqa: F401
 DEFAULT_CONFIG_PATH = Path(spot_contract.CONFIG_PATH)
 
 SCHEMA_VERSION = 1
+_VOLUME_ID_RE = re.compile(r"^vol-[0-9a-f]{8,17}$")
+
+
+def deployment_tags(volume_tags: Mapping[str, str]) -> dict[str, str]:
+    """``{DEPLOYMENT_TAG: value}`` when ``volume_tags`` (the node config's) name a deployment, else ``{}``
+    (configs of stacks synthesized before deployments were tagged). When it does, the agent finds,
+    copies, snapshots and prunes only volumes and snapshots of this deployment. Raises nothing."""
+    return {DEPLOYMENT_TAG: volume_tags[DEPLOYMENT_TAG]} if DEPLOYMENT_TAG in volume_tags else {}
+
+
 #: Shortest interval between periodic snapshots, seconds.
 MIN_SNAPSHOT_INTERVAL_S = 60
 #: Valid range of EBS's Provisioned Rate for Volume Initialization, MiB/s (CreateVolume reference).
@@ -101,6 +112,9 @@ class VolumeConfig:
     #: EBS Provisioned Rate for Volume Initialization of a volume created from a migration snapshot,
     #: MiB/s (100..300), or None for EBS's default rate (CreateVolume ``VolumeInitializationRate``).
     initialization_rate_mibps: int | None = None
+    #: A data volume of this stack that an earlier deployment retained, to be made this deployment's
+    #: (its ``spot-training:deployment`` tag set to ours) before the volume step; None: adopt nothing.
+    adopt_volume_id: str | None = None
 
 
 @dataclass(frozen=True)
@@ -383,7 +397,7 @@ def _volume(v: "_Validator", root: Mapping[str, Any], stack_name: str | None) ->
     if section is None:
         return None
     v.keys(section, "volume", required=("tags", "device_name", "mount_point"),
-           optional=("fs_type", "keep_snapshots", "snapshot_interval_s", "initialization_rate_mibps"))
+           optional=("fs_type", "keep_snapshots", "snapshot_interval_s", "initialization_rate_mibps", "adopt_volume_id"))
     tags = v.string_map(section, "tags", "volume")
     if tags is not None:
         if STACK_TAG not in tags:
@@ -413,10 +427,20 @@ def _volume(v: "_Validator", root: Mapping[str, Any], stack_name: str | None) ->
         rate = v.setting(section, "initialization_rate_mibps", "volume", allowed_prefix="null or ")
         if rate is None:
             return None
+    adopt = None
+    if section.get("adopt_volume_id") is not None:
+        adopt = v.string(section, "adopt_volume_id", "volume", pattern=_VOLUME_ID_RE,
+                         allowed="null or an EBS volume id such as 'vol-0123456789abcdef0'")
+        if adopt is None:
+            return None
+        if tags is not None and DEPLOYMENT_TAG not in tags:
+            v.problem("volume.adopt_volume_id", adopt, f"null unless volume.tags names a deployment ({DEPLOYMENT_TAG!r})")
+            return None
     if None in (tags, device_name, mount_point, fs_type, keep, interval):
         return None
     return VolumeConfig(tags=MappingProxyType(dict(tags)), device_name=device_name, mount_point=mount_point,
-                        fs_type=fs_type, keep_snapshots=keep, snapshot_interval_s=interval, initialization_rate_mibps=rate)
+                        fs_type=fs_type, keep_snapshots=keep, snapshot_interval_s=interval, initialization_rate_mibps=rate,
+                        adopt_volume_id=adopt)
 
 
 def _checkpoints_not_on_root_disk(v: "_Validator", training: TrainingConfig, volume: VolumeConfig,

@@ -54,7 +54,10 @@ from bootstrap.config import (
     MIGRATION_SNAPSHOT_PURPOSE,
     PURPOSE_TAG,
     STACK_TAG,
+    DATA_VOLUME_PURPOSE,
+    DEPLOYMENT_TAG,
     AgentConfig,
+    deployment_tags,
 )
 from bootstrap.errors import ConfigError, TemporaryError
 from bootstrap.lease import LEASE_TAG, Lease, VolumeLease, lease_of
@@ -150,8 +153,12 @@ def _plan(volumes: list[dict[str, Any]], *, instance_id: str, availability_zone:
         if len(sources) != 1 or None in sources:
             raise ConfigError(
                 f"{len(authoritative)} independent EBS volumes carry the data-volume tags {tags}: "
-                f"{'; '.join(map(_describe, authoritative))}. The agent will not guess which one holds your data: "
-                f"remove the {PURPOSE_TAG!r} tag from the volume(s) to ignore, or delete them")
+                f"{'; '.join(map(_describe, authoritative))}. The agent will not guess which one holds your data "
+                f"and has changed none of them. Do not delete or untag any of them yet: `cdk destroy` deletes every "
+                f"volume carrying these tags (unless retain_data=true) whatever its purpose tag, so an untagged "
+                f"volume is not safe either. Snapshot each one first (aws ec2 create-snapshot --volume-id ...), "
+                f"find the one with your data, then give the others another {STACK_TAG!r} value (the node role "
+                f"cannot) or move their data; docs/agent-storage.md, 'Several data volumes'")
         # Duplicate verified copies of one source (a lease race): pick deterministically, keep the rest.
         authoritative.sort(key=lambda v: (_attached_instance(v) != instance_id, v["AvailabilityZone"] != availability_zone,
                                           str(v.get("CreateTime")), v["VolumeId"]))
@@ -193,6 +200,8 @@ class _VolumeStep:
         self.rng = rng
         self.tags = dict(config.volume.tags)
         self.filters = [{"Name": f"tag:{k}", "Values": [v]} for k, v in sorted(self.tags.items())]
+        # Snapshots of this deployment only (issue 15 item 1); the volume filters include the tag already.
+        self.deployment_filters = [{"Name": f"tag:{k}", "Values": [v]} for k, v in deployment_tags(self.tags).items()]
         self.lease = VolumeLease(ec2=ec2, owner=instance_id, ttl_s=timeouts.lease_ttl_s, settle_s=timeouts.lease_settle_s,
                                  wait_s=timeouts.lease_wait_s, poll_s=timeouts.lease_poll_s, wall_clock=wall_clock,
                                  clock=clock, sleep=sleep, rng=rng, log=log)
@@ -229,14 +238,66 @@ class _VolumeStep:
             raise TemporaryError(f"{waiter_name} for {kwargs} did not succeed within {deadline.seconds:g} s: {error}") from error
 
     # -- the step ---------------------------------------------------------------------------------
+    def adopt(self) -> None:
+        """Make ``volume.adopt_volume_id`` this deployment's (issue 15 item 1): the user named it, so it
+        is explicit. Only a volume carrying this stack's tag and the data-volume purpose is adopted, by
+        setting its ``spot-training:deployment`` tag to ours (nothing else changes). Already ours: nothing
+        to do. Gone: fine once this deployment has a volume (an adopted volume moved to another AZ is
+        retired after its copy is verified), else ConfigError. Raises ConfigError (exit 78) naming the
+        volume and its tags when it is not this stack's data volume."""
+        volume_id = self.volume_config.adopt_volume_id
+        if volume_id is None or DEPLOYMENT_TAG not in self.tags:
+            return
+        deadline = Deadline(self.t.volume_s, f"adopt {volume_id}", self.clock)
+        try:
+            found = self.retry(lambda: self.ec2.describe_volumes(VolumeIds=[volume_id])["Volumes"],
+                               f"DescribeVolumes {volume_id}", deadline)
+        except ClientError as error:
+            if error_code(error) != "InvalidVolume.NotFound":
+                raise
+            found = []
+        if not found:
+            if self.read():
+                self.event("adopt_skipped", "the adopted volume is gone; this deployment's volume is found by its tags",
+                           volume_id=volume_id)
+                return
+            raise ConfigError(f"volume.adopt_volume_id {volume_id}: no such volume in region {self.config.region}")
+        tags = _tags(found[0])
+        ours = self.tags[DEPLOYMENT_TAG]
+        if tags.get(STACK_TAG) != self.config.stack_name or tags.get(PURPOSE_TAG) != DATA_VOLUME_PURPOSE:
+            raise ConfigError(
+                f"volume.adopt_volume_id {volume_id} carries the tags {tags}; only a data volume of this stack "
+                f"({STACK_TAG}={self.config.stack_name}, {PURPOSE_TAG}={DATA_VOLUME_PURPOSE}) can be adopted. Nothing was changed")
+        if tags.get(DEPLOYMENT_TAG) == ours:
+            return
+        self.retry(lambda: self.ec2.create_tags(Resources=[volume_id], Tags=[{"Key": DEPLOYMENT_TAG, "Value": ours}]),
+                   f"CreateTags {DEPLOYMENT_TAG} on {volume_id}", deadline)
+        self.event("volume_adopted", "adopted the data volume an earlier deployment retained",
+                   volume_id=volume_id, previous_deployment=tags.get(DEPLOYMENT_TAG), deployment=ours)
+
+    def other_deployments(self) -> list[dict[str, Any]]:
+        """Data volumes of this stack whose deployment tag is not ours (or missing); [] without a deployment tag."""
+        if DEPLOYMENT_TAG not in self.tags:
+            return []
+        found = self.ec2.describe_volumes(Filters=[
+            {"Name": f"tag:{STACK_TAG}", "Values": [self.config.stack_name]},
+            {"Name": f"tag:{PURPOSE_TAG}", "Values": [DATA_VOLUME_PURPOSE]}])["Volumes"]
+        return [v for v in found if _tags(v).get(DEPLOYMENT_TAG) != self.tags[DEPLOYMENT_TAG]]
+
     def run(self) -> Path:
+        self.adopt()
         volumes = self.read()
         self.event("volumes_found", "found data volume candidates by tags",
                    volume_ids=[v["VolumeId"] for v in volumes], tags=self.tags)
         if not volumes:
+            others = self.other_deployments()
             raise ConfigError(
                 f"no EBS volume in region {self.config.region} carries the tags {self.tags} (volume.tags); "
-                "deploy the stack that creates the data volume, or fix volume.tags in the node config")
+                "deploy the stack that creates the data volume, or fix volume.tags in the node config"
+                + (f". Data volumes of this stack from other deployments (or from before deployments were tagged) "
+                   f"exist and were left alone: {'; '.join(map(_describe, others))}. To train on one, adopt it "
+                   "explicitly: cdk deploy -c adopt_volume_id=<its id> (docs/agent-storage.md, 'Adopting retained data')"
+                   if others else ""))
         plan = _plan(volumes, instance_id=self.instance_id, availability_zone=self.az, tags=self.tags, log=self.log)
         clean = (plan.pending is None and not plan.retire and not plan.stale
                  and all(lease_of(v) is None for v in volumes))
@@ -365,6 +426,7 @@ class _VolumeStep:
         existing = self.ec2.describe_snapshots(OwnerIds=["self"], Filters=[
             {"Name": f"tag:{STACK_TAG}", "Values": [self.config.stack_name]},
             {"Name": f"tag:{PURPOSE_TAG}", "Values": [MIGRATION_SNAPSHOT_PURPOSE]},
+            *self.deployment_filters,
 
             {"Name": f"tag:{CREATED_BY_TAG}", "Values": [self.instance_id]},
         ])["Snapshots"]
@@ -380,6 +442,7 @@ class _VolumeStep:
     def new_snapshot(self, source: dict[str, Any]) -> tuple[str, str]:
         tags = [{"Key": STACK_TAG, "Value": self.config.stack_name},
                 {"Key": PURPOSE_TAG, "Value": MIGRATION_SNAPSHOT_PURPOSE},
+                *({"Key": k, "Value": v} for k, v in deployment_tags(self.tags).items()),
                 {"Key": SOURCE_VOLUME_TAG, "Value": source["VolumeId"]},
                 {"Key": CREATED_BY_TAG, "Value": self.instance_id}]
         deadline = Deadline(self.t.snapshot_s, f"create snapshot of {source['VolumeId']}", self.clock)
@@ -551,6 +614,7 @@ class _VolumeStep:
         snapshots = self.ec2.describe_snapshots(OwnerIds=["self"], Filters=[
             {"Name": f"tag:{STACK_TAG}", "Values": [self.config.stack_name]},
             {"Name": f"tag:{PURPOSE_TAG}", "Values": [MIGRATION_SNAPSHOT_PURPOSE]},
+            *self.deployment_filters,
         ])["Snapshots"]
         completed = sorted((s for s in snapshots if s["State"] == "completed"),
                            key=lambda s: (str(s.get("StartTime")), s["SnapshotId"]), reverse=True)

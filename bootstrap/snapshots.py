@@ -25,7 +25,7 @@ import logging
 import threading
 from typing import Any
 
-from bootstrap.config import PERIODIC_SNAPSHOT_PURPOSE, PURPOSE_TAG, STACK_TAG, VolumeConfig
+from bootstrap.config import PERIODIC_SNAPSHOT_PURPOSE, PURPOSE_TAG, STACK_TAG, VolumeConfig, deployment_tags
 from spot_contract import CREATED_BY_TAG, SOURCE_VOLUME_TAG  # tag keys: the contract's
 
 
@@ -65,6 +65,8 @@ class PeriodicSnapshots:
         return self.ec2.describe_snapshots(OwnerIds=["self"], Filters=[
             {"Name": f"tag:{STACK_TAG}", "Values": [self.stack_name]},
             {"Name": f"tag:{PURPOSE_TAG}", "Values": [PERIODIC_SNAPSHOT_PURPOSE]},
+            # this deployment's only: an earlier deployment's retained snapshots are never pruned
+            *({"Name": f"tag:{k}", "Values": [v]} for k, v in deployment_tags(self.volume.tags).items()),
         ])["Snapshots"]
 
     def take(self) -> str | None:
@@ -82,6 +84,7 @@ class PeriodicSnapshots:
             return None
         tags = [{"Key": STACK_TAG, "Value": self.stack_name},
                 {"Key": PURPOSE_TAG, "Value": PERIODIC_SNAPSHOT_PURPOSE},
+                *({"Key": k, "Value": v} for k, v in deployment_tags(self.volume.tags).items()),
                 {"Key": SOURCE_VOLUME_TAG, "Value": volume_id},
                 {"Key": CREATED_BY_TAG, "Value": self.instance_id}]
         snapshot_id = self.ec2.create_snapshot(

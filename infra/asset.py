@@ -53,7 +53,7 @@ class BootstrapAsset(constructs.Construct):
     """One S3 asset (a zip file) holding the node agent and the training library.
 
     Nodes download it with ``aws s3 cp`` (see :func:`infra.userdata.boot_script`) and unpack it
-    to ``/opt/spot-training/code``; grant them ``asset.grant_read``.
+    to ``/opt/spot-training/code``; grant them ``TrainingNodeRole.grant_read_asset`` (its one object).
 
     Attributes:
         asset: the ``s3_assets.Asset``.
@@ -96,7 +96,7 @@ class BootstrapAsset(constructs.Construct):
         on the data volume (or EFS). After ``max_failed_boots`` failed boots in a row (default 3) a node
         cancels its fleet instead of being replaced again.
 
-        ``region`` and values in ``config`` may be tokens. The nodes need ``asset.grant_read``. Raises nothing.
+        ``region`` and values in ``config`` may be tokens. The nodes need ``TrainingNodeRole.grant_read_asset``. Raises nothing.
         """
         user_data = ec2.UserData.for_linux()
         # json.dumps, not Stack.to_json_string: the latter drops null values ("efs": null), which the

@@ -46,6 +46,7 @@ class DataCleanup(constructs.Construct):
         *,
         retain_data: bool = False,
         stack_tag_value: str | None = None,
+        deployment_tag_value: str | None = None,
         log_retention: logs.RetentionDays = logs.RetentionDays.ONE_MONTH,
     ) -> None:
         """Define the handler, its tag-scoped policy, the provider and the custom resource.
@@ -53,6 +54,9 @@ class DataCleanup(constructs.Construct):
         Args:
             retain_data: keep every volume and snapshot on stack delete; default false (delete them).
             stack_tag_value: value of ``spot-training:stack`` to clean up; default: the stack's name.
+            deployment_tag_value: also require ``spot-training:deployment`` = this value (a token, e.g.
+                :func:`infra.tags.deployment_tag_value`), so an earlier deployment's retained data stays;
+                default: none (every volume and snapshot with the stack tag).
             log_retention: how long the handler's logs are kept; default one month.
 
         Raises:
@@ -112,6 +116,7 @@ class DataCleanup(constructs.Construct):
                 "TagKey": STACK_TAG_KEY,
                 "TagValue": tag_value,
                 "RetainData": "true" if retain_data else "false",
+                **({"DeploymentTagValue": deployment_tag_value} if deployment_tag_value is not None else {}),
             },
         )
 

@@ -51,7 +51,7 @@ _PORTS = f"{SETTINGS['port'].minimum}..{SETTINGS['port'].maximum}"
 
 #: Keys of the single-node stack that mean the same for the cluster stack.
 SHARED_KEYS: tuple[str, ...] = (
-    "account", "region", "availability_zones", "vpc_id", "vpc_flow_logs", "allocation_strategy", "max_price",
+    "account", "region", "availability_zones", "vpc_id", "vpc_flow_logs", "private_subnets", "allocation_strategy", "max_price",
     "root_volume_size_gib", "image_id", "ami_ssm_parameter", "training_user", "code_git_url", "code_git_ref",
     "imds_endpoint", "retain_data", "monitoring", "log_retention_days", "monitoring_interval_s",
     "alarm_no_progress_minutes", "alarm_no_capacity_minutes", "notification_email", "notice_poll_interval_s",

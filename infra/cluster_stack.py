@@ -11,7 +11,7 @@ from aws_cdk import aws_ec2 as ec2
 from .cluster import EFS_MOUNT_POINT, STATE_DIR, Framework, ParameterServerCluster
 from .cluster_config import ClusterSettings
 from .monitoring import RETENTION_DAYS, TrainingMonitoring
-from .stack import SettingsStack, machine_image, new_vpc
+from .stack import SettingsStack, machine_image, new_vpc, node_subnets
 from .tags import CLUSTER_MEMBER_TAG_KEY
 from .userdata import SERVICE_NAME
 
@@ -65,7 +65,7 @@ class DistributedTrainingStack(SettingsStack):
             **kwargs,
         )
         self.settings = settings
-        self.vpc = new_vpc(self, base.vpc_id, flow_logs=base.vpc_flow_logs)
+        self.vpc = new_vpc(self, base.vpc_id, flow_logs=base.vpc_flow_logs, private_subnets=base.private_subnets)
         code = {"type": "git", "url": base.code_git_url, "ref": base.code_git_ref} if base.code_git_url else None
         self.monitoring: TrainingMonitoring | None = None
         if base.monitoring:
@@ -83,7 +83,7 @@ class DistributedTrainingStack(SettingsStack):
             self,
             "Cluster",
             vpc=self.vpc,
-            vpc_subnets=ec2.SubnetSelection(subnet_type=ec2.SubnetType.PUBLIC),
+            vpc_subnets=node_subnets(base.private_subnets),
             machine_image=machine_image(base.image_id, base.ami_ssm_parameter),
             framework=settings.framework,
             num_servers=settings.num_servers,

@@ -98,6 +98,7 @@ _AZ_RE = re.compile(r"^[a-z]{2}(-[a-z]+)+-\d[a-z]$")
 _REGION_RE = re.compile(r"^[a-z]{2}(-[a-z]+)+-\d$")
 _ACCOUNT_RE = re.compile(r"^\d{12}$")
 _VPC_ID_RE = re.compile(r"^vpc-[0-9a-f]{8,17}$")
+_VOLUME_ID_RE = re.compile(r"^vol-[0-9a-f]{8,17}$")
 _AMI_ID_RE = re.compile(r"^ami-[0-9a-f]{8,17}$")
 _STACK_NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9-]{0,127}$")
 _MAX_PRICE_RE = re.compile(r"^\d+(\.\d+)?$")
@@ -146,6 +147,7 @@ CONTEXT_KEYS: tuple[ContextKey, ...] = (
     ContextKey("availability_zones", None, "list", "pin the Availability Zones (no lookup); default: the stack's AZs (2 when environment-agnostic)"),
     ContextKey("vpc_id", None, "-", "use this existing VPC (Vpc.from_lookup; needs account and region) instead of a new one"),
     ContextKey("vpc_flow_logs", True, "bool", "VPC flow logs to CloudWatch Logs for a new VPC"),
+    ContextKey("private_subnets", False, "bool", "nodes in private subnets without public IPs, reaching AWS through VPC endpoints (new VPC only; docs/infra.md, \"Private subnets\")"),
     ContextKey("instance_types", list(DEFAULT_INSTANCE_TYPES), "list", "EC2 instance types the fleet may launch"),
     ContextKey("target_capacity", 1, "instances", "Spot Fleet target capacity (0 pauses the fleet)"),
     ContextKey("allocation_strategy", AllocationStrategy.PRICE_CAPACITY_OPTIMIZED.value, "-", "one of " + ", ".join(s.value for s in AllocationStrategy)),
@@ -154,6 +156,7 @@ CONTEXT_KEYS: tuple[ContextKey, ...] = (
     ContextKey("volume_iops", 3000, "IOPS", "data volume provisioned IOPS (gp3: 3000..16000)"),
     ContextKey("volume_throughput_mibps", 125, "MiB/s", "data volume throughput (gp3: 125..1000)"),
     ContextKey("volume_kms_key_arn", None, "-", "customer managed KMS key for the data volume; default: the AWS managed EBS key"),
+    ContextKey("adopt_volume_id", None, "-", "adopt this data volume that an earlier deployment of the same stack name retained (docs/agent-storage.md, \"Adopting retained data\"); the stack then creates no new one"),
     ContextKey("root_volume_size_gib", 150, "GiB", "encrypted gp3 root volume of each instance"),
     ContextKey("image_id", None, "-", "AMI id; default: the Deep Learning AMI from `ami_ssm_parameter`"),
     ContextKey("ami_ssm_parameter", DEFAULT_AMI_SSM_PARAMETER, "-", "public SSM parameter resolved to the AMI id at deploy time"),
@@ -345,6 +348,7 @@ class StackSettings:
     availability_zones: tuple[str, ...] | None = None
     vpc_id: str | None = None
     vpc_flow_logs: bool = True
+    private_subnets: bool = False
     instance_types: tuple[str, ...] = DEFAULT_INSTANCE_TYPES
     target_capacity: int = 1
     allocation_strategy: AllocationStrategy = AllocationStrategy.PRICE_CAPACITY_OPTIMIZED
@@ -353,6 +357,7 @@ class StackSettings:
     volume_iops: int = 3000
     volume_throughput_mibps: int = 125
     volume_kms_key_arn: str | None = None
+    adopt_volume_id: str | None = None
     root_volume_size_gib: int = 150
     image_id: str | None = None
     ami_ssm_parameter: str = DEFAULT_AMI_SSM_PARAMETER
@@ -446,6 +451,12 @@ class StackSettings:
             raise _bad("vpc_id", out["vpc_id"], "an existing VPC only together with an explicit account and region (Vpc.from_lookup needs them)")
         if v["vpc_flow_logs"] is not None:
             out["vpc_flow_logs"] = _as_bool("vpc_flow_logs", v["vpc_flow_logs"])
+        if v["private_subnets"] is not None:
+            out["private_subnets"] = _as_bool("private_subnets", v["private_subnets"])
+            if out["private_subnets"] and out["vpc_id"]:
+                raise _bad("private_subnets", v["private_subnets"],
+                           "false with vpc_id (private subnets and their VPC endpoints are made only in a new VPC; "
+                           "an existing VPC's nodes go in its public subnets)")
 
         if v["instance_types"] is not None:
             out["instance_types"] = instance_types("instance_types", v["instance_types"])
@@ -475,6 +486,9 @@ class StackSettings:
             raise _bad("volume_throughput_mibps", v["volume_throughput_mibps"], f"at most volume_iops/4 = {iops // 4} MiB/s (gp3)")
         out["volume_kms_key_arn"] = _as_optional_str(
             "volume_kms_key_arn", v["volume_kms_key_arn"], re.compile(r"^arn:aws[a-z-]*:kms:"), "a KMS key ARN (arn:aws:kms:REGION:ACCOUNT:key/ID)"
+        )
+        out["adopt_volume_id"] = _as_optional_str(
+            "adopt_volume_id", v["adopt_volume_id"], _VOLUME_ID_RE, "an EBS volume id such as vol-0123456789abcdef0"
         )
         if v["root_volume_size_gib"] is not None:
             out["root_volume_size_gib"] = _as_int("root_volume_size_gib", v["root_volume_size_gib"], 8, 16384, "(GiB)")

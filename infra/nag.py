@@ -25,17 +25,14 @@ _EC2_TAG_SCOPED = cdk_nag.RegexAppliesTo(regex=r"/^Resource::arn:<AWS::Partition
 ACKNOWLEDGEMENTS: tuple[tuple[type, str, list[object], str], ...] = (
     (
         TrainingNodeRole,
-        "AwsSolutions-IAM4",
-        ["Policy::arn:<AWS::Partition>:iam::aws:policy/AmazonSSMManagedInstanceCore"],
-        "SSM Session Manager replaces SSH (no key pair, no ingress); AmazonSSMManagedInstanceCore is the "
-        "policy AWS documents for it and AWS keeps it current with the SSM agent's needs.",
-    ),
-    (
-        TrainingNodeRole,
         "AwsSolutions-IAM5",
         ["Resource::*"],
-        "Only the ec2:Describe* calls the agent needs (volumes, snapshots, instances, spot fleet requests, "
-        "AZs); EC2 supports no resource-level permissions for Describe actions. With monitoring, also "
+        "Only the ec2:Describe* calls the agent needs (volumes, snapshots, instances, tags, spot fleet "
+        "requests); EC2 supports no resource-level permissions for Describe actions. Session Manager's "
+        "ssmmessages:Create/OpenControlChannel/DataChannel (of the Session Manager instance profile AWS "
+        "documents, used instead of AmazonSSMManagedInstanceCore with its ssm:GetParameter(s) on *), which "
+        "support no resource-level permissions either. Cluster scheduler and server nodes: "
+        "autoscaling:DescribeTags (their failed-boot count), which has none either. With monitoring, also "
         "cloudwatch:PutMetricData, which has no resource-level permissions either and is conditioned on "
         "cloudwatch:namespace = SpotTraining (a test asserts it).",
     ),
@@ -45,7 +42,10 @@ ACKNOWLEDGEMENTS: tuple[tuple[type, str, list[object], str], ...] = (
         [_EC2_TAG_SCOPED],
         "The agent creates, moves, attaches and deletes volumes and snapshots whose ids are not known at "
         "deploy time; every such statement is conditioned on the stack tag (aws:ResourceTag / "
-        "aws:RequestTag spot-training:stack), which a test asserts.",
+        "aws:RequestTag spot-training:stack), which a test asserts. The one exception is "
+        "ssm:UpdateInstanceInformation on this account's and region's instances (instance/*): the SSM "
+        "Agent registers the instance it runs on for Session Manager, and SSM documents no instance-tag "
+        "condition for it.",
     ),
     (
         TrainingNodeRole,
@@ -55,25 +55,6 @@ ACKNOWLEDGEMENTS: tuple[tuple[type, str, list[object], str], ...] = (
         "bound, suspend its launches (infra/userdata.py, boot_failed_script); the group's ARN holds a UUID "
         "not known at synth time, so the statements are conditioned on aws:ResourceTag/spot-training:stack "
         "and the count's one tag key, which a test asserts.",
-    ),
-    (
-        TrainingNodeRole,
-        "AwsSolutions-IAM5",
-        [
-            "Action::s3:GetBucket*",
-            "Action::s3:GetObject*",
-            "Action::s3:List*",
-            cdk_nag.RegexAppliesTo(regex=r"/^Resource::arn:<AWS::Partition>:s3:::cdk-[a-z0-9]+-assets-.*\/\*$/g"),
-        ],
-        "Read-only access to the CDK asset bucket from Asset.grant_read (aws-cdk-lib's own grant), so the "
-        "node can download the bootstrap asset.",
-    ),
-    (
-        TrainingNodeRole,
-        "AwsSolutions-IAM5",
-        ["Action::kms:GenerateDataKey*", "Action::kms:ReEncrypt*"],
-        "Key.grant_encrypt_decrypt (aws-cdk-lib's own grant) on the one customer managed key of the data "
-        "volume, which EBS needs to snapshot, copy and attach it; only present with volume_kms_key_arn.",
     ),
     (
         SpotFleetRole,

@@ -24,16 +24,29 @@ from aws_cdk import aws_s3_assets as s3_assets
 from .tags import AGENT_BOOKKEEPING_TAG_KEYS, STACK_TAG_KEY
 from .userdata import BOOT_ERROR_TAG, FAILED_BOOTS_TAG
 
+#: The instance-id condition key of the instance a request acts on, as an IAM policy variable.
+TARGET_INSTANCE_ID_VARIABLE = "${ec2:InstanceID}"
+
+#: What the SSM Agent needs for Session Manager (the Systems Manager user guide, "Create a custom
+#: IAM instance profile for Session Manager"; the same actions as the AWS managed policy
+#: ``AWSCloud9SSMInstanceProfile``). Only ``ssm:UpdateInstanceInformation`` supports resource-level
+#: permissions (EC2 instance ARNs); session logging to S3 or CloudWatch, not set up here, would need more.
+SESSION_MANAGER_ACTIONS: tuple[str, ...] = (
+    "ssm:UpdateInstanceInformation",
+    "ssmmessages:CreateControlChannel",
+    "ssmmessages:CreateDataChannel",
+    "ssmmessages:OpenControlChannel",
+    "ssmmessages:OpenDataChannel",
+)
+
 #: Read-only EC2 calls the agents make; EC2 does not support resource-level permissions for them.
 DESCRIBE_ACTIONS: tuple[str, ...] = (
     "ec2:DescribeInstances",
     "ec2:DescribeVolumes",
-    "ec2:DescribeVolumeStatus",
     "ec2:DescribeSnapshots",
     "ec2:DescribeTags",
     "ec2:DescribeSpotFleetRequests",
     "ec2:DescribeSpotFleetInstances",
-    "ec2:DescribeAvailabilityZones",
 )
 
 
@@ -53,9 +66,12 @@ class TrainingNodeRole(constructs.Construct):
     - ``ec2:CreateTags`` of the ``spot-training:boot-error`` key only, on this stack's instances (a
       failed boot reports itself there; docs/agent.md, "Boot failures");
     - ``ec2:CancelSpotFleetRequests`` on this stack's fleet request only;
-    - read access to the bootstrap asset (``grant_read``), if given;
+    - ``s3:GetObject`` on each given asset's one object (not the whole CDK assets bucket);
     - use of a customer managed volume key through EBS only, if :meth:`grant_volume_key` is called;
-    - the AWS managed policy ``AmazonSSMManagedInstanceCore`` (Session Manager instead of SSH).
+    - Session Manager instead of SSH: :data:`SESSION_MANAGER_ACTIONS` only (not the AWS managed
+      policy ``AmazonSSMManagedInstanceCore``, whose ``ssm:GetParameter(s)``, ``ssm:GetDocument``,
+      ``ec2messages:*`` ... on ``*`` serve Run Command, State Manager and Patch Manager, which the
+      nodes do not use).
 
     Attributes:
         role: the ``iam.Role`` (``ec2.amazonaws.com``).
@@ -97,7 +113,16 @@ class TrainingNodeRole(constructs.Construct):
             "Role",
             assumed_by=iam.ServicePrincipal("ec2.amazonaws.com"),
             description=description or f"Spot training nodes of stack {self.stack_tag_value}",
-            managed_policies=[iam.ManagedPolicy.from_aws_managed_policy_name("AmazonSSMManagedInstanceCore")],
+        )
+        # ssm:UpdateInstanceInformation (the SSM Agent registering its instance) supports EC2 instance
+        # ARNs; the ssmmessages channel actions support no resource-level permissions.
+        self.role.add_to_principal_policy(
+            iam.PolicyStatement(sid="SessionManagerRegister", actions=["ssm:UpdateInstanceInformation"],
+                                resources=[_arn("instance/*")])
+        )
+        self.role.add_to_principal_policy(
+            iam.PolicyStatement(sid="SessionManagerChannels", resources=["*"],
+                                actions=[a for a in SESSION_MANAGER_ACTIONS if a.startswith("ssmmessages:")])
         )
         self.instance_profile = iam.InstanceProfile(self, "InstanceProfile", role=self.role)
         if not isinstance(data_volume_access, bool):
@@ -106,7 +131,21 @@ class TrainingNodeRole(constructs.Construct):
             if data_volume_access or statement.sid == "Describe":
                 self.role.add_to_principal_policy(statement)
         for asset in assets:
-            asset.grant_read(self.role)
+            self.grant_read_asset(asset)
+
+    def grant_read_asset(self, asset: s3_assets.Asset) -> None:
+        """Let the nodes download ``asset``: ``s3:GetObject`` on its one object (bucket + object key).
+
+        aws-cdk-lib's ``Asset.grant_read`` grants ``s3:GetObject*``, ``s3:GetBucket*`` and ``s3:List*``
+        on the whole CDK assets bucket, i.e. every asset of every stack deployed to the account and
+        region; ``aws s3 cp s3://bucket/key`` needs only ``s3:GetObject`` (its HeadObject is
+        authorised by the same action). The bootstrap bucket's default encryption (SSE-S3 or the AWS
+        managed key ``aws/s3``) needs no KMS grant; a bootstrap with a customer managed key
+        (``cdk bootstrap --bootstrap-kms-key-id``) would need ``kms:Decrypt`` on it in addition.
+        """
+        self.role.add_to_principal_policy(
+            iam.PolicyStatement(actions=["s3:GetObject"], resources=[asset.bucket.arn_for_objects(asset.s3_object_key)])
+        )
 
     def grant_volume_key(self, key: kms.IKey) -> None:
         """Let the nodes use a customer managed KMS key of the data volume.
@@ -142,9 +181,19 @@ class TrainingNodeRole(constructs.Construct):
 
         A worker whose member tag was removed lowers its fleet's target capacity by one
         (``ec2:ModifySpotFleetRequest`` on a fleet request tagged with this stack) and terminates its
-        own instance (``ec2:TerminateInstances`` on instances tagged with this stack that run with
-        this role's instance profile, ``ec2:InstanceProfile``; so a worker can end workers only,
-        never the scheduler or a server, which use another profile).
+        own instance: ``ec2:TerminateInstances`` on an instance tagged with this stack, running with
+        this role's instance profile (``ec2:InstanceProfile``), and whose ARN equals the request's
+        ``ec2:SourceInstanceARN`` (the instance whose role credentials sign the request): the condition
+        compares ``ec2:SourceInstanceARN`` with ``arn:...:instance/${ec2:InstanceID}``, the target's id
+        as a policy variable. A worker can thus terminate itself and no other instance. IAM fails closed
+        here: a request without these keys is denied, so the worst case is a worker whose terminate call
+        fails (UnauthorizedOperation), never one that ends another. Moto ignores conditions, so only a
+        real account exercises this (docs/infra.md, the DistributedTraining stack). A Resource of ``${ec2:SourceInstanceARN}`` alone
+        would say the same more directly, but is not an ARN to CloudFormation's schema (cfn-lint E3510).
+
+        What IAM cannot bound: ``ec2:ModifySpotFleetRequest`` has no condition key for the target
+        capacity, so a worker may set any target capacity (and excess-capacity policy) of its own
+        stack's fleet requests, never another stack's (docs/contracts.md says so).
         """
         tagged = {f"aws:ResourceTag/{STACK_TAG_KEY}": self.stack_tag_value}
         self.role.add_to_principal_policy(
@@ -157,11 +206,11 @@ class TrainingNodeRole(constructs.Construct):
         )
         self.role.add_to_principal_policy(
             iam.PolicyStatement(
-                sid="TerminateOwnWorkers",
+                sid="TerminateItself",
                 actions=["ec2:TerminateInstances"],
                 resources=[_arn("instance/*")],
                 conditions={
-                    "StringEquals": tagged,
+                    "StringEquals": {**tagged, "ec2:SourceInstanceARN": _arn(f"instance/{TARGET_INSTANCE_ID_VARIABLE}")},
                     "ArnEquals": {"ec2:InstanceProfile": self.instance_profile.instance_profile_arn},
                 },
             )

@@ -20,12 +20,12 @@ from .fis import SpotInterruptionDrill
 from .fleet import SpotTrainingFleet
 from .monitoring import RETENTION_DAYS, TrainingMonitoring
 from .roles import TrainingNodeRole
-from .tags import STACK_TAG_KEY
+from .tags import DEPLOYMENT_TAG_KEY, PURPOSE_DATA_VOLUME, PURPOSE_TAG_KEY, STACK_TAG_KEY, deployment_tag_value
 from .userdata import SERVICE_NAME, node_config
 from .volume import TrainingVolume
 from spot_contract import EFS_MOUNT_POINT  # where the node mounts the shared file system, when there is one
 
-__all__ = ["BOTO3_REQUIREMENT", "EFS_MOUNT_POINT", "FixedImage", "SettingsStack", "SpotTrainingStack", "machine_image", "new_vpc"]
+__all__ = ["BOTO3_REQUIREMENT", "EFS_MOUNT_POINT", "FixedImage", "SettingsStack", "SpotTrainingStack", "machine_image", "new_vpc", "node_subnets"]
 
 
 @jsii.implements(ec2.IMachineImage)
@@ -140,14 +140,18 @@ class SpotTrainingStack(SettingsStack):
         )
         self.settings = settings
         tag_value = self.stack_name
+        # One deployment of this stack name (issue 15 item 1): its data volume, copies and snapshots
+        # carry it, and agents and the cleanup act only on their own deployment's.
+        deployment = deployment_tag_value()
 
         self.vpc = self._vpc(settings)
-        subnets = self.vpc.select_subnets(subnet_type=ec2.SubnetType.PUBLIC)
+        subnets = self.vpc.select_subnets(subnet_type=node_subnets(settings.private_subnets).subnet_type)
 
         volume_key = (
             kms.Key.from_key_arn(self, "VolumeKey", settings.volume_kms_key_arn) if settings.volume_kms_key_arn else None
         )
-        self.volume = TrainingVolume(
+        # adopt_volume_id: the agent makes that retained volume this deployment's, so no new one.
+        self.volume: TrainingVolume | None = None if settings.adopt_volume_id else TrainingVolume(
             self,
             "DataVolume",
             availability_zone=subnets.availability_zones[0],
@@ -157,7 +161,10 @@ class SpotTrainingStack(SettingsStack):
             encryption_key=volume_key,
             removal_policy=cdk.RemovalPolicy.RETAIN,
             stack_tag_value=tag_value,
+            deployment_tag_value=deployment,
         )
+        volume_tags = self.volume.tags if self.volume is not None else {
+            STACK_TAG_KEY: tag_value, PURPOSE_TAG_KEY: PURPOSE_DATA_VOLUME, DEPLOYMENT_TAG_KEY: deployment}
 
         self.bootstrap_asset = BootstrapAsset(self, "BootstrapAsset")
         self.node_role = TrainingNodeRole(self, "NodeRole", stack_tag_value=tag_value, assets=[self.bootstrap_asset.asset])
@@ -167,7 +174,7 @@ class SpotTrainingStack(SettingsStack):
         self.file_system: SharedFileSystem | None = None
         efs_config = None
         if settings.efs:
-            self.file_system = SharedFileSystem(self, "SharedFileSystem", vpc=self.vpc)
+            self.file_system = SharedFileSystem(self, "SharedFileSystem", vpc=self.vpc, vpc_subnets=node_subnets(settings.private_subnets))
             self.file_system.grant_read_write(self.node_role.role)
             efs_config = {
                 "file_system_id": self.file_system.file_system_id,
@@ -200,7 +207,7 @@ class SpotTrainingStack(SettingsStack):
         self.node_config = node_config(
             region=self.region,
             stack_name=self.stack_name,
-            volume_tags=self.volume.tags,
+            volume_tags=volume_tags,
             framework=settings.framework,
             python=settings.training_python,
             command=settings.training_command,
@@ -220,6 +227,8 @@ class SpotTrainingStack(SettingsStack):
             requirements=settings.training_requirements,
             inherit_site_packages=settings.training_inherit_site_packages,
         )
+        if settings.adopt_volume_id:
+            self.node_config["volume"]["adopt_volume_id"] = settings.adopt_volume_id
         user_data = self.bootstrap_asset.user_data(
             self.node_config,
             region=self.region,
@@ -227,9 +236,9 @@ class SpotTrainingStack(SettingsStack):
         # pin_to_volume_az: only the subnets of the data volume's AZ, so a replacement never lands
         # elsewhere and the volume never moves (fewer spot capacity pools; docs/agent-storage.md).
         fleet_subnets = (
-            ec2.SubnetSelection(subnet_type=ec2.SubnetType.PUBLIC, availability_zones=[subnets.availability_zones[0]])
+            node_subnets(settings.private_subnets, availability_zones=[subnets.availability_zones[0]])
             if settings.pin_to_volume_az
-            else ec2.SubnetSelection(subnet_type=ec2.SubnetType.PUBLIC)
+            else node_subnets(settings.private_subnets)
         )
         self.fleet = SpotTrainingFleet(
             self,
@@ -247,7 +256,7 @@ class SpotTrainingStack(SettingsStack):
             stack_tag_value=tag_value,
         )
         # Nodes must find their volume, their permissions and (if any) EFS mount targets in place.
-        self.fleet.resource.node.add_dependency(self.volume, self.node_role)
+        self.fleet.resource.node.add_dependency(*[c for c in (self.volume, self.node_role) if c is not None])
         if self.monitoring is not None:
             self.fleet.resource.node.add_dependency(self.monitoring.log_group)
             self.monitoring.add_capacity_alarm(self.fleet.fleet_request_id)
@@ -255,17 +264,21 @@ class SpotTrainingStack(SettingsStack):
             self.file_system.allow_from(self.fleet.connections)
             self.fleet.resource.node.add_dependency(self.file_system)
 
-        self.cleanup = DataCleanup(self, "DataCleanup", retain_data=settings.retain_data, stack_tag_value=tag_value)
+        self.cleanup = DataCleanup(self, "DataCleanup", retain_data=settings.retain_data, stack_tag_value=tag_value,
+                                   deployment_tag_value=deployment)
         self.cleanup.run_after(self.fleet.resource)
 
         cdk.CfnOutput(self, "FleetRequestId", value=self.fleet.fleet_request_id, description="Spot Fleet request id")
         cdk.CfnOutput(
             self,
             "DataVolumeId",
-            value=self.volume.volume_id,
-            description="The data volume as created; the agent may move it to another AZ (find it by its tags)",
+            value=self.volume.volume_id if self.volume is not None else settings.adopt_volume_id,
+            description=("The data volume as created; the agent may move it to another AZ (find it by its tags)"
+                         if self.volume is not None else
+                         "The adopted data volume (adopt_volume_id); the agent may move it to another AZ (find it by its tags)"),
         )
-        cdk.CfnOutput(self, "DataVolumeAvailabilityZone", value=self.volume.availability_zone)
+        if self.volume is not None:
+            cdk.CfnOutput(self, "DataVolumeAvailabilityZone", value=self.volume.availability_zone)
         cdk.CfnOutput(
             self,
             "Logs",
@@ -292,7 +305,7 @@ class SpotTrainingStack(SettingsStack):
             cdk.CfnOutput(self, "AccessPointId", value=self.file_system.access_point_id)
 
     def _vpc(self, settings: StackSettings) -> ec2.IVpc:
-        return new_vpc(self, settings.vpc_id, flow_logs=settings.vpc_flow_logs)
+        return new_vpc(self, settings.vpc_id, flow_logs=settings.vpc_flow_logs, private_subnets=settings.private_subnets)
 
 
 def machine_image(image_id: str | None, ami_ssm_parameter: str) -> ec2.IMachineImage:
@@ -303,20 +316,63 @@ def machine_image(image_id: str | None, ami_ssm_parameter: str) -> ec2.IMachineI
     return ec2.MachineImage.from_ssm_parameter(ami_ssm_parameter, os=ec2.OperatingSystemType.LINUX)
 
 
-def new_vpc(stack: cdk.Stack, vpc_id: str | None, *, flow_logs: bool) -> ec2.IVpc:
+#: Interface VPC endpoints of a VPC with private subnets: what the nodes call (EC2 for the agent and
+#: the boot-failure script, CloudWatch Logs and metrics for monitoring, EFS for amazon-efs-utils)
+#: and what the SSM Agent needs for Session Manager (ssm, ssmmessages, ec2messages). S3 (the
+#: bootstrap asset) goes through a gateway endpoint, which costs nothing.
+PRIVATE_SUBNET_INTERFACE_ENDPOINTS: dict[str, ec2.InterfaceVpcEndpointAwsService] = {
+    "Ec2": ec2.InterfaceVpcEndpointAwsService.EC2,
+    "Ssm": ec2.InterfaceVpcEndpointAwsService.SSM,
+    "SsmMessages": ec2.InterfaceVpcEndpointAwsService.SSM_MESSAGES,
+    "Ec2Messages": ec2.InterfaceVpcEndpointAwsService.EC2_MESSAGES,
+    "Logs": ec2.InterfaceVpcEndpointAwsService.CLOUDWATCH_LOGS,
+    "Monitoring": ec2.InterfaceVpcEndpointAwsService.CLOUDWATCH_MONITORING,
+    "Efs": ec2.InterfaceVpcEndpointAwsService.ELASTIC_FILESYSTEM,
+}
+
+
+def node_subnets(private_subnets: bool, **kwargs: Any) -> ec2.SubnetSelection:
+    """The subnets the nodes (and EFS mount targets) go in: the public ones, or with
+    ``private_subnets`` the isolated ones of :func:`new_vpc`. ``kwargs`` go to ``SubnetSelection``."""
+    subnet_type = ec2.SubnetType.PRIVATE_ISOLATED if private_subnets else ec2.SubnetType.PUBLIC
+    return ec2.SubnetSelection(subnet_type=subnet_type, **kwargs)
+
+
+def new_vpc(stack: cdk.Stack, vpc_id: str | None, *, flow_logs: bool, private_subnets: bool = False) -> ec2.IVpc:
     """The existing VPC ``vpc_id`` (``Vpc.from_lookup``), else a new one (construct id ``Vpc``):
-    10.20.0.0/16, one public /20 subnet per AZ of ``stack``, no NAT gateway, and with ``flow_logs``
-    flow logs to a CloudWatch Logs group kept one month."""
+    10.20.0.0/16, one /20 subnet per AZ of ``stack``, no NAT gateway, and with ``flow_logs``
+    flow logs to a CloudWatch Logs group kept one month.
+
+    The subnets are public (instances get public IPs and reach AWS and the internet through the
+    internet gateway) unless ``private_subnets``: then they are isolated (no route out of the VPC, no
+    public IP) and the VPC gets an S3 gateway endpoint and the interface endpoints of
+    :data:`PRIVATE_SUBNET_INTERFACE_ENDPOINTS` (private DNS, in every AZ; each endpoint's security
+    group allows HTTPS from the VPC's CIDR only). Trade-off: docs/infra.md, "Private subnets".
+
+    Raises:
+        ValueError: ``private_subnets`` with ``vpc_id`` (endpoints are only made in a new VPC).
+    """
     if vpc_id:
+        if private_subnets:
+            raise ValueError(f"private_subnets=true needs a new VPC, got vpc_id={vpc_id!r}")
         return ec2.Vpc.from_lookup(stack, "Vpc", vpc_id=vpc_id)
+    subnet = (
+        ec2.SubnetConfiguration(name="Private", subnet_type=ec2.SubnetType.PRIVATE_ISOLATED, cidr_mask=20)
+        if private_subnets
+        else ec2.SubnetConfiguration(name="Public", subnet_type=ec2.SubnetType.PUBLIC, cidr_mask=20)
+    )
     vpc = ec2.Vpc(
         stack,
         "Vpc",
         ip_addresses=ec2.IpAddresses.cidr("10.20.0.0/16"),
         max_azs=len(stack.availability_zones),
         nat_gateways=0,
-        subnet_configuration=[ec2.SubnetConfiguration(name="Public", subnet_type=ec2.SubnetType.PUBLIC, cidr_mask=20)],
+        subnet_configuration=[subnet],
     )
+    if private_subnets:
+        vpc.add_gateway_endpoint("S3Endpoint", service=ec2.GatewayVpcEndpointAwsService.S3)
+        for name, service in PRIVATE_SUBNET_INTERFACE_ENDPOINTS.items():
+            vpc.add_interface_endpoint(f"{name}Endpoint", service=service, private_dns_enabled=True)
     if flow_logs:
         log_group = logs.LogGroup(
             stack, "FlowLogs", retention=logs.RetentionDays.ONE_MONTH, removal_policy=cdk.RemovalPolicy.DESTROY

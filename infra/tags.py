@@ -14,11 +14,21 @@ from spot_contract import (
 )
 from spot_contract import CLUSTER_MEMBER_TAG as CLUSTER_MEMBER_TAG_KEY
 from spot_contract import DATA_VOLUME_PURPOSE as PURPOSE_DATA_VOLUME
+from spot_contract import DEPLOYMENT_TAG as DEPLOYMENT_TAG_KEY
 from spot_contract import MIGRATION_SNAPSHOT_PURPOSE as PURPOSE_MIGRATION_SNAPSHOT
 from spot_contract import PURPOSE_TAG as PURPOSE_TAG_KEY
 from spot_contract import STACK_TAG as STACK_TAG_KEY
 
 __all__ = [
-    "AGENT_BOOKKEEPING_TAG_KEYS", "CLUSTER_MEMBER_TAG_KEY", "CLUSTER_MEMBER_TAG_VALUE", "PURPOSE_DATA_VOLUME",
-    "PURPOSE_MIGRATION_SNAPSHOT", "PURPOSE_TAG_KEY", "STACK_TAG_KEY",
+    "AGENT_BOOKKEEPING_TAG_KEYS", "CLUSTER_MEMBER_TAG_KEY", "CLUSTER_MEMBER_TAG_VALUE", "DEPLOYMENT_TAG_KEY", "PURPOSE_DATA_VOLUME",
+    "PURPOSE_MIGRATION_SNAPSHOT", "PURPOSE_TAG_KEY", "STACK_TAG_KEY", "deployment_tag_value",
 ]
+
+
+def deployment_tag_value() -> str:
+    """The ``spot-training:deployment`` value of the current stack: a token for the UUID part of
+    ``AWS::StackId`` (``arn:aws:cloudformation:<region>:<account>:stack/<name>/<uuid>``), resolved by
+    CloudFormation at deploy time. Raises nothing."""
+    import aws_cdk as cdk
+
+    return cdk.Fn.select(2, cdk.Fn.split("/", cdk.Aws.STACK_ID))

@@ -7,7 +7,7 @@ import constructs
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_kms as kms
 
-from .tags import PURPOSE_DATA_VOLUME, PURPOSE_TAG_KEY, STACK_TAG_KEY
+from .tags import DEPLOYMENT_TAG_KEY, PURPOSE_DATA_VOLUME, PURPOSE_TAG_KEY, STACK_TAG_KEY
 
 #: gp3 limits this construct accepts (the issue's range for size; the classic gp3 IOPS and throughput ranges).
 MIN_SIZE_GIB, MAX_SIZE_GIB = 1, 16384
@@ -52,6 +52,7 @@ class TrainingVolume(constructs.Construct):
         removal_policy: cdk.RemovalPolicy = cdk.RemovalPolicy.RETAIN,
         stack_tag_value: str | None = None,
         volume_name: str | None = None,
+        deployment_tag_value: str | None = None,
     ) -> None:
         """Define the volume.
 
@@ -65,6 +66,8 @@ class TrainingVolume(constructs.Construct):
             removal_policy: default ``RETAIN`` (the data outlives the stack unless deleted on purpose).
             stack_tag_value: value of the ``spot-training:stack`` tag; default: the stack's name.
             volume_name: the ``Name`` tag; default: ``<stack tag value>-data`` (informational only).
+            deployment_tag_value: value of the ``spot-training:deployment`` tag (may be a token such as
+                :func:`infra.tags.deployment_tag_value`); default: none (no deployment tag).
 
         Raises:
             ValueError: a size, IOPS or throughput out of range (the message names the prop, the
@@ -83,6 +86,8 @@ class TrainingVolume(constructs.Construct):
         stack = cdk.Stack.of(self)
         tag_value = stack_tag_value or stack.stack_name
         self.tags: dict[str, str] = {STACK_TAG_KEY: tag_value, PURPOSE_TAG_KEY: PURPOSE_DATA_VOLUME}
+        if deployment_tag_value is not None:
+            self.tags[DEPLOYMENT_TAG_KEY] = deployment_tag_value
         self.availability_zone = availability_zone
         self.volume = ec2.Volume(
             self,

@@ -28,6 +28,11 @@ from typing import Any, Mapping, Optional
 # ---- resource tags (docs/contracts.md, "Resource tags") --------------------------------------------
 #: Carried by every resource the stack or its agents create; value: the stack name.
 STACK_TAG = "spot-training:stack"
+#: One deployment of a stack: the CloudFormation stack id's UUID, the same through updates, new when a
+#: stack of the same name is created again. On the data volume, its copies and the agents' snapshots;
+#: agents and the cleanup handler act only on their own deployment's, so data retained from an earlier
+#: deployment never becomes a later one's by accident (issue 15 item 1).
+DEPLOYMENT_TAG = "spot-training:deployment"
 #: What a volume or snapshot is for; values below.
 PURPOSE_TAG = "spot-training:purpose"
 #: ``spot-training:purpose`` of the data volume and of every moved copy of it.

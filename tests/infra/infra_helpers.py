@@ -75,12 +75,13 @@ def cfn_lint_errors(template_file: Path) -> list[str]:
 
 #: Values for the pseudo parameters in rendered user data.
 PSEUDO_PARAMETERS = {"AWS::Region": "us-east-1", "AWS::AccountId": "123456789012", "AWS::URLSuffix": "amazonaws.com",
-                     "AWS::Partition": "aws"}
+                     "AWS::Partition": "aws",
+                     "AWS::StackId": "arn:aws:cloudformation:us-east-1:123456789012:stack/SpotTraining/1f2e3d4c-0000-4000-8000-00000000abcd"}
 
 
 def render_intrinsics(value: Any, pseudo: dict[str, str] = PSEUDO_PARAMETERS) -> str:
     """Render the intrinsics a single-node stack's user data uses (Fn::Join, Fn::Sub, Ref to pseudo
-    parameters; any other Ref stands for a physical id ``<logical id>-id``)."""
+    parameters, Fn::Select of an Fn::Split; any other Ref stands for a physical id ``<logical id>-id``)."""
     if isinstance(value, str):
         return value
     ((fn, arg),) = value.items()
@@ -92,6 +93,9 @@ def render_intrinsics(value: Any, pseudo: dict[str, str] = PSEUDO_PARAMETERS) ->
         return arg
     if fn == "Ref":
         return pseudo.get(arg, f"{arg}-id")
+    if fn == "Fn::Select" and isinstance(arg[1], dict) and "Fn::Split" in arg[1]:
+        separator, text = arg[1]["Fn::Split"]
+        return render_intrinsics(text, pseudo).split(separator)[int(arg[0])]
     raise AssertionError(f"unexpected intrinsic {fn} {arg!r} in user data")
 
 

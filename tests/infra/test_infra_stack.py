@@ -10,6 +10,7 @@ from typing import Any
 from aws_cdk import assertions
 from infra_helpers import Synth, cfn_lint_errors
 
+from infra.roles import SESSION_MANAGER_ACTIONS
 from infra.tags import STACK_TAG_KEY
 from infra.userdata import extract_config
 
@@ -89,6 +90,9 @@ def test_only_describe_statements_and_namespaced_metrics_use_resource_star(defau
                 if _as_list(st["Action"]) == ["cloudwatch:PutMetricData"]:
                     # No resource-level permissions exist for it: scoped to our namespace instead (issue 13).
                     assert st["Condition"] == {"StringEquals": {"cloudwatch:namespace": "SpotTraining"}}, st
+                    continue
+                if sorted(_as_list(st["Action"])) == sorted(a for a in SESSION_MANAGER_ACTIONS if a.startswith("ssmmessages:")):
+                    # Session Manager's channels: no resource-level permissions exist (infra.roles).
                     continue
                 assert all(a.split(":")[1].startswith("Describe") for a in _as_list(st["Action"])), st
 
@@ -191,7 +195,8 @@ def test_instance_role_and_fleet_role(default_synth: Synth) -> None:
     node = [k for k, p in principals.items() if "ec2.amazonaws.com" in p]
     fleet = [k for k, p in principals.items() if "spotfleet.amazonaws.com" in p]
     assert len(node) == 1 and len(fleet) == 1
-    assert "AmazonSSMManagedInstanceCore" in json.dumps(roles[node[0]]["Properties"]["ManagedPolicyArns"])
+    # Session Manager through the role's own statement (tests/infra/test_least_privilege.py), no managed policy.
+    assert "ManagedPolicyArns" not in roles[node[0]]["Properties"]
     assert "service-role/AmazonEC2SpotFleetTaggingRole" in json.dumps(roles[fleet[0]]["Properties"]["ManagedPolicyArns"])
     default_synth.template.resource_count_is("AWS::IAM::InstanceProfile", 1)
 
@@ -261,7 +266,8 @@ def test_retain_data_reaches_the_custom_resource(pinned_synth: Synth) -> None:
 
 
 def _render(value: Any, pseudo: dict[str, str]) -> str:
-    """Render the few intrinsics our user data uses (Fn::Join, Fn::Sub, Ref to pseudo parameters)."""
+    """Render the few intrinsics our user data uses (Fn::Join, Fn::Sub, Ref to pseudo parameters,
+    Fn::Select of an Fn::Split of the stack id)."""
     if isinstance(value, str):
         return value
     ((fn, arg),) = value.items()
@@ -280,6 +286,11 @@ def _render(value: Any, pseudo: dict[str, str]) -> str:
             return "fsap-0123456789abcdef0"
         if arg.startswith("SharedFileSystem"):
             return "fs-0123456789abcdef0"
+        if arg == "AWS::StackId":  # its UUID part is the deployment tag (issue 15 item 1)
+            return "arn:aws:cloudformation:us-east-1:123456789012:stack/SpotTraining/1f2e3d4c-0000-4000-8000-00000000abcd"
+    if fn == "Fn::Select" and isinstance(arg[1], dict) and "Fn::Split" in arg[1]:
+        separator, text = arg[1]["Fn::Split"]
+        return _render(text, pseudo).split(separator)[int(arg[0])]
     raise AssertionError(f"unexpected intrinsic {fn} in user data")
 
 
@@ -301,7 +312,8 @@ def test_extract_config_reads_the_contract_config_from_user_data(default_synth: 
         "stack_name": "SpotTraining",
         "node_role": "single",
         "volume": {
-            "tags": {"spot-training:stack": "SpotTraining", "spot-training:purpose": "data-volume"},
+            "tags": {"spot-training:stack": "SpotTraining", "spot-training:purpose": "data-volume",
+                     "spot-training:deployment": "1f2e3d4c-0000-4000-8000-00000000abcd"},
             "device_name": "/dev/sdf",
             "mount_point": "/dltraining",
             "fs_type": "xfs",

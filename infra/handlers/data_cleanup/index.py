@@ -7,6 +7,9 @@ ResourceProperties (all strings, as CloudFormation passes them):
     StackName: the stack's name (required).
     TagKey: tag key that marks the stack's resources (default ``spot-training:stack``).
     TagValue: tag value (default: ``StackName``).
+    DeploymentTagValue: when given, only volumes and snapshots that also carry
+        ``spot-training:deployment`` = this value are deleted (this deployment's; data retained from an
+        earlier deployment of the same stack name stays; issue 15 item 1). Default: none (stack tag only).
     RetainData: ``"true"`` keeps every volume and snapshot; ``"false"`` (default) deletes them on Delete.
 
 Create and Update do nothing but return a ``PhysicalResourceId``. Delete, unless ``RetainData`` is
@@ -39,6 +42,8 @@ LOG = logging.getLogger(__name__)
 LOG.setLevel(logging.INFO)
 
 DEFAULT_TAG_KEY = "spot-training:stack"
+#: Tag naming one deployment of the stack (infra.tags.DEPLOYMENT_TAG_KEY; the handler is packaged alone).
+DEPLOYMENT_TAG_KEY = "spot-training:deployment"
 #: Seconds between checks while a volume detaches, and the most seconds to wait for one volume.
 WAIT_DELAY_S = 5
 MAX_WAIT_S = 600
@@ -64,6 +69,8 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
 
     ec2 = boto3.client("ec2", config=Config(retries={"mode": "standard"}))
     tag_filter = [{"Name": f"tag:{props['TagKey']}", "Values": [props["TagValue"]]}]
+    if props["DeploymentTagValue"]:
+        tag_filter.append({"Name": f"tag:{DEPLOYMENT_TAG_KEY}", "Values": [props["DeploymentTagValue"]]})
     volumes = _tagged_volumes_not_held(ec2, tag_filter)  # raises before anything is deleted
     snapshots = _delete_snapshots(ec2, tag_filter)
     volumes = _delete_volumes(ec2, volumes, _max_wait_s(context))
@@ -81,11 +88,15 @@ def _properties(raw: dict[str, Any]) -> dict[str, Any]:
     tag_value = raw.get("TagValue", stack_name)
     if not isinstance(tag_value, str) or not tag_value:
         raise ValueError(f"ResourceProperties.TagValue must be a non-empty string, got {tag_value!r}")
+    deployment = raw.get("DeploymentTagValue")
+    if deployment is not None and (not isinstance(deployment, str) or not deployment):
+        raise ValueError(f"ResourceProperties.DeploymentTagValue must be a non-empty string or absent, got {deployment!r}")
     retain = raw.get("RetainData", "false")
     retain_text = str(retain).lower()
     if retain_text not in ("true", "false"):
         raise ValueError(f'ResourceProperties.RetainData must be "true" or "false", got {retain!r}')
-    return {"StackName": stack_name, "TagKey": tag_key, "TagValue": tag_value, "RetainData": retain_text == "true"}
+    return {"StackName": stack_name, "TagKey": tag_key, "TagValue": tag_value, "DeploymentTagValue": deployment,
+            "RetainData": retain_text == "true"}
 
 
 def _max_wait_s(context: Any) -> int:
