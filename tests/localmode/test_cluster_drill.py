@@ -43,7 +43,9 @@ def _processes_mentioning(text: str) -> list[str]:
 def test_cluster_drill_two_workers_a_third_joins_one_is_interrupted(tmp_path):
     work = tmp_path / "cluster-drill"
     events = []
-    report = run_cluster_drill(ClusterDrillOptions(work_dir=work, steps=STEPS), on_event=events.append)
+    # A floor of 0.08 s a step (64 s of training at least): the join must land before the last step on a
+    # loaded 2-core machine too (CI once finished all 800 steps at 0.05 s before the third worker's first).
+    report = run_cluster_drill(ClusterDrillOptions(work_dir=work, steps=STEPS, min_step_seconds=0.08), on_event=events.append)
 
     assert report["error"] is None, report["error"]
     assert report["completed"] is True
