@@ -82,7 +82,10 @@ def main(argv=None) -> int:
                             kvstore=kv, update_on_kvstore=False)
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
     ckpt = GluonCheckpointer(net, trainer, checkpoint_dir=args.checkpoint_dir, every_steps=args.save_every_steps or None,
-                             background=False, steps_per_epoch=max(1, n // batch))
+                             background=False,
+                             # --per-worker-batch: the global batch, so the epoch length, changes with the
+                             # workers; no epoch is recorded then (the data position is the step either way).
+                             steps_per_epoch=None if args.per_worker_batch else max(1, n // batch))
     ckpt.install()
     start = ckpt.restore()
     kv.init(STOP_KEY, mx.nd.zeros((1,)))

@@ -84,7 +84,10 @@ def main(argv=None) -> int:
         return strategy.run(replica_fn, args=(x, y))
 
     ckpt = TFCheckpointer(model=model, optimizer=optimizer, checkpoint_dir=args.checkpoint_dir, every_steps=None,
-                          background=False, steps_per_epoch=max(1, n // batch))
+                          background=False,
+                             # --per-worker-batch: the global batch, so the epoch length, changes with the
+                             # workers; no epoch is recorded then (the data position is the step either way).
+                             steps_per_epoch=None if args.per_worker_batch else max(1, n // batch))
     ckpt.install()
     step = ckpt.restore()
     log.info("chief of %d workers, generation %d, starting at step %d of %d", num_workers, generation(), step,
