@@ -85,9 +85,9 @@ def main(argv=None) -> int:
 
     ckpt = TFCheckpointer(model=model, optimizer=optimizer, checkpoint_dir=args.checkpoint_dir, every_steps=None,
                           background=False,
-                             # --per-worker-batch: the global batch, so the epoch length, changes with the
-                             # workers; no epoch is recorded then (the data position is the step either way).
-                             steps_per_epoch=None if args.per_worker_batch else max(1, n // batch))
+                          # --per-worker-batch: the global batch, so the epoch length, changes with the
+                          # workers; no epoch is recorded then (the data position is the step either way).
+                          steps_per_epoch=None if args.per_worker_batch else max(1, n // batch))
     ckpt.install()
     step = ckpt.restore()
     log.info("chief of %d workers, generation %d, starting at step %d of %d", num_workers, generation(), step,
