@@ -130,7 +130,7 @@ def bench_torch(data: Path, root: Path, network: Network, window_s: float) -> di
                            num_servers=0, heartbeat_timeout_s=10.0, kill_grace_s=3.0, base_port=9400)
 
     def at(size: int, since: int) -> list[dict]:
-        return [r for r in cluster.rows()[since:] if int(r["world_size"]) == size]
+        return [r for r in cluster.rows()[since:] if int(r["num_workers"]) == size]
 
     try:
         cluster.add_node("scheduler")

@@ -42,7 +42,7 @@ def network():
 def _first_change(rows: list[dict], since: int, world_size: int) -> tuple[dict, dict]:
     """(the last row before, the first row at ``world_size``) after row index ``since``."""
     for i in range(max(since, 1), len(rows)):
-        if int(rows[i]["world_size"]) == world_size and int(rows[i - 1]["world_size"]) != world_size:
+        if int(rows[i]["num_workers"]) == world_size and int(rows[i - 1]["num_workers"]) != world_size:
             return rows[i - 1], rows[i]
     raise AssertionError(f"no change to world size {world_size} after row {since}: {rows[since:][:5]}")
 
@@ -67,14 +67,14 @@ def test_two_workers_train(cluster):
     cluster.add_node("scheduler")
     cluster.add_node("worker")
     cluster.add_node("worker")
-    cluster.wait_rows(lambda rows: sum(1 for r in rows if r["world_size"] == "2") >= 20, "20 steps with 2 workers")
+    cluster.wait_rows(lambda rows: sum(1 for r in rows if r["num_workers"] == "2") >= 20, "20 steps with 2 workers")
     assert cluster.rdzv()["epoch"] == 1
 
 
 def test_third_worker_joins_and_no_step_is_lost(cluster):
     since = len(cluster.rows())
     cluster.add_node("worker")
-    rows = cluster.wait_rows(lambda rows: sum(1 for r in rows[since:] if r["world_size"] == "3") >= 10,
+    rows = cluster.wait_rows(lambda rows: sum(1 for r in rows[since:] if r["num_workers"] == "3") >= 10,
                              "10 steps with 3 workers")
     before, first = _first_change(rows, since, 3)
     assert int(first["step"]) == int(before["step"]) + 1, (before, first)
@@ -84,7 +84,7 @@ def test_worker_leaves_on_a_spot_notice_and_no_step_is_lost(cluster):
     since = len(cluster.rows())
     leaver = [n for n in cluster.nodes if n.role == "worker"][1]
     leaver.imds.post_spot_interruption()
-    rows = cluster.wait_rows(lambda rows: sum(1 for r in rows[since:] if r["world_size"] == "2") >= 10,
+    rows = cluster.wait_rows(lambda rows: sum(1 for r in rows[since:] if r["num_workers"] == "2") >= 10,
                              "10 steps with 2 workers after the notice")
     before, first = _first_change(rows, since, 2)
     assert int(first["step"]) == int(before["step"]) + 1, (before, first)
@@ -97,7 +97,7 @@ def test_worker_sigkilled_resumes_from_the_newest_checkpoint(cluster):
     since = len(cluster.rows())
     victim = [n for n in cluster.nodes if n.role == "worker" and n.alive()][0]
     cluster.kill_node(victim)
-    rows = cluster.wait_rows(lambda rows: sum(1 for r in rows[since:] if r["world_size"] == "1") >= 10,
+    rows = cluster.wait_rows(lambda rows: sum(1 for r in rows[since:] if r["num_workers"] == "1") >= 10,
                              "10 steps with 1 worker after the SIGKILL")
     before, first = _first_change(rows, since, 1)
     lost = int(before["step"]) + 1 - int(first["step"])
