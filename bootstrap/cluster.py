@@ -464,6 +464,31 @@ class MemberTagMonitor:
         return None
 
 
+def poll_leave_reason(monitors: Iterable[Any]) -> str | None:
+    """Poll a cluster worker's monitors (spot interruption notice, member tag) once; return why the
+    worker leaves (the first event's kind, or :data:`IMDS_FORBIDDEN` when IMDS answered 403: it can no
+    longer see notices, so it leaves through a checkpoint like a noticed worker and ``run_node`` hands
+    the instance back to the fleet), or None. A notice is logged as the publisher's
+    ``spot_interruption_notice`` event (bootstrap/publish.py). Shared by :class:`NodeAgent` and
+    ``bootstrap.torch_elastic.TorchWorker``."""
+    from bootstrap.imds import ImdsForbiddenError
+
+    for monitor in monitors:
+        try:
+            event = monitor.poll()
+        except ImdsForbiddenError as exc:
+            log.error("IMDS answered 403: leaving the cluster, this node can no longer see spot "
+                      "interruption notices", extra={"event": "node_unusable", "error": str(exc)})
+            return IMDS_FORBIDDEN
+        if event is not None:
+            if event.kind == "spot-interruption":
+                log.warning("spot interruption notice: leaving the cluster", extra={
+                    "event": "spot_interruption_notice", "event_id": event.id})
+            log.info("worker leaving the cluster", extra={"kind": event.kind, "event_id": event.id})
+            return event.kind
+    return None
+
+
 # ---- the node agent -------------------------------------------------------------------------------
 @dataclass
 class _Running:
@@ -613,29 +638,11 @@ class NodeAgent:
         if self.role != "worker" or self.leaving or now - self._last_monitor < self.monitor_interval_s:
             return
         self._last_monitor = now
-        from bootstrap.imds import ImdsForbiddenError
-
-        for monitor in self.monitors:
-            try:
-                event = monitor.poll()
-            except ImdsForbiddenError as exc:
-                # IMDS turned 403: this worker can no longer see interruption notices. It leaves through
-                # a checkpoint like a noticed worker; run_node then hands the instance back to the fleet.
-                log.error("IMDS answered 403: leaving the cluster, this node can no longer see spot "
-                          "interruption notices", extra={"event": "node_unusable", "error": str(exc)})
-                self.leave_reason = IMDS_FORBIDDEN
-                self.leaving = True
-                self._register()
-                return
-            if event is not None:
-                if event.kind == "spot-interruption":  # the publisher counts it (bootstrap/publish.py)
-                    log.warning("spot interruption notice: leaving the cluster", extra={
-                        "event": "spot_interruption_notice", "event_id": event.id})
-                log.info("worker leaving the cluster", extra={"kind": event.kind, "event_id": event.id})
-                self.leave_reason = event.kind
-                self.leaving = True
-                self._register()
-                return
+        reason = poll_leave_reason(self.monitors)
+        if reason is not None:
+            self.leave_reason = reason
+            self.leaving = True
+            self._register()
 
     def request_stop(self) -> None:
         """From a signal handler (the agent got SIGTERM): a worker leaves, other roles stop. Sets a flag."""

@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
 import spot_contract
-from bootstrap.cluster import ClusterSettings, ClusterState, _read_json, write_json_atomic
+from bootstrap.cluster import ClusterSettings, ClusterState, _read_json, poll_leave_reason, write_json_atomic
 
 log = logging.getLogger("bootstrap.torch_elastic")
 
@@ -397,13 +397,10 @@ class TorchWorker(_Base):
         if self.leaving or now - self._last_monitor < self.monitor_interval_s:
             return
         self._last_monitor = now
-        for monitor in self.monitors:
-            event = monitor.poll()
-            if event is not None:
-                log.info("worker leaving the cluster", extra={"kind": event.kind, "event_id": event.id})
-                self.leave_reason, self.leaving = event.kind, True
-                self._register()
-                return
+        reason = poll_leave_reason(self.monitors)
+        if reason is not None:
+            self.leave_reason, self.leaving = reason, True
+            self._register()
 
     def _launch(self, rdzv: Mapping[str, Any]) -> None:
         endpoint = f"{rdzv['host']}:{int(rdzv['port'])}"

@@ -44,7 +44,7 @@ from typing import Any
 
 from localmode.deploy import ACCOUNT, AVAILABILITY_ZONES, LOCAL_IMAGE_ID, REGION, CdkCli, Clients, DeployedStack, \
     client, clients, find_orphans
-from localmode.drill import EventLog, bootstrap_and_deploy, fresh_work_dir, options_dict, read_back
+from localmode.drill import EventLog, add_read_back, bootstrap_and_deploy, fresh_work_dir, options_dict
 from localmode.imds_emulator import ImdsEmulator
 from localmode.moto_server import MotoServer
 from localmode.netns import Network
@@ -459,13 +459,8 @@ def run_cluster_drill(options: ClusterDrillOptions, *,
         _collect(efs_dir, work_dir / "results", report)
         record({"event": "completed", "step": report["steps_total"], "test_accuracy": report["test_accuracy"],
                 "fleet_cancelled": report["fleet_cancelled_on_completion"]})
-        try:  # what `spot-train status` and `cost` read from the local AWS (the agents' published figures)
-            report.update(read_back(server.endpoint_url, options))
-            record({"event": "read-back", "savings_pct": report["savings_pct"],
-                    "interruptions": len(report["aws_interruptions"])})
-        except Exception as error:  # noqa: BLE001 - the drill's own figures stand; say what failed
-            report["read_back_error"] = f"{type(error).__name__}: {error}"
-            record({"event": "error", "message": f"reading back from the local AWS failed: {report['read_back_error']}"})
+        # What `spot-train status` and `cost` read from the local AWS (the agents' published figures).
+        add_read_back(report, server.endpoint_url, options, record)
     except Exception as error:  # noqa: BLE001 - recorded in the report; teardown below runs either way
         report["error"] = f"{type(error).__name__}: {error}"
         record({"event": "error", "message": report["error"]})

@@ -416,13 +416,7 @@ def run_drill(options: DrillOptions, *, on_event: Callable[[dict[str, Any]], Non
         report["test_accuracy"] = _accuracy(node.log_path)
         record({"event": "completed", "step": report["steps_total"], "test_accuracy": report["test_accuracy"]})
         runner.reconcile()
-        try:
-            report.update(read_back(server.endpoint_url, options))
-            record({"event": "read-back", "savings_pct": report["savings_pct"],
-                    "interruptions": len(report["aws_interruptions"])})
-        except Exception as error:  # noqa: BLE001 - the drill's own figures stand; say what failed
-            report["read_back_error"] = f"{type(error).__name__}: {error}"
-            record({"event": "error", "message": f"reading back from the local AWS failed: {report['read_back_error']}"})
+        add_read_back(report, server.endpoint_url, options, record)
     except Exception as error:  # noqa: BLE001 - recorded in the report; teardown still runs below
         report["error"] = f"{type(error).__name__}: {error}"
         record({"event": "error", "message": report["error"]})
@@ -451,7 +445,20 @@ def run_drill(options: DrillOptions, *, on_event: Callable[[dict[str, Any]], Non
     return report
 
 
-def read_back(endpoint_url: str, options: DrillOptions) -> dict[str, Any]:
+def add_read_back(report: dict[str, Any], endpoint_url: str, options: Any,
+                  record: Callable[[dict[str, Any]], None]) -> None:
+    """Put :func:`read_back`'s figures into ``report`` and announce them (a ``read-back`` event); on a
+    failure the drill's own figures stand and ``report["read_back_error"]`` says what failed."""
+    try:
+        report.update(read_back(endpoint_url, options))
+        record({"event": "read-back", "savings_pct": report["savings_pct"],
+                "interruptions": len(report["aws_interruptions"])})
+    except Exception as error:  # noqa: BLE001 - the drill's own figures stand; say what failed
+        report["read_back_error"] = f"{type(error).__name__}: {error}"
+        record({"event": "error", "message": f"reading back from the local AWS failed: {report['read_back_error']}"})
+
+
+def read_back(endpoint_url: str, options: Any) -> dict[str, Any]:
     """What ``spot-train status`` and ``spot-train cost`` read from the local AWS for the drill's stack
     (localmode.operations, the code that reads a deployed stack): the report's ``aws_status``
     (training figures, instances), ``aws_interruptions`` (the history from the agents' published
