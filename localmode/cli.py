@@ -3,6 +3,7 @@
     spot-train local drill [--work-dir out/demo] [--interruptions 3] [--az-moves 1] [--random-az]
                            [--epochs 30] [--seed 0] [--no-baseline] [--timeout 900]
                            [--framework tensorflow|mxnet|pytorch]
+    spot-train local drill --cluster [--framework mxnet|pytorch] [--steps 800] [--workers 2] [--timeout 480]
     spot-train local up    [--work-dir out/local]     # moto server + cdk bootstrap + cdk deploy; stays up
     spot-train local down  [--work-dir out/local]     # cdk destroy, orphan check, server stopped by PID
     spot-train status      [--stack S] [--region R] [--profile P] [--endpoint-url URL] [--work-dir DIR]
@@ -251,6 +252,7 @@ def cmd_cluster_drill(args: argparse.Namespace) -> int:
     options = ClusterDrillOptions(
         work_dir=args.work_dir if args.work_dir is not None else DEFAULT_CLUSTER_DRILL_DIR,
         stack=args.stack if args.stack is not None else "DistributedTraining",
+        framework=args.framework if args.framework is not None else ClusterDrillOptions.framework,
         steps=args.steps, workers=args.workers, seed=args.seed,
         timeout_s=args.timeout if args.timeout is not None else ClusterDrillOptions.timeout_s)
     report = _run_reported(options, run_cluster_drill)
@@ -263,10 +265,6 @@ def cmd_cluster_drill(args: argparse.Namespace) -> int:
 
 def cmd_drill(args: argparse.Namespace) -> int:
     if args.cluster:
-        if args.framework is not None:
-            print(f"spot-train: error: --framework {args.framework}: the single-node drill's option; "
-                  "the cluster drill (--cluster) runs MXNet", file=sys.stderr)
-            return 2
         return cmd_cluster_drill(args)
     from localmode.drill import DrillOptions, run_drill
 
@@ -504,7 +502,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
     drill = local_sub.add_parser("drill", help="deploy, train through interruptions and an AZ move, destroy, report")
     drill.add_argument("--cluster", action="store_true",
-                       help="the DistributedTraining drill: MXNet parameter-server cluster, 2 workers, a third joins, one is interrupted")
+                       help="the DistributedTraining drill: 2 workers, a third joins, one is interrupted (MXNet "
+                            "parameter-server cluster, or with --framework pytorch TorchElastic)")
     drill.add_argument("--work-dir", type=Path, default=None,
                        help="output and state (default out/demo, with --cluster out/cluster-drill; emptied first)")
     drill.add_argument("--stack", default=None, help="stack name (default SpotTraining, with --cluster DistributedTraining)")
@@ -516,8 +515,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     drill.add_argument("--no-baseline", action="store_true", help="skip the uninterrupted baseline comparison")
     drill.add_argument("--timeout", type=float, default=None, help="seconds the training phase may take (default 900, with --cluster 480)")
     drill.add_argument("--framework", choices=("tensorflow", "mxnet", "pytorch"), default=None,
-                       help="the single-node drill's framework: deployed with -c framework=..., its example runs on the "
-                            "nodes (default tensorflow; pytorch trains with .venv-torch)")
+                       help="the framework: deployed with -c framework=... (with --cluster -c cluster_framework=...), "
+                            "its example runs on the nodes (default tensorflow, with --cluster mxnet; --cluster takes "
+                            "mxnet or pytorch; pytorch trains with .venv-torch)")
     drill.add_argument("--steps", type=int, default=800, help="--cluster: total optimizer steps (default 800)")
     drill.add_argument("--workers", type=int, default=2, help="--cluster: workers at the start; one more joins (default 2)")
     drill.set_defaults(handler=cmd_drill)

@@ -1,7 +1,9 @@
 """The cluster drill: the DistributedTraining stack's story on one machine, measured, with a report.
 
 moto server up -> ``cdk bootstrap`` -> ``cdk deploy DistributedTraining`` (the real CLI; MXNet
-``dist_sync``, one scheduler, ``num_servers`` parameter servers, 2 spot workers) -> the digits written
+``dist_sync``, one scheduler, ``num_servers`` parameter servers, 2 spot workers; or, with
+``framework="pytorch"``, ``cluster_framework=pytorch``: the on-demand coordinator serving TorchElastic's
+c10d rendezvous, no parameter servers, 2 spot workers each running ``torchrun``) -> the digits written
 onto "EFS" (a directory under the work dir that every node shares) -> each instance of the scheduler
 and server Auto Scaling groups and of the worker Spot Fleet becomes a local node (the same agent,
 ``python -m bootstrap run``, with the config its launch template carries, its own IMDS emulator and
@@ -15,12 +17,20 @@ cancels the fleet -> ``cdk destroy`` -> boto3 checks that nothing of the stack i
 (times in seconds): ``completed``, ``steps_total`` (the trainer's last step, from ``COMPLETED``),
 ``steps_executed`` (step rows rank 0 logged over every generation: each step of a ``dist_sync``
 cluster runs once on every worker, and rank 0 logs it), ``distinct_steps``, ``lost_steps`` (executed
-minus total: steps done twice), ``generations``, ``joins``/``leaves`` (workers added to / dropped from
+minus total: steps done twice), ``generations``, ``world_sizes`` (workers of each generation, in
+order), ``joins``/``leaves`` (workers added to / dropped from
 one running generation to the next, from the coordinator's ``events.jsonl``), ``max_workers_seen``,
 ``join_s`` (capacity raised -> the 3-worker generation's first step), ``leave_s`` (notice ->
 training goes on without the worker), ``test_accuracy`` (held-out digits, from the trainer's
 ``result.json``), ``fleet_cancelled_on_completion``, ``orphans_after_destroy`` (a list), ``wall_s``,
-``phases_s``, ``error`` and ``passed``.
+``phases_s``, ``error`` and ``passed``; ``framework``; ``rendezvous_epoch`` (PyTorch: the epoch of
+the coordinator's ``rendezvous.json`` at the end, 1 when neither the coordinator nor a torchrun gave
+out; None for MXNet).
+
+Membership per framework. MXNet: a generation is the coordinator's plan (``plan.json``,
+``events.jsonl``). PyTorch has no generations (TorchElastic restarts the worker groups itself,
+bootstrap/torch_elastic.py), so the drill numbers them from rank 0's step rows: a new one begins
+where the ``num_workers`` column (the world size) changes (:func:`world_size_generations`).
 
 moto's Spot Fleet does not maintain capacity, so :class:`ClusterNodeRunner` launches what the fleet
 would (a third instance when the target goes up; a replacement after an interruption) through
@@ -33,7 +43,6 @@ from __future__ import annotations
 import csv
 import dataclasses
 import json
-import re
 import shutil
 import signal
 import sys
@@ -44,7 +53,8 @@ from typing import Any
 
 from localmode.deploy import ACCOUNT, AVAILABILITY_ZONES, LOCAL_IMAGE_ID, REGION, CdkCli, Clients, DeployedStack, \
     client, clients, find_orphans
-from localmode.drill import EventLog, add_read_back, bootstrap_and_deploy, fresh_work_dir, options_dict
+from localmode.drill import EventLog, add_read_back, bootstrap_and_deploy, check_stack_and_framework, framework_python, \
+    fresh_work_dir, options_dict
 from localmode.imds_emulator import ImdsEmulator
 from localmode.moto_server import MotoServer
 from localmode.netns import Network
@@ -55,7 +65,35 @@ from localmode.nodes import LocalNode, NodeError, NodeRunner, _rewrite, _signal_
 from spot_contract import COMPLETED_FILE, EFS_MOUNT_POINT  # noqa: E402
 from spot_contract import STACK_TAG as STACK_TAG_KEY  # noqa: E402
 
-TRAINER_MODULE = "training.distributed.mxnet_dist"
+
+@dataclasses.dataclass(frozen=True)
+class ClusterFramework:
+    """What differs between the cluster drill's frameworks (the trainer is the stack's own default,
+    ``infra.config.FRAMEWORKS[...].cluster_training_command``; its interpreter is the single-node
+    drill's, :func:`localmode.drill.framework_python`).
+
+    Attributes:
+        group_roles: node roles on on-demand Auto Scaling groups (the coordinator's ``scheduler``, and
+            ``server`` where the framework has parameter servers).
+        plan_generations: True: membership is the coordinator's plan (``plan.json``/``events.jsonl``);
+            False: the world size in rank 0's step rows (TorchElastic keeps no plan).
+        start_with_all_workers: deploy with ``cluster_min_workers`` = the starting workers. torchrun's
+            c10d rendezvous starts a round once ``--nnodes`` MIN nodes are in and its last call
+            (bootstrap/torch_elastic.py ``LAST_CALL_TIMEOUT_S``) has passed, so with the stack's
+            default of 1 the first worker up would train alone until the second's torchrun joins; the
+            MXNet coordinator's plan waits for registrations to settle instead (``debounce_s``).
+    """
+
+    group_roles: tuple[str, ...]
+    plan_generations: bool
+    start_with_all_workers: bool
+
+
+#: The frameworks the cluster drill runs (default: mxnet).
+CLUSTER_FRAMEWORKS: dict[str, ClusterFramework] = {
+    "mxnet": ClusterFramework(group_roles=("scheduler", "server"), plan_generations=True, start_with_all_workers=False),
+    "pytorch": ClusterFramework(group_roles=("scheduler",), plan_generations=False, start_with_all_workers=True),
+}
 
 
 @dataclasses.dataclass
@@ -65,9 +103,12 @@ class ClusterDrillOptions:
     Attributes:
         work_dir: everything goes here (default ``out/cluster-drill``); emptied first.
         stack: stack name (default ``DistributedTraining``).
-        steps: total optimizer steps of the MXNet trainer (default 800).
+        framework: ``mxnet`` (default) or ``pytorch`` (:data:`CLUSTER_FRAMEWORKS`): deployed with
+            ``-c cluster_framework=...``; PyTorch's trainer and rendezvous store run on ``.venv-torch``.
+        steps: total optimizer steps of the trainer (default 800).
         workers: workers at the start (the fleet's target capacity; default 2); one more joins.
-        num_servers: parameter-server nodes (default 1: fewer processes on a small machine).
+        num_servers: parameter-server nodes (default 1: fewer processes on a small machine; PyTorch
+            has none, the stack ignores it).
         join_after_steps: raise the fleet's target once training reached this step (default 60).
         interrupt_after_steps: steps the grown generation runs before the notice (default 40).
         save_every_steps: checkpoint cadence (default 20).
@@ -79,14 +120,15 @@ class ClusterDrillOptions:
             has a spot price history for).
         on_demand_prices: the stated on-demand USD/hour of each type that runs, an input of the cost
             read-back (local mode cannot ask the AWS Price List API; default: us-east-1 Linux list
-            prices g5.xlarge 1.006, g4dn.xlarge 0.526, and the on-demand scheduler's m5.large 0.096 and
-            servers' m5.xlarge 0.192).
+            prices g5.xlarge 1.006, g4dn.xlarge 0.526, and the on-demand scheduler's (PyTorch: the
+            coordinator's) m5.large 0.096 and servers' m5.xlarge 0.192).
         ebs_gb_month_price, snapshot_gb_month_price: USD per GB-month (the cluster has no data volume
             or snapshots; stated for the same cost report as the single-node drill).
     """
 
     work_dir: Path = Path("out/cluster-drill")
     stack: str = "DistributedTraining"
+    framework: str = "mxnet"
     steps: int = 800
     workers: int = 2
     num_servers: int = 1
@@ -114,12 +156,19 @@ class ClusterDrillOptions:
             raise ValueError(f"join_after_steps must be below steps={self.steps}, got {self.join_after_steps}")
         if self.min_step_seconds < 0 or self.timeout_s <= 0:
             raise ValueError(f"min_step_seconds must be >= 0 and timeout_s > 0, got {self.min_step_seconds!r}, {self.timeout_s!r}")
-        if not re.fullmatch(r"[A-Za-z][A-Za-z0-9-]{0,127}", self.stack):
-            raise ValueError(f"stack must be a CloudFormation stack name (letters, digits, -), got {self.stack!r}")
+        check_stack_and_framework(self.stack, self.framework, CLUSTER_FRAMEWORKS)
+
+    @property
+    def settings(self) -> ClusterFramework:
+        """What the drill does differently for :attr:`framework`."""
+        return CLUSTER_FRAMEWORKS[self.framework]
 
     def trainer_command(self) -> list[str]:
-        """The trainer argv the stack is deployed with (``{python}`` is the node's interpreter)."""
-        return ["{python}", "-m", TRAINER_MODULE, "--steps", str(self.steps), "--batch-size", "64",
+        """The trainer argv the stack is deployed with (``{python}`` is the node's interpreter): the
+        framework's default cluster trainer (``infra.config.FRAMEWORKS``) with the drill's options."""
+        from infra.config import FRAMEWORKS
+
+        return [*FRAMEWORKS[self.framework].cluster_training_command, "--steps", str(self.steps), "--batch-size", "64",
                 "--save-every-steps", str(self.save_every_steps), "--min-step-seconds", str(self.min_step_seconds),
                 "--seed", str(self.seed)]
 
@@ -127,13 +176,15 @@ class ClusterDrillOptions:
         """CDK context (``-c key=value``) that deploys the cluster stack to the moto server."""
         return {
             "account": ACCOUNT, "region": REGION, "availability_zones": ",".join(AVAILABILITY_ZONES),
-            "image_id": LOCAL_IMAGE_ID, "cluster_stack_name": self.stack, "cluster_framework": "mxnet",
+            "image_id": LOCAL_IMAGE_ID, "cluster_stack_name": self.stack, "cluster_framework": self.framework,
             "cluster_num_servers": str(self.num_servers), "cluster_workers": str(self.workers),
             "cluster_max_workers": str(max(8, self.workers + 1)),
             "cluster_worker_instance_types": ",".join(self.instance_types),
-            # This interpreter runs every node's framework process; nothing is pip-installed.
-            "cluster_training_python": sys.executable, "cluster_training_requirements": "[]",
+            # This machine's interpreter of the framework runs every node's framework process;
+            # nothing is pip-installed.
+            "cluster_training_python": framework_python(self.framework), "cluster_training_requirements": "[]",
             "cluster_training_command": json.dumps(self.trainer_command()),
+            **({"cluster_min_workers": str(self.workers)} if self.settings.start_with_all_workers else {}),
         }
 
 
@@ -158,12 +209,14 @@ class DeployedCluster:
     file_system_id: str
 
 
-def cluster_resources(aws: Clients, autoscaling: Any, stack: str) -> DeployedCluster:
-    """Read the deployed cluster ``stack`` with boto3.
+def cluster_resources(aws: Clients, autoscaling: Any, stack: str, *,
+                      group_roles: tuple[str, ...] = ("scheduler", "server")) -> DeployedCluster:
+    """Read the deployed cluster ``stack`` with boto3; ``group_roles``: the roles that must have an
+    Auto Scaling group (default: MXNet's scheduler and servers; PyTorch's coordinator only).
 
     Raises:
         DrillError: the stack is not ``CREATE_COMPLETE`` or lacks a fleet, a role's launch template,
-            a scheduler/server group or the file system.
+            a group of ``group_roles`` or the file system.
     """
     from infra.userdata import extract_config
 
@@ -190,8 +243,8 @@ def cluster_resources(aws: Clients, autoscaling: Any, stack: str) -> DeployedClu
             groups[by_template[template_id]] = group["AutoScalingGroupName"]
     fleets, file_systems, vpcs = of("AWS::EC2::SpotFleet"), of("AWS::EFS::FileSystem"), of("AWS::EC2::VPC")
     missing = [what for what, ok in (("the worker Spot Fleet", len(fleets) == 1), ("the file system", len(file_systems) == 1),
-                                     ("the VPC", len(vpcs) == 1), ("the scheduler group", "scheduler" in groups),
-                                     ("the server group", "server" in groups), ("the worker launch template", "worker" in templates))
+                                     ("the VPC", len(vpcs) == 1), ("the worker launch template", "worker" in templates),
+                                     *((f"the {role} group", role in groups) for role in group_roles))
                if not ok]
     if missing:
         raise DrillError(f"stack {stack} lacks {', '.join(missing)}; resources: {sorted(resources)}")
@@ -262,7 +315,7 @@ class ClusterNodeRunner(NodeRunner):
         netns, address, offset = self.network.add(instance_id)
         imds = ImdsEmulator.from_moto(self.aws.ec2, instance_id, local_ipv4=address).start()
         config = local_cluster_config(self.role_config(role), efs_dir=self.efs_dir, code_dir=code_dir,
-                                      imds_endpoint=imds.endpoint, python=self.python, port_offset=offset)
+                                      imds_endpoint=imds.endpoint, python=self.trainer_python, port_offset=offset)
         process = start_agent(config, node_dir=node_dir, code_dir=code_dir, python=self.python,
                               endpoint_url=self.endpoint_url, volumes_dir=self.volumes_dir,
                               extra_env={"SPOT_TRAINING_NETNS": netns} if netns else None)
@@ -326,6 +379,32 @@ def _plan(efs_dir: Path) -> dict[str, Any] | None:
         return None
 
 
+def world_size_generations(rows: list[dict[str, str]]) -> list[dict[str, Any]]:
+    """PyTorch's generations, numbered by the drill: rank 0's step rows (``rows`` sorted by
+    ``wall_time``; other ranks' rows are left out) split where ``num_workers`` (the world size of the
+    TorchElastic round that ran the step) changes. Returns ``[{"generation": 1.., "num_workers": W,
+    "rows": [...]}]``, each row's ``generation`` set to its number. A restart that keeps the world size
+    (a round without a membership change) does not begin a new one."""
+    generations: list[dict[str, Any]] = []
+    for row in rows:
+        if row["rank"] != "0":
+            continue
+        workers = int(row["num_workers"])
+        if not generations or generations[-1]["num_workers"] != workers:
+            generations.append({"generation": len(generations) + 1, "num_workers": workers, "rows": []})
+        generations[-1]["rows"].append({**row, "generation": str(generations[-1]["generation"])})
+    return generations
+
+
+def world_size_changes(generations: list[dict[str, Any]]) -> tuple[int, int, int]:
+    """``(joins, leaves, generations)`` from :func:`world_size_generations`: workers added and dropped
+    from one generation to the next (world-size differences), and the number of generations."""
+    sizes = [g["num_workers"] for g in generations]
+    joins = sum(max(0, b - a) for a, b in zip(sizes, sizes[1:]))
+    leaves = sum(max(0, a - b) for a, b in zip(sizes, sizes[1:]))
+    return joins, leaves, len(sizes)
+
+
 def membership_changes(events: list[dict[str, Any]]) -> tuple[int, int, int]:
     """``(joins, leaves, generations)`` from the coordinator's ``events.jsonl`` lines: workers added to
     and dropped from one ``running`` generation to the next, and the number of running generations."""
@@ -373,12 +452,12 @@ def run_cluster_drill(options: ClusterDrillOptions, *,
     efs_dir = work_dir / "efs"
     record = EventLog(started, on_event)
     report: dict[str, Any] = {
-        "stack": options.stack, "work_dir": str(work_dir), "framework": "mxnet", "completed": False,
-        "steps_total": 0, "steps_executed": 0, "distinct_steps": 0, "lost_steps": None, "generations": 0,
+        "stack": options.stack, "work_dir": str(work_dir), "framework": options.framework, "completed": False,
+        "steps_total": 0, "steps_executed": 0, "distinct_steps": 0, "lost_steps": None, "generations": 0, "world_sizes": [],
         "joins": 0, "leaves": 0, "max_workers_seen": 0, "join_s": None, "leave_s": None, "test_accuracy": None,
         "fleet_cancelled_on_completion": False, "orphans_after_destroy": None, "wall_s": 0.0, "phases_s": {},
         "options": options_dict(options),
-        "error": None, "aws_status": None, "aws_interruptions": [], "cost": None, "savings_pct": None,
+        "rendezvous_epoch": None, "error": None, "aws_status": None, "aws_interruptions": [], "cost": None, "savings_pct": None,
     }
     phases = report["phases_s"]
     server = MotoServer(work_dir / "moto")
@@ -393,7 +472,7 @@ def run_cluster_drill(options: ClusterDrillOptions, *,
         autoscaling, efs = client(server.endpoint_url, "autoscaling"), client(server.endpoint_url, "efs")
         cdk = CdkCli(server.endpoint_url, work_dir=work_dir)
         bootstrap_and_deploy(cdk, options.stack, options.context(), record=record, phases=phases)
-        cluster = cluster_resources(aws, autoscaling, options.stack)
+        cluster = cluster_resources(aws, autoscaling, options.stack, group_roles=options.settings.group_roles)
         report["fleet_request_id"] = cluster.stack.fleet_request_id
         record({"event": "deployed", "fleet_request_id": cluster.stack.fleet_request_id, "groups": cluster.groups,
                 "file_system_id": cluster.file_system_id})
@@ -405,7 +484,7 @@ def run_cluster_drill(options: ClusterDrillOptions, *,
         network = Network()
         runner = ClusterNodeRunner(cluster=cluster, network=network, efs_dir=efs_dir, aws=aws,
                                    endpoint_url=server.endpoint_url, volumes_dir=server.volumes_dir,
-                                   work_dir=work_dir, on_event=record)
+                                   work_dir=work_dir, trainer_python=framework_python(options.framework), on_event=record)
         t = time.time()
         record({"event": "phase", "phase": "training",
                 "message": "Auto Scaling group and fleet instances -> local nodes" + (
@@ -416,7 +495,8 @@ def run_cluster_drill(options: ClusterDrillOptions, *,
         if sum(role == "worker" for role in runner.roles.values()) != options.workers:
             raise DrillError(f"expected {options.workers} worker instances, started {runner.roles}")
         deadline = t + options.timeout_s
-        watcher = _Watcher(efs_dir, options, record, deadline, runner)
+        watcher = (_Watcher if options.settings.plan_generations else _WorldSizeWatcher)(
+            efs_dir, options, record, deadline, runner)
 
         watcher.until(lambda: watcher.max_step >= options.join_after_steps, f"step {options.join_after_steps}")
         raised_at = time.time()
@@ -456,7 +536,7 @@ def run_cluster_drill(options: ClusterDrillOptions, *,
             raise DrillError(f"agents exited non-zero: {failed}; see {work_dir / 'nodes'}")
         report["fleet_cancelled_on_completion"] = not runner.fleet_active()
         runner.reconcile()
-        _collect(efs_dir, work_dir / "results", report)
+        _collect(efs_dir, work_dir / "results", report, options.settings)
         record({"event": "completed", "step": report["steps_total"], "test_accuracy": report["test_accuracy"],
                 "fleet_cancelled": report["fleet_cancelled_on_completion"]})
         # What `spot-train status` and `cost` read from the local AWS (the agents' published figures).
@@ -471,7 +551,7 @@ def run_cluster_drill(options: ClusterDrillOptions, *,
             network.close()
         if report["steps_total"] == 0 and efs_dir.exists():
             try:
-                _collect(efs_dir, work_dir / "results", report)
+                _collect(efs_dir, work_dir / "results", report, options.settings)
             except (OSError, ValueError) as error:
                 report["error"] = report["error"] or f"collect: {error}"
         if cdk is not None and server.process is not None:
@@ -525,7 +605,7 @@ class _Watcher:
         self._rows: list[dict[str, str]] = []
 
     def refresh(self) -> None:
-        self._rows = _read_rows(self.efs_dir / "logs")
+        self._rows = self._label(_read_rows(self.efs_dir / "logs"))
         step = max((int(r["step"]) for r in self._rows), default=0)
         if step != self.max_step:
             self.max_step = step
@@ -542,8 +622,7 @@ class _Watcher:
             value = predicate()
             if value:
                 return value
-            plan = _plan(self.efs_dir) or {}
-            if plan.get("state") == "completed" and not completion_expected:
+            if self._completed() and not completion_expected:
                 raise DrillError(f"training completed before {what}; use more --steps")
             dead = [i for i, n in self.runner.nodes.items() if not n.alive and n.process.returncode != 0]
             if dead:
@@ -552,7 +631,15 @@ class _Watcher:
                 raise DrillError(f"timed out (timeout_s={self.options.timeout_s}) waiting for {what}")
             time.sleep(0.25)
 
+    def _label(self, rows: list[dict[str, str]]) -> list[dict[str, str]]:
+        """The step rows with their ``generation`` (MXNet: the trainer's own column, the plan's)."""
+        return rows
+
+    def _completed(self) -> bool:
+        return (_plan(self.efs_dir) or {}).get("state") == "completed"
+
     def running_generation(self, *, workers: int, without: str | None = None) -> int:
+        """The running generation of ``workers`` workers (none of them ``without``), else 0."""
         plan = _plan(self.efs_dir)
         if not plan or plan.get("state") != "running" or len(plan.get("workers", [])) != workers:
             return 0
@@ -572,13 +659,37 @@ class _Watcher:
         return max(steps) - min(steps) + 1 if steps else 0
 
 
-def _collect(efs_dir: Path, results: Path, report: dict[str, Any]) -> None:
-    """Copy the step logs, ``result.json``, ``COMPLETED`` and the membership events off the EFS and
-    fill the report's step, membership and accuracy fields."""
+class _WorldSizeWatcher(_Watcher):
+    """:class:`_Watcher` for PyTorch: no plan; generations are numbered from rank 0's rows where the
+    world size changes (:func:`world_size_generations`), completion is ``COMPLETED``."""
+
+    def _label(self, rows: list[dict[str, str]]) -> list[dict[str, str]]:
+        return [row for g in world_size_generations(rows) for row in g["rows"]]
+
+    def _completed(self) -> bool:
+        return (self.efs_dir / "checkpoints" / COMPLETED_FILE).exists()
+
+    def running_generation(self, *, workers: int, without: str | None = None) -> int:
+        """The newest generation when it has ``workers`` ranks (and ``without``'s agent has exited:
+        the rows do not name nodes, and a node whose agent is gone runs no rank), else 0."""
+        newest = self._rows[-1] if self._rows else None
+        if newest is None or int(newest["num_workers"]) != workers:
+            return 0
+        if without and self.runner.nodes[without].alive:
+            return 0
+        return int(newest["generation"])
+
+
+def _collect(efs_dir: Path, results: Path, report: dict[str, Any], framework: ClusterFramework) -> None:
+    """Copy the step logs, ``result.json``, ``COMPLETED`` and the membership events (PyTorch: the
+    rendezvous) off the EFS and fill the report's step, membership and accuracy fields."""
+    from bootstrap.torch_elastic import RENDEZVOUS_FILE
+
     results.mkdir(parents=True, exist_ok=True)
     for path in list((efs_dir / "logs").glob("steps-*.csv")) + [efs_dir / "logs" / "result.json",
                                                               efs_dir / "checkpoints" / COMPLETED_FILE,
-                                                              efs_dir / "cluster" / "events.jsonl"]:
+                                                              efs_dir / "cluster" / "events.jsonl",
+                                                              efs_dir / "cluster" / RENDEZVOUS_FILE]:
         if path.exists():
             shutil.copy2(path, results / path.name)
     completed = results / COMPLETED_FILE
@@ -591,8 +702,17 @@ def _collect(efs_dir: Path, results: Path, report: dict[str, Any]) -> None:
     report["distinct_steps"] = len(set(rank0))
     report["lost_steps"] = len(rank0) - report["steps_total"] if report["completed"] else None
     report["max_workers_seen"] = max((int(r["num_workers"]) for r in rows), default=0)
-    lines = (results / "events.jsonl").read_text().splitlines() if (results / "events.jsonl").exists() else []
-    report["joins"], report["leaves"], report["generations"] = membership_changes([json.loads(x) for x in lines if x.strip()])
+    if framework.plan_generations:
+        lines = (results / "events.jsonl").read_text().splitlines() if (results / "events.jsonl").exists() else []
+        plan = [json.loads(x) for x in lines if x.strip()]
+        report["joins"], report["leaves"], report["generations"] = membership_changes(plan)
+        report["world_sizes"] = [len(event.get("workers", [])) for event in plan if event.get("state") == "running"]
+    else:
+        generations = world_size_generations(rows)
+        report["joins"], report["leaves"], report["generations"] = world_size_changes(generations)
+        report["world_sizes"] = [g["num_workers"] for g in generations]
+        if (results / RENDEZVOUS_FILE).exists():
+            report["rendezvous_epoch"] = int(json.loads((results / RENDEZVOUS_FILE).read_text())["epoch"])
     result = results / "result.json"
     if result.exists():
         report["test_accuracy"] = json.loads(result.read_text()).get("test_accuracy")
@@ -615,9 +735,11 @@ def cluster_passed(report: dict[str, Any], options: ClusterDrillOptions) -> bool
 
 def format_cluster_report(report: dict[str, Any]) -> str:
     """The report as a two-column table for the terminal."""
-    keys = ("passed", "completed", "steps_total", "steps_executed", "distinct_steps", "lost_steps", "generations",
+    keys = ("passed", "framework", "completed", "steps_total", "steps_executed", "distinct_steps", "lost_steps", "generations",
+            "world_sizes",
             "joins", "leaves", "max_workers_seen", "join_s", "leave_s", "test_accuracy",
             "fleet_cancelled_on_completion", "orphans_after_destroy", "savings_pct", "wall_s")
+    keys += ("rendezvous_epoch",) if report.get("rendezvous_epoch") is not None else ()
     lines = ["", "Cluster drill report", "-" * 60]
     lines += [f"{key:<30}  {report.get(key)}" for key in keys]
     lines += [f"{'phase ' + name + ' (s)':<30}  {value}" for name, value in report.get("phases_s", {}).items()]
@@ -626,6 +748,6 @@ def format_cluster_report(report: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-__all__ = ["ClusterDrillOptions", "ClusterNodeRunner", "DeployedCluster", "DrillError", "cluster_orphans",
+__all__ = ["CLUSTER_FRAMEWORKS", "ClusterDrillOptions", "ClusterFramework", "ClusterNodeRunner", "DeployedCluster", "DrillError", "cluster_orphans",
            "cluster_passed", "cluster_resources", "format_cluster_report", "local_cluster_config",
-           "membership_changes", "run_cluster_drill"]
+           "membership_changes", "run_cluster_drill", "world_size_changes", "world_size_generations"]

@@ -34,7 +34,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
@@ -150,20 +150,12 @@ class DrillOptions:
         if not self.instance_types or missing:
             raise ValueError(f"on_demand_prices must give a positive USD/hour for every instance type "
                              f"{list(self.instance_types)}, got {self.on_demand_prices!r}")
-        if not re.fullmatch(r"[A-Za-z][A-Za-z0-9-]{0,127}", self.stack):
-            raise ValueError(f"stack must be a CloudFormation stack name (letters, digits, -), got {self.stack!r}")
-        if self.framework not in DRILL_FRAMEWORKS:
-            raise ValueError(f"framework must be one of {', '.join(DRILL_FRAMEWORKS)}, got {self.framework!r}")
-        python = self.trainer_python
-        if not (os.path.isfile(python) and os.access(python, os.X_OK)):
-            raise ValueError(f"framework {self.framework!r} trains with {python}, which does not exist; "
-                             "`make setup` makes it")
+        check_stack_and_framework(self.stack, self.framework, DRILL_FRAMEWORKS)
 
     @property
     def trainer_python(self) -> str:
         """The local interpreter of the trainer (nodes and baseline), an absolute path."""
-        relative = DRILL_FRAMEWORKS[self.framework].python
-        return str(REPO_ROOT / relative) if relative is not None else sys.executable
+        return framework_python(self.framework)
 
     @property
     def steps_per_epoch(self) -> int:
@@ -182,6 +174,26 @@ class DrillOptions:
         return [*script, "--epochs", str(self.epochs), "--batch-size", str(self.batch_size), "--seed", str(self.seed),
                 "--save-every-steps", str(self.save_every_steps),
                 DRILL_FRAMEWORKS[self.framework].final_weights_option, f"{root}/{FINAL_WEIGHTS}"]
+
+
+def framework_python(framework: str) -> str:
+    """The local interpreter of ``framework``'s processes (a :data:`DRILL_FRAMEWORKS` key), an
+    absolute path: ``.venv-torch``'s for PyTorch, this one for the others. Used by both drills."""
+    relative = DRILL_FRAMEWORKS[framework].python
+    return str(REPO_ROOT / relative) if relative is not None else sys.executable
+
+
+def check_stack_and_framework(stack: str, framework: str, frameworks: Collection[str]) -> None:
+    """A drill's options check, shared by both drills: raise ``ValueError`` when ``stack`` is not a
+    CloudFormation stack name, ``framework`` is not one of ``frameworks``, or :func:`framework_python`
+    is not an executable file (``make setup`` makes ``.venv-torch``)."""
+    if not re.fullmatch(r"[A-Za-z][A-Za-z0-9-]{0,127}", stack):
+        raise ValueError(f"stack must be a CloudFormation stack name (letters, digits, -), got {stack!r}")
+    if framework not in frameworks:
+        raise ValueError(f"framework must be one of {', '.join(frameworks)}, got {framework!r}")
+    python = framework_python(framework)
+    if not (os.path.isfile(python) and os.access(python, os.X_OK)):
+        raise ValueError(f"framework {framework!r} trains with {python}, which does not exist; `make setup` makes it")
 
 
 class DrillError(RuntimeError):

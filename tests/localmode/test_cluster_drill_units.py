@@ -3,10 +3,14 @@ membership counting, the pass rule, the CLI's --cluster option errors."""
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 
 from localmode.cli import main
-from localmode.cluster_drill import ClusterDrillOptions, cluster_passed, local_cluster_config, membership_changes
+from localmode.cluster_drill import ClusterDrillOptions, cluster_passed, local_cluster_config, membership_changes, \
+    world_size_changes, world_size_generations
+from localmode.drill import REPO_ROOT
 from localmode.nodes import NodeError
 
 DEPLOYED = {
@@ -99,3 +103,46 @@ def test_the_deployed_trainer_command_carries_the_step_count():
     context = options.context()
     assert context["cluster_framework"] == "mxnet" and context["cluster_training_requirements"] == "[]"
     assert context["cluster_workers"] == "2"
+
+
+def test_pytorch_cluster_drill_deploys_torchelastic_with_its_own_interpreter():
+    options = ClusterDrillOptions(framework="pytorch", steps=321)
+    assert options.trainer_command()[:5] == ["{python}", "-m", "training.distributed.torch_ddp", "--steps", "321"]
+    context = options.context()
+    assert context["cluster_framework"] == "pytorch"
+    assert context["cluster_training_python"] == str(REPO_ROOT / ".venv-torch" / "bin" / "python")
+    assert options.settings.group_roles == ("scheduler",)  # no parameter-server group for PyTorch
+    assert context["cluster_min_workers"] == "2"  # torchrun starts with both workers, not the first one up
+    # The default stays MXNet on this interpreter, with its scheduler and servers.
+    default = ClusterDrillOptions()
+    assert default.framework == "mxnet" and default.context()["cluster_training_python"] == sys.executable
+    assert default.settings.group_roles == ("scheduler", "server") and "cluster_min_workers" not in default.context()
+
+
+def test_cluster_drill_refuses_an_unknown_framework_and_a_missing_environment(monkeypatch, tmp_path):
+    import localmode.drill as drill
+
+    with pytest.raises(ValueError, match="framework must be one of mxnet, pytorch, got 'tensorflow'"):
+        ClusterDrillOptions(framework="tensorflow").validate()
+    monkeypatch.setitem(drill.DRILL_FRAMEWORKS, "pytorch",
+                        drill.DrillFramework(str(tmp_path / "absent" / "python"), "--save-final-weights", "x"))
+    with pytest.raises(ValueError, match=r"framework 'pytorch' trains with .*absent/python, which does not exist"):
+        ClusterDrillOptions(framework="pytorch").validate()
+
+
+def _row(step, num_workers, rank="0"):
+    return {"step": str(step), "generation": "0", "rank": rank, "num_workers": str(num_workers), "loss": "1.0",
+            "learning_rate": "0.1", "wall_time": f"{1000 + step}.0", "node": "pid-1"}
+
+
+def test_pytorch_generations_are_numbered_where_the_world_size_changes():
+    # 2 workers, a third joins, one leaves, the replacement joins; rank 1's rows and a same-size
+    # restart (step 5 after step 4 at 3 ranks) begin nothing.
+    rows = [_row(1, 2), _row(1, 2, rank="1"), _row(2, 2), _row(3, 3), _row(3, 3, rank="2"), _row(4, 3), _row(5, 3),
+            _row(6, 2), _row(7, 3)]
+    generations = world_size_generations(rows)
+    assert [(g["generation"], g["num_workers"], [int(r["step"]) for r in g["rows"]]) for g in generations] == [
+        (1, 2, [1, 2]), (2, 3, [3, 4, 5]), (3, 2, [6]), (4, 3, [7])]
+    assert {r["generation"] for r in generations[1]["rows"]} == {"2"}
+    assert world_size_changes(generations) == (2, 1, 4)
+    assert world_size_changes(world_size_generations([])) == (0, 0, 0)
