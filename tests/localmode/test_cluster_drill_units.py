@@ -11,6 +11,7 @@ import pytest
 from localmode.cli import main
 from bootstrap.config import load_config, with_port_offset, with_root
 from bootstrap.errors import ConfigError
+from infra.userdata import node_config
 from localmode.cluster_drill import ClusterDrillOptions, cluster_passed, membership_changes
 
 DEPLOYED = {
@@ -29,16 +30,24 @@ DEPLOYED = {
 def test_the_port_offset_moves_only_the_cluster_ports_as_the_agent_loads_the_config(tmp_path):
     # Loopback fallback (no network namespaces): each node's agent gets SPOT_TRAINING_PORT_OFFSET and
     # listens on ports of its own; the config the user data wrote stays as deployed.
-    path = tmp_path / "config.json"
-    path.write_text(json.dumps(DEPLOYED))
     config = json.loads(json.dumps(with_port_offset(with_root(DEPLOYED, tmp_path / "root"), "20")))
     assert [config["cluster"][k] for k in ("scheduler_port", "server_port", "worker_port")] == [9020, 9021, 9022]
     assert config["cluster"]["state_dir"] == f"{tmp_path}/root/mnt/efs/cluster"
     assert config["efs"] == {**DEPLOYED["efs"], "mount_point": f"{tmp_path}/root/mnt/efs"}
     assert DEPLOYED["cluster"]["worker_port"] == 9002  # the input is not changed
     assert with_port_offset(DEPLOYED, None) is DEPLOYED and with_port_offset(DEPLOYED, "") is DEPLOYED
+    # The agent's own loading: a config as the stack writes it (infra.userdata.node_config).
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(node_config(
+        region="us-east-1", stack_name="DistributedTraining",
+        volume_tags={"spot-training:stack": "DistributedTraining", "spot-training:purpose": "data-volume"},
+        framework="mxnet", python="/usr/bin/python3", command=["{python}", "-m", "training.distributed.mxnet_dist"],
+        node_role="worker", data_root="/mnt/efs", cluster=DEPLOYED["cluster"],
+        efs={"file_system_id": "fs-0123abcd", "access_point_id": "fsap-0123abcd", "mount_point": "/mnt/efs"})))
     loaded = load_config(path, root=tmp_path / "root", port_offset="30")
-    assert loaded.cluster["worker_port"] == 9032 and loaded.efs.mount_point == tmp_path / "root" / "mnt" / "efs"
+    cluster = loaded.extensions["cluster"]
+    assert cluster["worker_port"] == 9032 and cluster["state_dir"] == f"{tmp_path}/root/mnt/efs/cluster"
+    assert loaded.efs.mount_point == tmp_path / "root" / "mnt" / "efs"
 
 
 @pytest.mark.parametrize("bad", ["x", "-1", "10001", "1.5"])
