@@ -121,9 +121,10 @@ class LocalNode:
 
     Attributes:
         instance_id, availability_zone: the moto instance.
-        node_dir: ``<work_dir>/nodes/<instance-id>``; ``agent.log`` there holds the agent's (and the
-            trainer's) output, ``config.json`` the node config.
-        config: the local node config.
+        node_dir: ``<work_dir>/nodes/<instance-id>``; ``agent.log`` there holds the stand-in init's,
+            the user data's, the agent's and the trainer's output, ``user-data`` the script, ``root/`` the
+            node's file-system root (the user data writes ``root/etc/spot-training/config.json``).
+        config: the node config as the agent reads it (:func:`rooted_node_config`).
         imds: the node's emulator.
         process: the agent process (its own session; stopped by PID).
         launched_at: ``time.time()`` when the agent was started (seconds).
