@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from bootstrap.config import DEFAULT_CONFIG_PATH, ROOT_ENV, AgentConfig, load_config
+from bootstrap.config import DEFAULT_CONFIG_PATH, PORT_OFFSET_ENV, ROOT_ENV, AgentConfig, load_config
 from bootstrap.errors import AgentError, ConfigError, ExitCode, NodeUnusableError
 from bootstrap.logs import add_file_handler, flush_logs, setup_logging
 
@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging(level=args.log_level)
     booting = args.command == "run"
     try:
-        config = load_config(args.config, root=os.environ.get(ROOT_ENV))
+        config = load_config(args.config, root=os.environ.get(ROOT_ENV), port_offset=os.environ.get(PORT_OFFSET_ENV))
     except ConfigError as exc:
         return _fail(exc, ExitCode.CONFIG, boot_step="config" if booting else None)
     try:

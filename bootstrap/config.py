@@ -244,7 +244,7 @@ ROOT_ENV = spot_contract.ENV_ROOT
 def with_root(data: Any, root: str | os.PathLike[str] | None) -> Any:
     """The config document with ``root`` put in front of every file-system path the node uses: the
     volume and EFS mount points, the dataset/checkpoint/log directories, ``training.code.path``,
-    ``training.venv.root``, and each ``training.command`` argument under a mount point. The interpreter
+    ``training.venv.root``, ``cluster.state_dir``, and each ``training.command`` argument under a mount point. The interpreter
     (``training.python``) is left alone: it is a program, not node data. ``root`` None or empty:
     ``data`` unchanged. Anything malformed is left for :func:`parse_config` to report. Returns a copy."""
     if not root:
@@ -263,6 +263,7 @@ def with_root(data: Any, root: str | os.PathLike[str] | None) -> Any:
               if isinstance(m, str) and m.startswith("/")]
     put(data.get("volume"), "mount_point")
     put(data.get("efs"), "mount_point")
+    put(data.get("cluster"), "state_dir")
     training = data.get("training")
     if isinstance(training, dict):
         for key in ("dataset_dir", "checkpoint_dir", "log_dir"):
@@ -276,9 +277,43 @@ def with_root(data: Any, root: str | os.PathLike[str] | None) -> Any:
     return data
 
 
-def load_config(path: str | os.PathLike[str], *, root: str | os.PathLike[str] | None = None) -> AgentConfig:
+#: Local mode only (docs/contracts.md, "Environment local mode gives the agent"): an integer added to the
+#: ``cluster`` section's ports, so that cluster nodes sharing 127.0.0.1 (no network namespaces) each
+#: listen on ports of their own. Unset on an instance, and with namespaces (every node has its own address).
+PORT_OFFSET_ENV = "SPOT_TRAINING_PORT_OFFSET"
+_CLUSTER_PORTS = ("scheduler_port", "server_port", "worker_port")
+
+
+def with_port_offset(data: Any, offset: str | int | None) -> Any:
+    """The config document with ``offset`` added to each integer port of its ``cluster`` section
+    (:data:`PORT_OFFSET_ENV`). ``offset`` None or empty: ``data`` unchanged. Returns a copy.
+
+    Raises:
+        ConfigError: ``offset`` is not an integer 0..10000 (the message names the variable and value).
+    """
+    if offset is None or offset == "":
+        return data
+    try:
+        value = int(offset)
+    except (TypeError, ValueError):
+        value = -1
+    if isinstance(offset, bool) or not 0 <= value <= 10000:
+        raise ConfigError(f"{PORT_OFFSET_ENV}={offset!r}: expected an integer 0..10000 (local mode's port offset "
+                          "for cluster nodes on loopback), or leave it unset")
+    data = json.loads(json.dumps(data))
+    cluster = data.get("cluster") if isinstance(data, dict) else None
+    if isinstance(cluster, dict):
+        for key in _CLUSTER_PORTS:
+            if isinstance(cluster.get(key), int) and not isinstance(cluster[key], bool):
+                cluster[key] += value
+    return data
+
+
+def load_config(path: str | os.PathLike[str], *, root: str | os.PathLike[str] | None = None,
+                port_offset: str | int | None = None) -> AgentConfig:
     """Read and validate the config file at ``path``; ``root`` (local mode: ``$SPOT_TRAINING_ROOT``) is
-    put in front of its file-system paths (:func:`with_root`).
+    put in front of its file-system paths (:func:`with_root`), ``port_offset`` (local mode:
+    ``$SPOT_TRAINING_PORT_OFFSET``) added to its cluster ports (:func:`with_port_offset`).
 
     Raises ConfigError (exit 78) when the file is missing or unreadable, is not JSON (with line and
     column), or fails validation (every problem listed).
@@ -303,7 +338,7 @@ def load_config(path: str | os.PathLike[str], *, root: str | os.PathLike[str] | 
     except (ValueError, RecursionError) as exc:  # an integer longer than Python's digit limit, say
         raise ConfigError(f"config file {str(path)!r} is not valid JSON: {exc}; expected the node config "
                           "(integers of a few digits)") from None
-    return parse_config(with_root(data, root))
+    return parse_config(with_port_offset(with_root(data, root), port_offset))
 
 
 def _json_depth(text: str) -> int:

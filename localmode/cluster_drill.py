@@ -5,9 +5,10 @@ moto server up -> ``cdk bootstrap`` -> ``cdk deploy DistributedTraining`` (the r
 ``framework="pytorch"``, ``cluster_framework=pytorch``: the on-demand coordinator serving TorchElastic's
 c10d rendezvous, no parameter servers, 2 spot workers each running ``torchrun``) -> the digits written
 onto "EFS" (a directory under the work dir that every node shares) -> each instance of the scheduler
-and server Auto Scaling groups and of the worker Spot Fleet becomes a local node (the same agent,
-``python -m bootstrap run``, with the config its launch template carries, its own IMDS emulator and
-its own network namespace) -> the 2 workers train -> the user raises the fleet's target capacity to 3
+and server Auto Scaling groups and of the worker Spot Fleet becomes a local node that boots as
+an instance does: its role's launch template's own user data runs (localmode.node_init, as for a
+single node) and starts the agent's unit, with its own IMDS emulator, its own network namespace and
+the shared EFS directory as its ``/mnt/efs``) -> the 2 workers train -> the user raises the fleet's target capacity to 3
 (``ModifySpotFleetRequest``, as a user would) and the runner acts for the fleet: a third worker joins
 -> one worker gets a spot interruption notice, leaves through a checkpoint, its instance is terminated
 and the fleet's replacement joins -> training completes at exactly the total step -> a worker's agent
@@ -45,7 +46,6 @@ import dataclasses
 import json
 import shutil
 import signal
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -55,14 +55,11 @@ from localmode.deploy import ACCOUNT, AVAILABILITY_ZONES, LOCAL_IMAGE_ID, REGION
     client, clients, find_orphans
 from localmode.drill import EventLog, add_read_back, bootstrap_and_deploy, check_stack_and_framework, framework_python, \
     fresh_work_dir, options_dict
-from localmode.imds_emulator import ImdsEmulator
 from localmode.moto_server import MotoServer
 from localmode.netns import Network
-from localmode.nodes import LocalNode, NodeError, NodeRunner, _rewrite, _signal_group, _user_data, \
-    bootstrap_asset_zip, start_agent, unpack_asset
+from localmode.nodes import LocalNode, NodeError, NodeRunner, _signal_group, _user_data
 
-# EFS_MOUNT_POINT: the cluster stack's EFS mount point (the contract's); local nodes share ``<work>/efs``.
-from spot_contract import COMPLETED_FILE, EFS_MOUNT_POINT  # noqa: E402
+from spot_contract import COMPLETED_FILE  # noqa: E402
 from spot_contract import STACK_TAG as STACK_TAG_KEY  # noqa: E402
 
 
@@ -255,31 +252,11 @@ def cluster_resources(aws: Clients, autoscaling: Any, stack: str, *,
     return DeployedCluster(stack=fleet, groups=groups, launch_templates=templates, file_system_id=file_systems[0])
 
 
-def local_cluster_config(deployed: dict[str, Any], *, efs_dir: Path, code_dir: Path, imds_endpoint: str,
-                         python: str = sys.executable, port_offset: int = 0) -> dict[str, Any]:
-    """A cluster node's deployed config with local paths: ``/mnt/efs`` (every path under it) becomes the
-    shared ``efs_dir``; ``training.python``, ``training.code`` and ``imds_endpoint`` as in
-    :func:`localmode.nodes.local_node_config`; the cluster ports move by ``port_offset`` (loopback
-    fallback only: in network namespaces every node has its own address). ``deployed`` is not changed.
-
-    Raises:
-        NodeError: the config has no ``cluster`` or ``training`` section.
-    """
-    if not isinstance(deployed.get("cluster"), dict) or not isinstance(deployed.get("training"), dict):
-        raise NodeError("the launch template's config lacks a cluster or training section; expected a DistributedTraining node config")
-    config = _rewrite(json.loads(json.dumps(deployed)), EFS_MOUNT_POINT, str(efs_dir))
-    config["training"]["python"] = python
-    config["training"]["code"] = {"type": "asset", "path": str(code_dir)}
-    config["imds_endpoint"] = imds_endpoint
-    for key in ("scheduler_port", "server_port", "worker_port"):
-        if key in config["cluster"]:
-            config["cluster"][key] += port_offset
-    return config
-
-
 class ClusterNodeRunner(NodeRunner):
-    """:class:`NodeRunner` for the cluster stack: a node's role comes from its instance's launch
-    template; every node shares ``efs_dir`` and gets an address of its own from ``network``."""
+    """:class:`NodeRunner` for the cluster stack: a node boots from its role's launch template (its own
+    user data, :meth:`NodeRunner.boot_node`); every node's EFS mount point is the one shared ``efs_dir``,
+    and every node gets an address of its own from ``network`` (on loopback: a port offset,
+    ``SPOT_TRAINING_PORT_OFFSET``)."""
 
     def __init__(self, *, cluster: DeployedCluster, network: Network, efs_dir: Path, **kwargs: Any) -> None:
         super().__init__(stack=cluster.stack, **kwargs)
@@ -287,15 +264,6 @@ class ClusterNodeRunner(NodeRunner):
         self.network = network
         self.efs_dir = efs_dir
         self.roles: dict[str, str] = {}
-        self._configs: dict[str, dict[str, Any]] = {}
-
-    def role_config(self, role: str) -> dict[str, Any]:
-        """The node config of ``role``'s launch template (cached)."""
-        if role not in self._configs:
-            from infra.userdata import extract_config
-
-            self._configs[role] = extract_config(_user_data(self.aws, self.cluster.launch_templates[role]))
-        return json.loads(json.dumps(self._configs[role]))
 
     def group_instances(self, autoscaling: Any) -> dict[str, str]:
         """``{instance id: role}`` of the scheduler and server groups' in-service instances."""
@@ -309,28 +277,27 @@ class ClusterNodeRunner(NodeRunner):
         return found
 
     def start_node(self, instance_id: str, role: str = "worker") -> LocalNode:  # type: ignore[override]
-        """Start ``instance_id`` as a cluster node of ``role`` (emulator, namespace, agent)."""
-        node_dir = self.work_dir / "nodes" / instance_id
-        code_dir = unpack_asset(self._asset(), node_dir / "code")
+        """Boot ``instance_id`` as a cluster node of ``role`` from ``role``'s launch template, in a
+        network namespace of its own (``SPOT_TRAINING_NETNS``; its address is the IMDS's local-ipv4),
+        or on loopback with a port offset of its own.
+
+        Raises:
+            NodeError: ``role`` has no launch template (names the roles the stack has).
+        """
+        template = self.cluster.launch_templates.get(role)
+        if template is None:
+            raise NodeError(f"role {role!r} has no launch template in the stack; expected one of "
+                            f"{sorted(self.cluster.launch_templates)}")
         netns, address, offset = self.network.add(instance_id)
-        imds = ImdsEmulator.from_moto(self.aws.ec2, instance_id, local_ipv4=address).start()
-        config = local_cluster_config(self.role_config(role), efs_dir=self.efs_dir, code_dir=code_dir,
-                                      imds_endpoint=imds.endpoint, python=self.trainer_python, port_offset=offset)
-        process = start_agent(config, node_dir=node_dir, code_dir=code_dir, python=self.python,
-                              endpoint_url=self.endpoint_url, volumes_dir=self.volumes_dir,
-                              extra_env={"SPOT_TRAINING_NETNS": netns} if netns else None)
-        node = LocalNode(instance_id=instance_id, availability_zone=imds.availability_zone, node_dir=node_dir,
-                         config=config, imds=imds, process=process, launched_at=time.time())
-        self.nodes[instance_id] = node
+        from bootstrap.config import PORT_OFFSET_ENV
+        from bootstrap.launch import NETNS_ENV
+
+        extra = {NETNS_ENV: netns} if netns else {PORT_OFFSET_ENV: str(offset)}
+        node = self.boot_node(instance_id, template, local_ipv4=address, extra_env=extra)
         self.roles[instance_id] = role
         self.on_event({"event": "node-started", "instance_id": instance_id, "role": role, "address": address,
-                       "availability_zone": node.availability_zone, "pid": process.pid})
+                       "availability_zone": node.availability_zone, "pid": node.process.pid})
         return node
-
-    def _asset(self) -> bytes:
-        if self._asset_zip is None:
-            self._asset_zip = bootstrap_asset_zip(self.aws, self.cluster.launch_templates["worker"])
-        return self._asset_zip
 
     def stop_node(self, node: LocalNode) -> int | None:
         """Stop ``node`` (:meth:`LocalNode.stop`) and SIGKILL its framework process if it outlived its
@@ -484,7 +451,7 @@ def run_cluster_drill(options: ClusterDrillOptions, *,
         network = Network()
         runner = ClusterNodeRunner(cluster=cluster, network=network, efs_dir=efs_dir, aws=aws,
                                    endpoint_url=server.endpoint_url, volumes_dir=server.volumes_dir,
-                                   work_dir=work_dir, trainer_python=framework_python(options.framework), on_event=record)
+                                   work_dir=work_dir, on_event=record)
         t = time.time()
         record({"event": "phase", "phase": "training",
                 "message": "Auto Scaling group and fleet instances -> local nodes" + (
@@ -749,5 +716,5 @@ def format_cluster_report(report: dict[str, Any]) -> str:
 
 
 __all__ = ["CLUSTER_FRAMEWORKS", "ClusterDrillOptions", "ClusterFramework", "ClusterNodeRunner", "DeployedCluster", "DrillError", "cluster_orphans",
-           "cluster_passed", "cluster_resources", "format_cluster_report", "local_cluster_config",
+           "cluster_passed", "cluster_resources", "format_cluster_report",
            "membership_changes", "run_cluster_drill", "world_size_changes", "world_size_generations"]

@@ -373,7 +373,7 @@ def run_drill(options: DrillOptions, *, on_event: Callable[[dict[str, Any]], Non
                 "data_volume_id": stack.data_volume_id, "availability_zones": sorted(stack.subnets)})
 
         runner = NodeRunner(aws=aws, endpoint_url=server.endpoint_url, volumes_dir=server.volumes_dir, stack=stack,
-                            work_dir=work_dir, trainer_python=options.trainer_python, on_event=record)
+                            work_dir=work_dir, on_event=record)
         _put_dataset(server.volumes_dir / stack.data_volume_id, runner.deployed_config())
         record({"event": "phase", "phase": "data", "message": f"digits written onto {stack.data_volume_id}"})
 

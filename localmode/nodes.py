@@ -12,9 +12,12 @@ A local node is what a spot instance of the stack would run, on this machine:
 - its **instance metadata** is an :class:`~localmode.imds_emulator.ImdsEmulator` of its own, with the
   moto instance's identity (tokens enforced), named by ``AWS_EC2_METADATA_SERVICE_ENDPOINT``;
 - its **agent** runs with ``SPOT_TRAINING_BLOCKDEV_DIR`` at the moto server's EBS data plane and pip
-  pointed at a local wheel directory (docs/contracts.md, "Environment local mode gives the agent").
-  The cluster runner (localmode.cluster_drill) still starts its agents from the extracted config
-  (:func:`local_node_config`, :func:`start_agent`).
+  pointed at a local wheel directory (docs/contracts.md, "Environment local mode gives the agent");
+- its **EFS** (a config with an ``efs`` section, when the runner has an ``efs_dir``): the mount point
+  under the node root is a symlink to that one directory, which every node shares (the runner stands in
+  for ``mount.efs``, as the blockdev directories stand in for EBS).
+  Cluster nodes (localmode.cluster_drill) boot the same way, :meth:`NodeRunner.boot_node`, each from its
+  role's launch template, in a network namespace of its own.
 
 moto's Spot Fleet does not maintain capacity (moto 5.2.5 never replaces a terminated instance, and
 launches only into the first override of a launch template config), so :meth:`NodeRunner.launch_for_fleet`
@@ -29,16 +32,12 @@ from __future__ import annotations
 
 import base64
 import dataclasses
-import io
 import json
 import os
-import re
-import shutil
 import signal
 import subprocess
 import sys
 import time
-import zipfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -48,7 +47,6 @@ from localmode.imds_emulator import ImdsEmulator
 
 #: Seconds an agent gets to stop its trainer after SIGTERM before its process group is killed.
 DEFAULT_STOP_TIMEOUT_S = 60.0
-_S3_URL = re.compile(r"s3://([^/'\"\s]+)/([^'\"\s]+)")
 
 
 class NodeError(RuntimeError):
@@ -62,75 +60,6 @@ def _user_data(aws: Clients, launch_template_id: str) -> str:
     if not encoded:
         raise NodeError(f"launch template {launch_template_id} has no user data; expected the stack's node config")
     return base64.b64decode(encoded).decode("utf-8")
-
-
-def _rewrite(value: Any, old_root: str, new_root: str) -> Any:
-    """Replace the leading ``old_root`` of every path-like string in ``value`` (recursively)."""
-    if isinstance(value, str):
-        if value == old_root or value.startswith(old_root + "/"):
-            return new_root + value[len(old_root):]
-        return value
-    if isinstance(value, list):
-        return [_rewrite(item, old_root, new_root) for item in value]
-    if isinstance(value, dict):
-        return {key: _rewrite(item, old_root, new_root) for key, item in value.items()}
-    return value
-
-
-from localmode.deploy import LOCAL_NOTICE_POLL_INTERVAL_S  # noqa: E402 - kept importable from here
-
-
-def local_node_config(deployed: dict[str, Any], *, node_dir: Path, code_dir: Path, imds_endpoint: str,
-                      python: str = sys.executable) -> dict[str, Any]:
-    """The deployed node config with local paths (see the module docstring); ``deployed`` is not changed.
-
-    Args:
-        deployed: the config from the launch template (docs/contracts.md schema).
-        node_dir: the node's directory; the mount point becomes ``<node_dir>/<mount point without />``.
-        code_dir: the node's unpacked bootstrap asset (``training.code`` becomes that asset path).
-        imds_endpoint: the node's emulator (``http://127.0.0.1:PORT``).
-        python: the trainer's interpreter (default: this one).
-
-    Raises:
-        NodeError: the config lacks ``volume.mount_point`` or ``training``.
-    """
-    try:
-        old_root = deployed["volume"]["mount_point"]
-        deployed["training"]["command"]
-    except (KeyError, TypeError) as error:
-        raise NodeError(f"the launch template's node config lacks {error}; expected docs/contracts.md's schema") from None
-    new_root = str(node_dir / old_root.strip("/"))
-    config = _rewrite(json.loads(json.dumps(deployed)), old_root, new_root)
-    config["training"]["python"] = python
-    config["training"]["code"] = {"type": "asset", "path": str(code_dir)}
-    config["imds_endpoint"] = imds_endpoint
-    # See LOCAL_NOTICE_POLL_INTERVAL_S: local nodes poll their emulator every second.
-    config["notice_poll_interval_s"] = LOCAL_NOTICE_POLL_INTERVAL_S
-    return config
-
-
-def bootstrap_asset_zip(aws: Clients, launch_template_id: str) -> bytes:
-    """The bootstrap asset zip that launch template ``launch_template_id``'s user data downloads
-    (``aws s3 cp s3://...zip``), read from the moto server's S3.
-
-    Raises:
-        NodeError: the user data names no ``s3://...zip``.
-    """
-    text = _user_data(aws, launch_template_id)
-    urls = [m for m in _S3_URL.finditer(text) if m.group(2).endswith(".zip")]
-    if not urls:
-        raise NodeError(f"no s3://...zip download in launch template {launch_template_id}'s user data")
-    return aws.s3.get_object(Bucket=urls[0].group(1), Key=urls[0].group(2))["Body"].read()
-
-
-def unpack_asset(asset_zip: bytes, code_dir: Path) -> Path:
-    """Unpack the bootstrap asset into ``code_dir`` (emptied first), as user data does; returns it."""
-    if code_dir.exists():
-        shutil.rmtree(code_dir)
-    code_dir.mkdir(parents=True)
-    with zipfile.ZipFile(io.BytesIO(asset_zip)) as archive:
-        archive.extractall(code_dir)
-    return code_dir
 
 
 def rooted_node_config(deployed: dict[str, Any], *, root: Path) -> dict[str, Any]:
@@ -186,49 +115,16 @@ def start_node_init(user_data: str, *, node_dir: Path, env: dict[str, str], pyth
         )
 
 
-def start_agent(config: dict[str, Any], *, node_dir: Path, code_dir: Path, python: str, endpoint_url: str,
-                volumes_dir: Path, extra_env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
-    """Write ``config`` to ``<node_dir>/config.json`` and start ``python -m bootstrap run`` in ``code_dir``
-    as the systemd unit would, in a session of its own (stop it by PID), output to ``<node_dir>/agent.log``.
-
-    The environment is docs/contracts.md's "Environment local mode gives the agent": fake credentials,
-    ``AWS_ENDPOINT_URL`` = ``endpoint_url``, ``SPOT_TRAINING_BLOCKDEV_DIR`` = ``volumes_dir``, a ``HOME``
-    inside ``node_dir``; nothing of this process's ``AWS_*``/``SPOT_TRAINING_*``/``PYTHONPATH``;
-    ``extra_env`` last (e.g. ``SPOT_TRAINING_NETNS``).
-    """
-    config_path = node_dir / "config.json"
-    node_dir.mkdir(parents=True, exist_ok=True)
-    config_path.write_text(json.dumps(config, indent=2))
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "SPOT_TRAINING_"))}
-    env.update({
-        "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_SESSION_TOKEN": "testing",
-        "AWS_REGION": config["region"], "AWS_DEFAULT_REGION": config["region"],
-        "AWS_ENDPOINT_URL": endpoint_url,
-        "SPOT_TRAINING_BLOCKDEV_DIR": str(volumes_dir),
-        "PYTHONUNBUFFERED": "1", "PYTHONDONTWRITEBYTECODE": "1", "TF_CPP_MIN_LOG_LEVEL": "2",
-        # An instance has a home of its own: Keras' ~/.keras and other dot files stay in the node's directory.
-        "HOME": str(node_dir / "home"),
-    })
-    (node_dir / "home").mkdir(exist_ok=True)
-    env.pop("PYTHONPATH", None)
-    env.update(extra_env or {})
-    with open(node_dir / "agent.log", "ab") as log:
-        return subprocess.Popen(
-            [python, "-m", "bootstrap", "run", "--config", str(config_path)],
-            cwd=code_dir, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-
-
 @dataclasses.dataclass
 class LocalNode:
     """One fleet instance running as local processes.
 
     Attributes:
         instance_id, availability_zone: the moto instance.
-        node_dir: ``<work_dir>/nodes/<instance-id>``; ``agent.log`` there holds the agent's (and the
-            trainer's) output, ``config.json`` the node config.
-        config: the local node config.
+        node_dir: ``<work_dir>/nodes/<instance-id>``; ``agent.log`` there holds the stand-in init's,
+            the user data's, the agent's and the trainer's output, ``user-data`` the script, ``root/`` the
+            node's file-system root (the user data writes ``root/etc/spot-training/config.json``).
+        config: the node config as the agent reads it (:func:`rooted_node_config`).
         imds: the node's emulator.
         process: the agent process (its own session; stopped by PID).
         launched_at: ``time.time()`` when the agent was started (seconds).
@@ -333,14 +229,13 @@ class NodeRunner:
         volumes_dir: the moto server's EBS data plane (``MotoServer.volumes_dir``).
         stack: the deployed stack (fleet, launch template, subnets).
         work_dir: nodes live in ``<work_dir>/nodes/<instance-id>/``.
-        python: the interpreter for agents and trainers (default: this one).
-        trainer_python: the trainer's interpreter when it is not ``python`` (a framework with an
-            environment of its own, such as ``.venv-torch``); default: ``python``.
+        python: the agents' interpreter (default: this one); the trainer's is the deployed config's
+            ``training_python``, which the node's user data writes.
         on_event: called with a dict for each thing that happens (``{"event": "node-started", ...}``).
     """
 
     def __init__(self, *, aws: Clients, endpoint_url: str, volumes_dir: Path, stack: DeployedStack,
-                 work_dir: Path, python: str = sys.executable, trainer_python: str | None = None,
+                 work_dir: Path, python: str = sys.executable,
                  on_event: Callable[[dict[str, Any]], None] | None = None) -> None:
         self.aws = aws
         self.endpoint_url = endpoint_url
@@ -348,14 +243,13 @@ class NodeRunner:
         self.stack = stack
         self.work_dir = Path(work_dir)
         self.python = python
-        self.trainer_python = trainer_python or python
         self.on_event = on_event or (lambda event: None)
         self.nodes: dict[str, LocalNode] = {}
         self.launched_for_fleet: list[str] = []
         self._reaped: set[str] = set()
-        self._deployed_config = None
-        self._asset_zip: bytes | None = None
-        self._user_data_text: str | None = None
+        #: The directory every node's EFS mount point links to (None: no shared EFS; the cluster sets it).
+        self.efs_dir: Path | None = None
+        self._user_data_texts: dict[str, str] = {}
         #: Wheels the nodes' pip installs from, offline (localmode/wheels.py).
         self.wheel_dir = self.work_dir / "wheels"
         from localmode.wheels import write_probe_wheel
@@ -363,19 +257,24 @@ class NodeRunner:
         write_probe_wheel(self.wheel_dir)
 
     # ---- what the launch template carries ------------------------------------------------------
-    def deployed_config(self) -> dict[str, Any]:
-        """The node config from the fleet's launch template (cached)."""
-        if self._deployed_config is None:
-            from infra.userdata import extract_config
+    def user_data(self, launch_template_id: str | None = None) -> str:
+        """Launch template ``launch_template_id``'s user data (default: the fleet's; ``$Latest``,
+        decoded; cached per template).
 
-            self._deployed_config = extract_config(_user_data(self.aws, self.stack.launch_template_id))
-        return json.loads(json.dumps(self._deployed_config))
+        Raises:
+            NodeError: the launch template has no user data.
+        """
+        template = launch_template_id or self.stack.launch_template_id
+        if template not in self._user_data_texts:
+            self._user_data_texts[template] = _user_data(self.aws, template)
+        return self._user_data_texts[template]
 
-    def _asset(self) -> bytes:
-        """The bootstrap asset zip the user data downloads (``aws s3 cp s3://...``), from moto's S3."""
-        if self._asset_zip is None:
-            self._asset_zip = bootstrap_asset_zip(self.aws, self.stack.launch_template_id)
-        return self._asset_zip
+    def deployed_config(self, launch_template_id: str | None = None) -> dict[str, Any]:
+        """The node config launch template ``launch_template_id`` carries (default: the fleet's), read
+        from its user data as the user data writes it (a copy)."""
+        from infra.userdata import extract_config
+
+        return extract_config(self.user_data(launch_template_id))
 
     # ---- nodes ---------------------------------------------------------------------------------
     def fleet_instances(self) -> list[dict[str, Any]]:
@@ -395,33 +294,43 @@ class NodeRunner:
                 started.append(self.start_node(instance["InstanceId"]))
         return started
 
-    def user_data(self) -> str:
-        """The fleet's launch template's user data (``$Latest``, decoded; cached)."""
-        if self._user_data_text is None:
-            self._user_data_text = _user_data(self.aws, self.stack.launch_template_id)
-        return self._user_data_text
-
     def start_node(self, instance_id: str) -> LocalNode:
-        """Boot moto instance ``instance_id`` as a local node: start its IMDS emulator, then run the
-        launch template's own user data (which downloads the bootstrap asset from moto's S3, writes the
-        config and enables the agent's unit) and the unit, through :mod:`localmode.node_init`.
+        """Boot moto instance ``instance_id`` from the fleet's launch template (:meth:`boot_node`)."""
+        node = self.boot_node(instance_id, self.stack.launch_template_id)
+        self.on_event({"event": "node-started", "instance_id": instance_id,
+                       "availability_zone": node.availability_zone, "pid": node.process.pid})
+        return node
+
+    def boot_node(self, instance_id: str, launch_template_id: str, *, local_ipv4: str | None = None,
+                  extra_env: dict[str, str] | None = None) -> LocalNode:
+        """Boot moto instance ``instance_id`` as a local node: start its IMDS emulator (with
+        ``local_ipv4`` as its private address when given), link its EFS mount point to :attr:`efs_dir`
+        (when set and the config has EFS), then run launch template ``launch_template_id``'s own user
+        data (which downloads the bootstrap asset from moto's S3, writes the config and enables the
+        agent's unit) and the unit, through :mod:`localmode.node_init`, with :func:`node_environment`
+        plus ``extra_env`` (e.g. ``SPOT_TRAINING_NETNS``). The node is added to :attr:`nodes`.
 
         Raises:
-            NodeError: the instance is unknown or the launch template lacks the config.
+            NodeError: the launch template has no user data; ValueError: its config block is malformed.
         """
         node_dir = self.work_dir / "nodes" / instance_id
-        imds = ImdsEmulator.from_moto(self.aws.ec2, instance_id).start()
-        deployed = self.deployed_config()
-        config = rooted_node_config(deployed, root=node_dir / "root")
+        deployed = self.deployed_config(launch_template_id)
+        imds = ImdsEmulator.from_moto(self.aws.ec2, instance_id, local_ipv4=local_ipv4).start()
+        root = node_dir / "root"
+        config = rooted_node_config(deployed, root=root)
+        if self.efs_dir is not None and isinstance(deployed.get("efs"), dict):
+            mount_point = Path(config["efs"]["mount_point"])
+            mount_point.parent.mkdir(parents=True, exist_ok=True)
+            if not mount_point.is_symlink():
+                mount_point.symlink_to(self.efs_dir.resolve(), target_is_directory=True)
         env = node_environment(node_dir=node_dir, region=deployed["region"], endpoint_url=self.endpoint_url,
                                imds_endpoint=imds.endpoint, volumes_dir=self.volumes_dir, python=self.python,
                                wheel_dir=self.wheel_dir)
-        process = start_node_init(self.user_data(), node_dir=node_dir, env=env, python=self.python)
+        env.update(extra_env or {})
+        process = start_node_init(self.user_data(launch_template_id), node_dir=node_dir, env=env, python=self.python)
         node = LocalNode(instance_id=instance_id, availability_zone=imds.availability_zone, node_dir=node_dir,
                          config=config, imds=imds, process=process, launched_at=time.time())
         self.nodes[instance_id] = node
-        self.on_event({"event": "node-started", "instance_id": instance_id,
-                       "availability_zone": node.availability_zone, "pid": process.pid})
         return node
 
     # ---- acting for the fleet ------------------------------------------------------------------

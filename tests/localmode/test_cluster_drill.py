@@ -1,10 +1,11 @@
 """The cluster drill end to end, for MXNet and for PyTorch: the real CDK CLI deploys DistributedTraining
 to the moto server; the on-demand Auto Scaling groups' instances (MXNet: scheduler and servers; PyTorch:
-the coordinator serving TorchElastic's c10d rendezvous) and the worker fleet's instances become real
-agents (``python -m bootstrap run``) in network namespaces, running MXNet ``dist_sync`` or ``torchrun``;
-2 workers train, the fleet's target is raised and a third joins, one worker gets a spot notice and
-leaves (the fleet's replacement joins), training completes at exactly the total step, a worker cancels
-the fleet, the stack is destroyed and nothing is left. Also asserts that nothing the drill started survives.
+the coordinator serving TorchElastic's c10d rendezvous) and the worker fleet's instances boot by running
+their own launch templates' user data, which starts the real agents in network namespaces, running MXNet
+``dist_sync`` or ``torchrun``; 2 workers train, the fleet's target is raised and a third joins, one worker
+gets a spot notice and leaves (the fleet's replacement joins), training completes at exactly the total
+step, a worker cancels the fleet, the stack is destroyed and nothing is left. Also asserts that nothing
+the drill started survives.
 
 Slow (about 2-3 minutes each on 2 cores). The frameworks run in the node subprocesses only; this
 process imports none. The agents run on this interpreter (.venv: boto3), PyTorch's trainer and
@@ -92,6 +93,18 @@ def test_cluster_drill_two_workers_a_third_joins_one_is_interrupted(tmp_path, fr
                           ("completed", "destroyed")):
         assert kinds.index(before) < kinds.index(after), kinds
     roles = sorted(e["role"] for e in events if e["event"] == "node-started")
+    # Every node booted as an instance does: its own role's launch template user data ran (the
+    # stand-in init's log, each boot step ok) and started the agent's unit with the config that user
+    # data wrote under the node root; the drill wrote no config of its own (docs/localmode.md, "The boot script").
+    for started in (e for e in events if e["event"] == "node-started"):
+        node_dir = work / "nodes" / started["instance_id"]
+        log = (node_dir / "agent.log").read_text(errors="replace")
+        assert "local-init: running the user data" in log and "local-init: user data exited with status 0" in log
+        assert "spot-training boot: step start-agent ok" in log and "local-init: started spot-training-agent.service" in log
+        written = json.loads((node_dir / "root" / "etc" / "spot-training" / "config.json").read_text())
+        assert written["node_role"] == started["role"]
+        assert not (node_dir / "config.json").exists()
+        assert (node_dir / "root" / "mnt" / "efs").resolve() == (work / "efs").resolve()
     if framework == "mxnet":
         assert roles == ["scheduler", "server", "worker", "worker", "worker", "worker"]
         plan = [json.loads(line) for line in (work / "results" / "events.jsonl").read_text().splitlines()]

@@ -1,17 +1,21 @@
-"""localmode.cluster_drill's pieces without a cluster: options, the local config of a cluster node,
+"""localmode.cluster_drill's pieces without a cluster: options, the loopback port offset of a cluster node,
 membership counting, the pass rule, the CLI's --cluster option errors."""
 
 from __future__ import annotations
 
+import json
+import re
 import sys
 
 import pytest
 
 from localmode.cli import main
-from localmode.cluster_drill import ClusterDrillOptions, cluster_passed, local_cluster_config, membership_changes, \
-    world_size_changes, world_size_generations
+from bootstrap.config import load_config, with_port_offset, with_root
+from bootstrap.errors import ConfigError
+from infra.userdata import node_config
+from localmode.cluster_drill import ClusterDrillOptions, cluster_passed, membership_changes, world_size_changes, \
+    world_size_generations
 from localmode.drill import REPO_ROOT
-from localmode.nodes import NodeError
 
 DEPLOYED = {
     "schema_version": 1, "region": "us-east-1", "stack_name": "DistributedTraining", "node_role": "worker",
@@ -26,23 +30,33 @@ DEPLOYED = {
 }
 
 
-def test_local_cluster_config_shares_one_efs_dir_and_keeps_the_deployed_config(tmp_path):
-    config = local_cluster_config(DEPLOYED, efs_dir=tmp_path / "efs", code_dir=tmp_path / "code",
-                                  imds_endpoint="http://127.0.0.1:1234", python="/venv/python", port_offset=20)
-    efs = str(tmp_path / "efs")
-    assert config["efs"]["mount_point"] == efs and config["cluster"]["state_dir"] == f"{efs}/cluster"
-    assert config["training"]["checkpoint_dir"] == f"{efs}/checkpoints"
-    assert config["training"]["python"] == "/venv/python"
-    assert config["training"]["code"] == {"type": "asset", "path": str(tmp_path / "code")}
-    assert config["imds_endpoint"] == "http://127.0.0.1:1234"
+def test_the_port_offset_moves_only_the_cluster_ports_as_the_agent_loads_the_config(tmp_path):
+    # Loopback fallback (no network namespaces): each node's agent gets SPOT_TRAINING_PORT_OFFSET and
+    # listens on ports of its own; the config the user data wrote stays as deployed.
+    config = json.loads(json.dumps(with_port_offset(with_root(DEPLOYED, tmp_path / "root"), "20")))
     assert [config["cluster"][k] for k in ("scheduler_port", "server_port", "worker_port")] == [9020, 9021, 9022]
-    assert config["efs"]["access_point_id"] == "fsap-1"
-    assert DEPLOYED["training"]["checkpoint_dir"] == "/mnt/efs/checkpoints"  # the input is not changed
+    assert config["cluster"]["state_dir"] == f"{tmp_path}/root/mnt/efs/cluster"
+    assert config["efs"] == {**DEPLOYED["efs"], "mount_point": f"{tmp_path}/root/mnt/efs"}
+    assert DEPLOYED["cluster"]["worker_port"] == 9002  # the input is not changed
+    assert with_port_offset(DEPLOYED, None) is DEPLOYED and with_port_offset(DEPLOYED, "") is DEPLOYED
+    # The agent's own loading: a config as the stack writes it (infra.userdata.node_config).
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(node_config(
+        region="us-east-1", stack_name="DistributedTraining",
+        volume_tags={"spot-training:stack": "DistributedTraining", "spot-training:purpose": "data-volume"},
+        framework="mxnet", python="/usr/bin/python3", command=["{python}", "-m", "training.distributed.mxnet_dist"],
+        node_role="worker", data_root="/mnt/efs", cluster=DEPLOYED["cluster"],
+        efs={"file_system_id": "fs-0123abcd", "access_point_id": "fsap-0123abcd", "mount_point": "/mnt/efs"})))
+    loaded = load_config(path, root=tmp_path / "root", port_offset="30")
+    cluster = loaded.extensions["cluster"]
+    assert cluster["worker_port"] == 9032 and cluster["state_dir"] == f"{tmp_path}/root/mnt/efs/cluster"
+    assert loaded.efs.mount_point == tmp_path / "root" / "mnt" / "efs"
 
 
-def test_fails_when_the_launch_template_config_is_not_a_cluster_nodes(tmp_path):
-    with pytest.raises(NodeError, match="lacks a cluster or training section"):
-        local_cluster_config({**DEPLOYED, "cluster": None}, efs_dir=tmp_path, code_dir=tmp_path, imds_endpoint="http://x")
+@pytest.mark.parametrize("bad", ["x", "-1", "10001", "1.5"])
+def test_a_bad_port_offset_is_a_config_error_naming_the_variable(bad):
+    with pytest.raises(ConfigError, match=f"SPOT_TRAINING_PORT_OFFSET='{re.escape(bad)}': expected an integer 0..10000"):
+        with_port_offset(DEPLOYED, bad)
 
 
 def test_membership_changes_count_workers_between_running_generations():

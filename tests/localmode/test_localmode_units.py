@@ -1,4 +1,4 @@
-"""Local mode's pieces that need no deployed stack: config rewriting, AZ plans, options, display, orphans.
+"""Local mode's pieces that need no deployed stack: AZ plans, options, display, orphans.
 
 No TensorFlow or MXNet here; the moto server is the session server of tests/conftest.py.
 """
@@ -17,40 +17,6 @@ from localmode.cli import ProgressDisplay, format_report, main
 from localmode.deploy import cli_env, find_orphans, local_context
 from localmode.drill import DrillOptions, az_plan, passed, weights_match
 from localmode.injector import latest_checkpoint, read_training_log
-from localmode.nodes import local_node_config
-
-DEPLOYED = {
-    "schema_version": 1, "region": "us-east-1", "stack_name": "SpotTraining", "node_role": "single",
-    "volume": {"tags": {"spot-training:stack": "SpotTraining", "spot-training:purpose": "data-volume"},
-               "device_name": "/dev/sdf", "mount_point": "/dltraining", "fs_type": "xfs", "keep_snapshots": 2},
-    "efs": None,
-    "training": {"framework": "tensorflow", "python": "/opt/conda/envs/tensorflow/bin/python",
-                 "command": ["{python}", "training/examples/keras_resnet.py", "--save-final-weights",
-                             "/dltraining/final_weights.npz", "--note", "/dltrainingX/not-under-the-mount"],
-                 "user": "ubuntu", "dataset_dir": "/dltraining/datasets", "checkpoint_dir": "/dltraining/checkpoints",
-                 "log_dir": "/dltraining/logs", "code": {"type": "asset", "path": "/opt/spot-training/code"}},
-    "cleanup": {"cancel_fleet_on_success": True}, "imds_endpoint": None,
-}
-
-
-def test_local_node_config_rewrites_only_local_paths(tmp_path):
-    config = local_node_config(DEPLOYED, node_dir=tmp_path / "i-1", code_dir=tmp_path / "code",
-                               imds_endpoint="http://127.0.0.1:1234", python="/venv/bin/python")
-    root = str(tmp_path / "i-1" / "dltraining")
-    assert config["volume"]["mount_point"] == root
-    assert config["training"]["dataset_dir"] == root + "/datasets"
-    assert config["training"]["checkpoint_dir"] == root + "/checkpoints"
-    assert config["training"]["log_dir"] == root + "/logs"
-    assert config["training"]["command"] == ["{python}", "training/examples/keras_resnet.py", "--save-final-weights",
-                                             root + "/final_weights.npz", "--note", "/dltrainingX/not-under-the-mount"]
-    assert config["training"]["python"] == "/venv/bin/python"
-    assert config["training"]["code"] == {"type": "asset", "path": str(tmp_path / "code")}
-    assert config["imds_endpoint"] == "http://127.0.0.1:1234"
-    # What the stack decided stays as deployed.
-    assert config["volume"]["tags"] == DEPLOYED["volume"]["tags"]
-    assert config["stack_name"] == "SpotTraining" and config["region"] == "us-east-1"
-    assert DEPLOYED["volume"]["mount_point"] == "/dltraining"  # the input is not modified
-
 
 def test_az_plan_moves_as_asked():
     zones = ["us-east-1a", "us-east-1b"]
