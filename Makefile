@@ -78,25 +78,12 @@ synth: setup
 demo: setup
 	$(BIN)/spot-train local drill --work-dir out/demo
 
-bench-synth: setup
-	$(BIN)/python bench/bench_synth.py
-
-bench-checkpoint: setup
-	$(BIN)/python bench/bench_checkpoint.py
-
-bench-agent: setup
-	$(BIN)/python bench/bench_agent.py
-
-bench-elastic: setup
-	$(BIN)/python bench/bench_elastic.py
-
-# Boot -> first training step of a local node, trainer's environment cold (built) and warm (reused).
-bench-boot: setup
-	$(BIN)/python bench/bench_boot.py
-
-# The bytes a move across AZs copies, with and without a periodic snapshot (local EBS block model).
-bench-move: setup
-	$(BIN)/python bench/bench_move.py
+# make bench-NAME runs bench/bench_NAME.py (one rule for all: each prints a LAST LINE of JSON).
+# bench-boot: boot -> first training step of a local node, trainer's environment cold (built) and warm (reused).
+# bench-move: the bytes a move across AZs copies, with and without a periodic snapshot (local EBS block model).
+BENCHES := synth checkpoint agent elastic boot move
+$(addprefix bench-,$(BENCHES)): bench-%: setup
+	$(BIN)/python bench/bench_$*.py
 
 clean:
 	rm -rf cdk.out out .pytest_cache

@@ -51,9 +51,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -67,15 +65,12 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import numpy as np  # noqa: E402
 
-from paired import paired_overhead, saving_window  # noqa: E402  (bench/paired.py)
+from paired import (BATCH, SAVE_EVERY, SEED, WARMUP_PAIRS, WINDOW,  # noqa: E402
+                    dir_bytes, kill_trials, lost_steps_summary, paired_overhead, print_table_header,  # noqa: E402
+                    print_trials, quiet_notices, run_kill_trial, saving_window)  # (bench/paired.py)
 
-BATCH = 64
-SAVE_EVERY = 50
 EXAMPLES = 6400  # 100 steps per epoch
-SEED = 0
 GOAL_BACKGROUND_PCT = 2.0
-WINDOW = 10  # steps per measuring window (module docstring, 1.)
-WARMUP_PAIRS = 2  # pairs of windows at the start of each run, not compared (a run's first saves)
 
 
 def make_data():
@@ -100,16 +95,6 @@ def build_model(keras):
     return model
 
 
-def dir_bytes(path: Path) -> int:
-    return sum(p.stat().st_size for p in Path(path).rglob("*") if p.is_file())
-
-
-def quiet_notice():
-    from training.notice import NoticeHandler
-
-    return NoticeHandler(request_file=None, stop_signals=(), checkpoint_signals=())
-
-
 def worker(args) -> int:
     """Train until signalled; print each completed step (the parent counts lost steps)."""
     import keras
@@ -132,35 +117,12 @@ def worker(args) -> int:
 
 def lost_steps_trial(scratch: Path, sig: int, at: int, threads: int) -> dict:
     """Run a worker, send ``sig`` once it completed ``at`` steps; return steps run and committed."""
-    from training.store import CheckpointStore
-
     ckdir = scratch / f"ck-{sig}-{at}-{time.monotonic_ns()}"
     env = dict(os.environ, PYTHONPATH=str(REPO), TF_CPP_MIN_LOG_LEVEL="2")
     env.pop("SPOT_TRAINING_CHECKPOINT_REQUEST_FILE", None)
-    proc = subprocess.Popen([sys.executable, __file__, "--worker", "--checkpoint-dir", str(ckdir),
-                             "--threads", str(threads)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                            text=True, env=env, start_new_session=True)
-    ran = 0
-    try:
-        for line in proc.stdout:
-            if line.startswith("step "):
-                ran = int(line.split()[1])
-                if ran == at:
-                    os.killpg(proc.pid, sig)
-                    break
-        for line in proc.stdout:  # a SIGTERMed worker finishes its current step first
-            if line.startswith("step "):
-                ran = int(line.split()[1])
-        code = proc.wait(timeout=180)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    latest = CheckpointStore(ckdir, framework="tensorflow").latest()
-    committed = latest.step if latest is not None else 0
-    shutil.rmtree(ckdir, ignore_errors=True)
-    return {"signal": signal.Signals(sig).name, "at": at, "ran": ran, "committed": committed,
-            "lost": ran - committed, "exit_code": code}
+    return run_kill_trial([sys.executable, __file__, "--worker", "--checkpoint-dir", str(ckdir),
+                           "--threads", str(threads)], env=env, checkpoint_dir=ckdir, framework="tensorflow",
+                          sig=sig, at=at, timeout=180)
 
 
 def run_mxnet_part() -> dict | None:
@@ -272,7 +234,7 @@ def main() -> int:
 
         def ours(mode: str) -> WindowClock:
             fitter = ResumableFit(model, scratch / mode, every_steps=SAVE_EVERY,
-                                  background=(mode == "background"), notices=quiet_notice())
+                                  background=(mode == "background"), notices=quiet_notices())
             fitter.schedule = WindowSchedule(every_steps=SAVE_EVERY)
             clock = WindowClock(fitter)
             fitter.fit(x, y, batch_size=BATCH, epochs=epochs, callbacks=[clock], verbose=0)
@@ -337,14 +299,8 @@ def main() -> int:
             h5_restore.append(time.perf_counter() - t)
 
         # Lost steps per interruption (real signals to real worker processes).
-        rng = random.Random()
-        trials = [lost_steps_trial(scratch, signal.SIGTERM, rng.randrange(60, 140), args.threads)]
-        trials += [lost_steps_trial(scratch, signal.SIGKILL, rng.randrange(60, 140), args.threads)
-                   for _ in range(args.kills)]
-        for trial in trials:
-            trial["article_lost"] = trial["ran"] % spe  # epoch checkpoints: everything since the epoch began
-        sigterm = [t for t in trials if t["signal"] == "SIGTERM"]
-        sigkill = [t for t in trials if t["signal"] == "SIGKILL"]
+        trials = kill_trials(lambda sig, at: lost_steps_trial(scratch, sig, at, args.threads),
+                             kills=args.kills, steps=range(60, 140), spe=spe)
 
         result = {
             "framework": "tensorflow",
@@ -383,21 +339,13 @@ def main() -> int:
             "article_h5_restore_s": round(statistics.median(h5_restore), 4),
             "checkpoint_mb": round(size_mb, 1),
             "article_h5_mb": round(h5_mb, 1),
-            "lost_steps": {
-                "sigterm": [t["lost"] for t in sigterm],
-                "sigterm_exit_codes": [t["exit_code"] for t in sigterm],
-                "sigkill": [t["lost"] for t in sigkill],
-                "sigkill_max": max(t["lost"] for t in sigkill) if sigkill else None,
-                "article_epoch_checkpoint": [t["article_lost"] for t in trials],
-                "article_steps_per_epoch": spe,
-            },
+            "lost_steps": lost_steps_summary(trials, spe),
         }
 
         print(f"TensorFlow/Keras checkpoint benchmark: {n_params / 1e6:.2f} M parameters, Adam, batch {BATCH}, "
               f"{args.pairs} pairs of {WINDOW}-step windows per mode (without, with one save), "
               f"{args.threads} intra-op thread(s)")
-        print(f"{'mode':<36}{'ms/step':>9}{'extra s/save':>14}{'overhead %':>12}{'95% CI +-':>11}{'median %':>10}"
-              f"{'blocking s/save':>17}")
+        print_table_header()
         rows = [("sync, a save every 50 steps", "sync", result["save_s"]["sync_mean"]),
                 ("background, a save every 50 steps", "background", result["save_s"]["background_blocking_mean"]),
                 ("article: ModelCheckpoint .h5/epoch", "article", result["save_s"]["article_h5_mean"])]
@@ -418,9 +366,7 @@ def main() -> int:
               f"restore: {result['restore_s']:.3f} s (bitwise equal: {restored_equal}); checkpoint: "
               f"{size_mb:.1f} MB; article .h5: {h5_mb:.1f} MB, save {result['save_s']['article_h5_mean']:.3f} s, "
               f"load {result['article_h5_restore_s']:.3f} s")
-        for t in trials:
-            print(f"{t['signal']:<8} after step {t['at']:>4}: ran {t['ran']:>4}, committed {t['committed']:>4}, "
-                  f"lost {t['lost']:>3} (exit {t['exit_code']}); article's epoch checkpoints lose {t['article_lost']}")
+        print_trials(trials)
 
         output = {"tensorflow": result}
         if not args.no_mxnet:

@@ -148,6 +148,24 @@ def main(argv=None) -> int:
     quiet = NoticeHandler(request_file=None, stop_signals=(), checkpoint_signals=())
     results: dict = {}
     base_windows: list[float] = []
+
+    def paired_windows(label: str, save, wait) -> tuple[dict, list[float]]:
+        """``args.pairs`` pairs of windows, without and with one ``save`` (our checkpointer's and
+        DCP's alike); ``wait()`` returns the seconds the write still needed after the saving window.
+        Returns the added seconds per save and the save call's seconds, and the waits."""
+        extra, held, waits = [], [], []
+        for pair in range(args.pairs):
+            without, _ = window()
+            with_save, h = window(save)
+            waits.append(wait())
+            extra.append(with_save - without)
+            held.append(h)
+            base_windows.append(without)
+            log(f"{label}: pair {pair + 1}/{args.pairs}: window {without:.4f} s, with a save {with_save:.4f} s "
+                f"(+{with_save - without:.4f} s; save call held {h:.4f} s; write waited {waits[-1]:.1f} s more)")
+        return {"added_s_per_save": statistics.mean(extra), "added_s": extra,
+                "save_call_s": statistics.mean(held)}, waits
+
     def measure_ours(mode: str) -> dict:
         directory = scratch / mode
         ckpt = TorchCheckpointer(model, optimizer, checkpoint_dir=directory, every_steps=None, every_seconds=None,
@@ -165,22 +183,15 @@ def main(argv=None) -> int:
             started = time.perf_counter()
             driver.wait()
             first_write = time.perf_counter() - started
-            extra, held, writes = [], [], []
-            for pair in range(args.pairs):
-                without, _ = window()
-                with_save, h = window(save)
+            def wait() -> float:
                 started = time.perf_counter()
                 driver.wait()
-                writes.append(time.perf_counter() - started)
-                extra.append(with_save - without)
-                held.append(h)
-                base_windows.append(without)
-                log(f"{mode}: pair {pair + 1}/{args.pairs}: window {without:.4f} s, with a save {with_save:.4f} s "
-                    f"(+{with_save - without:.4f} s; save call held {h:.4f} s; write waited {writes[-1]:.1f} s more)")
-            return {"added_s_per_save": statistics.mean(extra), "added_s": extra,
-                    "save_call_s": statistics.mean(held), "first_save_call_s": first_held,
-                    "first_window_s": first_window, "first_write_wait_s": first_write,
-                    "write_wait_after_window_s": writes, "mode_used": ckpt.adapter.mode}
+                return time.perf_counter() - started
+
+            found, writes = paired_windows(mode, save, wait)
+            return {**found, "first_save_call_s": first_held, "first_window_s": first_window,
+                    "first_write_wait_s": first_write, "write_wait_after_window_s": writes,
+                    "mode_used": ckpt.adapter.mode}
         finally:
             ckpt.close()
             shutil.rmtree(directory, ignore_errors=True)
@@ -215,19 +226,8 @@ def main(argv=None) -> int:
         try:
             first_window, first_held = window(dcp_save)
             dcp_wait()
-            extra, held = [], []
-            for pair in range(args.pairs):
-                without, _ = window()
-                with_save, h = window(dcp_save)
-                waited = dcp_wait()
-                extra.append(with_save - without)
-                held.append(h)
-                base_windows.append(without)
-                log(f"dcp async_save: pair {pair + 1}/{args.pairs}: window {without:.4f} s, with a save "
-                    f"{with_save:.4f} s (+{with_save - without:.4f} s; call held {h:.4f} s; write waited {waited:.1f} s more)")
-            return {"added_s_per_save": statistics.mean(extra), "added_s": extra,
-                    "save_call_s": statistics.mean(held), "first_save_call_s": first_held,
-                    "first_window_s": first_window}
+            found, _waits = paired_windows("dcp async_save", dcp_save, dcp_wait)
+            return {**found, "first_save_call_s": first_held, "first_window_s": first_window}
         finally:
             dist.destroy_process_group()
 

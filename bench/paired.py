@@ -9,7 +9,16 @@ and the slow drift of a shared machine cancel out (bench/bench_checkpoint.py, 1.
 
 from __future__ import annotations
 
+import contextlib
 import statistics
+
+# The checkpoint benchmarks' common setup (bench/bench_checkpoint.py and its MXNet and PyTorch parts).
+BATCH = 64
+SAVE_EVERY = 50
+SEED = 0
+WINDOW = 10  # steps per measuring window (bench/bench_checkpoint.py, 1.)
+WARMUP_PAIRS = 2  # pairs of windows at the start of each run, not compared (a run's first saves)
+HIDDEN = (2048, 2048, 512)  # the MLP's hidden layers (64 -> 2048 -> 2048 -> 512 -> 10)
 
 
 def saving_window(k: int) -> bool:
@@ -53,30 +62,264 @@ def paired_overhead(seconds: list[float], *, first: int, window: int, save_every
     }
 
 
-def lost_steps_and_report(*, trial, data_dir, scratch, kills: int, spe: int, framework: str, version_key: str,
-                          version: str, title: str, size_note: str, n_params: int, batch: int, save_every: int,
-                          pairs: int, window: int, step_ms: float, overhead: dict, stats: dict,
-                          cpu_overhead: dict, blocked: dict, seconds: dict, blocking: dict, first: int,
-                          write_times: list, restore_times: list, size_mb: float, params_mb: float) -> dict:
-    """The end every framework's checkpoint benchmark shares: one SIGTERM and ``kills`` SIGKILL
-    lost-steps trials (``trial(data_dir, scratch, signal, at_step) -> dict`` with ``signal``, ``at``,
-    ``ran``, ``committed``, ``lost``, ``exit_code``), beside what the article's per-epoch checkpoints
-    would have lost (``spe`` steps per epoch); then the table, and the result dict printed as the
-    last line of JSON (and returned). ``size_note`` is formatted with ``params_mb``."""
-    import json
+def dir_bytes(path) -> int:
+    """Bytes of every file under ``path`` (a checkpoint's size on disk)."""
+    from pathlib import Path
+
+    return sum(p.stat().st_size for p in Path(path).rglob("*") if p.is_file())
+
+
+def quiet_notices():
+    """A notice handler that installs no signal handler and reads no request file (measuring runs)."""
+    from training.notice import NoticeHandler
+
+    return NoticeHandler(request_file=None, stop_signals=(), checkpoint_signals=())
+
+
+def parse_worker_bench_args(description: str, window: int):
+    """The command line of the MXNet and PyTorch checkpoint benchmarks: ``--pairs`` (default 40,
+    at least 2), ``--kills`` (default 2) and the hidden ``--worker``, ``--data-dir`` and
+    ``--checkpoint-dir`` of the worker process that :func:`data_worker_trial` starts. Exits 2
+    (argparse) naming a ``--pairs`` under 2."""
+    import argparse
+    from pathlib import Path
+
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--pairs", type=int, default=40,
+                        help=f"pairs of {window}-step windows (without, with a save) compared per mode (default 40)")
+    parser.add_argument("--kills", type=int, default=2, help="SIGKILL trials (default 2)")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--data-dir", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--checkpoint-dir", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if not args.worker and args.pairs < 2:
+        parser.error(f"--pairs must be >= 2, got {args.pairs}")
+    return args
+
+
+def worker_steps(steps, step) -> int:
+    """A worker's loop: ``ready``, then ``step N`` after each completed step of ``steps`` (a
+    checkpointer's ``steps(...)`` iterator), which the parent counts (:func:`run_kill_trial`)."""
+    print("ready", flush=True)
+    for index in steps:
+        step(index)
+        print(f"step {index + 1}", flush=True)
+    return 0
+
+
+def data_worker_trial(script, *, data_dir, scratch, framework: str, sig: int, at: int) -> dict:
+    """:func:`run_kill_trial` of ``script --worker --data-dir data_dir`` (one OpenMP thread), with a
+    fresh checkpoint directory under ``scratch``; 120 seconds to exit."""
+    import os
+    import sys
+    import time
+    from pathlib import Path
+
+    ckdir = Path(scratch) / f"ck-{sig}-{at}-{time.monotonic_ns()}"
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(Path(script).resolve().parents[1]))
+    return run_kill_trial([sys.executable, str(script), "--worker", "--data-dir", str(data_dir),
+                           "--checkpoint-dir", str(ckdir)], env=env, checkpoint_dir=ckdir, framework=framework,
+                          sig=sig, at=at, timeout=120)
+
+
+def run_kill_trial(argv: list, *, env: dict, checkpoint_dir, framework: str, sig: int, at: int,
+                   timeout: float) -> dict:
+    """Run a worker (``argv``: a process printing ``step N`` after each completed step and saving
+    into ``checkpoint_dir``), send ``sig`` to its process group once it completed ``at`` steps; a
+    SIGTERMed worker finishes its current step first, and its later ``step`` lines count. Waits
+    ``timeout`` seconds for it to exit (SIGKILL after that), reads the newest committed checkpoint
+    of ``framework`` from ``checkpoint_dir``, then removes the directory.
+
+    Returns ``signal`` (name), ``at``, ``ran`` (steps completed), ``committed`` (step of the newest
+    checkpoint, 0 if none), ``lost`` (ran - committed) and ``exit_code``."""
+    import os
+    import shutil
+    import signal
+    import subprocess
+
+    from training.store import CheckpointStore
+
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
+                            start_new_session=True)
+    ran = 0
+    try:
+        for line in proc.stdout:
+            if line.startswith("step "):
+                ran = int(line.split()[1])
+                if ran == at:
+                    os.killpg(proc.pid, sig)
+                    break
+        for line in proc.stdout:  # a SIGTERMed worker finishes its current step first
+            if line.startswith("step "):
+                ran = int(line.split()[1])
+        code = proc.wait(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    latest = CheckpointStore(checkpoint_dir, framework=framework).latest()
+    committed = latest.step if latest is not None else 0
+    shutil.rmtree(checkpoint_dir, ignore_errors=True)
+    return {"signal": signal.Signals(sig).name, "at": at, "ran": ran, "committed": committed,
+            "lost": ran - committed, "exit_code": code}
+
+
+def kill_trials(trial, *, kills: int, steps: range, spe: int) -> list[dict]:
+    """One SIGTERM and ``kills`` SIGKILL trials (``trial(signal, at_step) -> dict`` as
+    :func:`run_kill_trial` returns), each at a random step of ``steps``; each gets what the
+    article's per-epoch checkpoints would have lost at that step: ``article_lost`` (an epoch of
+    ``spe`` steps) and ``article_lost_1000_step_epoch``."""
     import random
     import signal
 
     rng = random.Random()
-    trials = [trial(data_dir, scratch, signal.SIGTERM, rng.randrange(55, 110))]
-    trials += [trial(data_dir, scratch, signal.SIGKILL, rng.randrange(55, 110))
-               for _ in range(kills)]
+    trials = [trial(signal.SIGTERM, rng.choice(steps))]
+    trials += [trial(signal.SIGKILL, rng.choice(steps)) for _ in range(kills)]
     for t in trials:
         t["article_lost"] = t["ran"] % spe  # epoch checkpoints: everything since the epoch began
         t["article_lost_1000_step_epoch"] = t["ran"] % 1000
+    return trials
+
+
+def lost_steps_summary(trials: list[dict], spe: int) -> dict:
+    """The ``lost_steps`` part of a checkpoint benchmark's result, from :func:`kill_trials`."""
     sigterm = [t for t in trials if t["signal"] == "SIGTERM"]
     sigkill = [t for t in trials if t["signal"] == "SIGKILL"]
+    return {
+        "sigterm": [t["lost"] for t in sigterm],
+        "sigterm_exit_codes": [t["exit_code"] for t in sigterm],
+        "sigkill": [t["lost"] for t in sigkill],
+        "sigkill_max": max(t["lost"] for t in sigkill) if sigkill else None,
+        "article_epoch_checkpoint": [t["article_lost"] for t in trials],
+        "article_steps_per_epoch": spe,
+        "article_1000_step_epoch": [t["article_lost_1000_step_epoch"] for t in trials],
+    }
 
+
+def print_trials(trials: list[dict]) -> None:
+    """One table line per kill trial."""
+    for t in trials:
+        print(f"{t['signal']:<8} after step {t['at']:>4}: ran {t['ran']:>4}, committed {t['committed']:>4}, "
+              f"lost {t['lost']:>3} (exit {t['exit_code']}); article's epoch checkpoints lose {t['article_lost']}")
+
+
+def print_table_header() -> None:
+    """The column heads of the per-mode overhead table."""
+    print(f"{'mode':<36}{'ms/step':>9}{'extra s/save':>14}{'overhead %':>12}{'95% CI +-':>11}{'median %':>10}"
+          f"{'blocking s/save':>17}")
+
+
+def paired_modes(make_checkpointer, step, *, start: int, pairs: int, warmup_pairs: int, window: int,
+                 save_every: int) -> dict:
+    """Train one run per mode (``"background"``, then ``"sync"``) in ``window``-step windows that
+    alternate without and with one save at the window's first step (the MXNet and PyTorch
+    benchmarks' way; bench/bench_checkpoint.py, 1.), ``warmup_pairs`` pairs first, not compared.
+
+    make_checkpointer(mode) returns a checkpoint driver (``after_step``, ``save_seconds``,
+    ``saver``, ``schedule``, ``close``; its schedule is replaced by the windows'). step(index)
+    runs one training step; indices go on from ``start``. A background window ends by waiting for
+    its write. Returns ``checkpointers`` (closed), per mode ``seconds``, ``cpu_seconds`` and
+    ``blocking`` (seconds inside save calls) per window, ``first`` (windows left out), ``stats``
+    and ``cpu_stats`` (:func:`paired_overhead` of wall and CPU time) and ``index`` (the next step).
+    """
+    import time
+
+    from training.notice import SaveSchedule
+
+    class WindowSchedule(SaveSchedule):
+        def due(self, step, now=None):
+            return (step - 1) % window == 0 and saving_window((step - 1) // window)
+
+    windows_total = 2 * (warmup_pairs + pairs)
+    first = 2 * warmup_pairs
+    checkpointers, seconds, cpu_seconds, blocking = {}, {}, {}, {}
+    index = start
+    for mode in ("background", "sync"):
+        ck = make_checkpointer(mode)
+        ck.schedule = WindowSchedule(every_steps=save_every)
+        checkpointers[mode] = ck
+        seconds[mode], cpu_seconds[mode], blocking[mode] = [], [], []
+        for _k in range(windows_total):
+            n0 = len(ck.save_seconds)
+            started, cpu_started = time.perf_counter(), time.process_time()
+            for _ in range(window):
+                step(index)
+                index += 1
+                ck.after_step(exit_on_stop=False)
+            if ck.saver is not None:
+                ck.saver.wait()
+            seconds[mode].append(time.perf_counter() - started)
+            cpu_seconds[mode].append(time.process_time() - cpu_started)
+            blocking[mode].append(sum(ck.save_seconds[n0:]))
+        ck.close()
+    stats = {m: paired_overhead(seconds[m], first=first, window=window, save_every=save_every,
+                                blocking=blocking[m]) for m in seconds}
+    # Extra CPU time of every thread per save: what checkpointing costs when no core is spare.
+    cpu_stats = {m: paired_overhead(cpu_seconds[m], first=first, window=window, save_every=save_every)
+                 for m in seconds}
+    return {"checkpointers": checkpointers, "seconds": seconds, "cpu_seconds": cpu_seconds, "blocking": blocking,
+            "first": first, "stats": stats, "cpu_stats": cpu_stats, "index": index}
+
+
+@contextlib.contextmanager
+def digits_scratch(prefix: str):
+    """A scratch directory (removed on exit) with the 8x8 digits prepared under ``datasets/``.
+    Yields ``(scratch, data_dir, x, y)``: the training images flattened to rows of 64 features."""
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    from training.datasets import load_digits
+    from training.examples.prepare_data import prepare_digits
+
+    scratch = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        data_dir = scratch / "datasets"
+        prepare_digits(data_dir)
+        x, y = load_digits(data_dir, "train")
+        yield scratch, data_dir, x.reshape(len(x), -1), y
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def time_restores(open_checkpointer, n: int = 3) -> list[float]:
+    """Seconds of ``n`` restores, each into fresh process state: ``open_checkpointer()`` builds a
+    new model and returns ``(restore, close)``; only ``restore()`` is timed."""
+    import time
+
+    times = []
+    for _ in range(n):
+        restore, close = open_checkpointer()
+        started = time.perf_counter()
+        restore()
+        times.append(time.perf_counter() - started)
+        close()
+    return times
+
+
+def lost_steps_and_report(*, script, data_dir, scratch, args, n_examples: int, framework: str, version_key: str,
+                          version: str, title: str, size_note: str, n_params: int, run: dict, write_times: list,
+                          restore_times: list, size_mb: float, params_mb: float, batch: int = BATCH,
+                          save_every: int = SAVE_EVERY, window: int = WINDOW) -> dict:
+    """The end the MXNet and PyTorch checkpoint benchmarks share: :func:`kill_trials` (one SIGTERM
+    and ``kills`` SIGKILL lost-steps trials of ``script``'s worker, :func:`data_worker_trial`) beside what the article's per-epoch checkpoints would have lost
+    (an epoch of ``n_examples`` in batches of ``batch``); then the table, and the result dict printed as the last line of
+    JSON (and returned). ``args``: the command line (``pairs``, ``kills``); ``run``: what
+    :func:`paired_modes` returned. ``size_note`` is formatted
+    with ``params_mb``."""
+    import json
+
+    def trial(sig: int, at: int) -> dict:
+        return data_worker_trial(script, data_dir=data_dir, scratch=scratch, framework=framework, sig=sig, at=at)
+
+    from training.datasets import steps_per_epoch
+
+    pairs, spe = args.pairs, steps_per_epoch(n_examples, batch)
+    trials = kill_trials(trial, kills=args.kills, steps=range(55, 110), spe=spe)
+    stats, seconds, blocking, first = run["stats"], run["seconds"], run["blocking"], run["first"]
+    overhead = {m: st["overhead_pct"] for m, st in stats.items()}
+    cpu_overhead = {m: st["overhead_pct"] for m, st in run["cpu_stats"].items()}
+    blocked = {m: st["blocked_pct"] for m, st in stats.items()}
     result = {
         "framework": framework,
         version_key: version,
@@ -86,7 +329,7 @@ def lost_steps_and_report(*, trial, data_dir, scratch, kills: int, spe: int, fra
         "save_every_steps": save_every,
         "pairs_per_mode": pairs,
         "window_steps": window,
-        "step_ms": round(step_ms, 2),
+        "step_ms": round(stats["background"]["step_s"] * 1000, 2),
         "overhead_pct": {m: round(v, 2) for m, v in overhead.items()},
         "overhead_pct_ci95": {m: round(st["overhead_pct_ci95"], 2) for m, st in stats.items()},
         "overhead_pct_median": {m: round(st["overhead_pct_median"], 2) for m, st in stats.items()},
@@ -103,20 +346,11 @@ def lost_steps_and_report(*, trial, data_dir, scratch, kills: int, spe: int, fra
         "restore_s": round(statistics.median(restore_times), 4),
         "checkpoint_mb": round(size_mb, 1),
         "params_mb": round(params_mb, 1),
-        "lost_steps": {
-            "sigterm": [t["lost"] for t in sigterm],
-            "sigterm_exit_codes": [t["exit_code"] for t in sigterm],
-            "sigkill": [t["lost"] for t in sigkill],
-            "sigkill_max": max(t["lost"] for t in sigkill) if sigkill else None,
-            "article_epoch_checkpoint": [t["article_lost"] for t in trials],
-            "article_steps_per_epoch": spe,
-            "article_1000_step_epoch": [t["article_lost_1000_step_epoch"] for t in trials],
-        },
+        "lost_steps": lost_steps_summary(trials, spe),
     }
     print(f"{title}: {n_params / 1e6:.2f} M parameters, Adam, batch {batch}, "
           f"{pairs} pairs of {window}-step windows per mode (without, with one save)")
-    print(f"{'mode':<36}{'ms/step':>9}{'extra s/save':>14}{'overhead %':>12}{'95% CI +-':>11}{'median %':>10}"
-          f"{'blocking s/save':>17}")
+    print_table_header()
     for mode in ("sync", "background"):
         st = stats[mode]
         print(f"{mode + ', a save every 50 steps':<36}{st['step_s'] * 1000:>9.2f}"
@@ -130,8 +364,6 @@ def lost_steps_and_report(*, trial, data_dir, scratch, kills: int, spe: int, fra
     print(f"background write (writer thread): {result['save_s']['background_write_mean']:.3f} s; "
           f"restore: {result['restore_s']:.3f} s; checkpoint: {size_mb:.1f} MB "
           f"({size_note.format(params_mb=params_mb)})")
-    for t in trials:
-        print(f"{t['signal']:<8} after step {t['at']:>4}: ran {t['ran']:>4}, committed {t['committed']:>4}, "
-              f"lost {t['lost']:>3} (exit {t['exit_code']}); article's epoch checkpoints lose {t['article_lost']}")
+    print_trials(trials)
     print(json.dumps(result))
     return result
