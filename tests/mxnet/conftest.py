@@ -7,40 +7,10 @@ of batch 32 on the 8x8 digits, about 3 s each), with ``OMP_NUM_THREADS=1`` as th
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
+from gluon_jobs import TOTAL_STEPS, Job
+from job_helpers import job_fixtures  # tests/ (gluon_jobs puts it on sys.path)
 
-import numpy as np
-import pytest
-from gluon_jobs import TOTAL_STEPS, Job, load_params
-
-from training.examples.prepare_data import prepare_digits
-
-
-@pytest.fixture(scope="session")
-def digits_dir(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("datasets")
-    prepare_digits(out)
-    return out
-
-
-@pytest.fixture
-def job(tmp_path, digits_dir) -> Iterator[Job]:
-    """A fresh job; any trainer it started that is still running at teardown is killed."""
-    (tmp_path / "job").mkdir()
-    job = Job(root=tmp_path / "job", data_dir=digits_dir)
-    try:
-        yield job
-    finally:
-        job.kill_leftovers()
-
-
-@pytest.fixture(scope="session")
-def reference_params(tmp_path_factory, digits_dir) -> dict[str, np.ndarray]:
-    """Final parameters of one uninterrupted run (background saves every SAVE_EVERY steps)."""
-    root = tmp_path_factory.mktemp("reference")
-    ref = Job(root=root, data_dir=digits_dir)
-    code = ref.run()
-    assert code == 0, ref.stderr_text()
-    assert ref.logged_steps() == list(range(1, TOTAL_STEPS + 1))
-    return load_params(ref.final_params)
+# digits_dir (session), job (killed at teardown) and reference_params: the final parameters of one
+# uninterrupted run (background saves every SAVE_EVERY steps).
+digits_dir, job, reference_params = job_fixtures(Job, total_steps=TOTAL_STEPS, reference_name="reference_params",
+                                                 final_file="final_params")

@@ -4,18 +4,19 @@ here: TensorFlow runs only in the subprocesses (and MXNet never in this pytest p
 
 from __future__ import annotations
 
-import csv
 import os
-import signal
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: job_helpers
+
+from job_helpers import REPO, TrainingJob, load_npz  # noqa: E402
+from job_helpers import assert_bitwise_equal as _assert_bitwise_equal  # noqa: E402
+
 KERAS_EXAMPLE = REPO / "training" / "examples" / "keras_resnet.py"
 TF_LOOP_JOB = Path(__file__).with_name("tf_loop_job.py")
 EPOCHS = 2          # 2 epochs x 44 steps (1,437 training digits, batch 32): resumes cross an epoch edge
@@ -32,80 +33,15 @@ def prepare_digits(out: Path) -> Path:
 
 
 @dataclass
-class Job:
-    """One training job's directories and the command that (re)starts it."""
+class Job(TrainingJob, run_timeout=180.0, rows_timeout=90.0, extra_env={"TF_CPP_MIN_LOG_LEVEL": "2"}):
+    """One Keras (or custom-loop) training job: ``script`` with the tests' epochs, batch, cadence and seed."""
 
-    root: Path
-    data_dir: Path
-    extra_args: tuple[str, ...] = ()
     script: Path = KERAS_EXAMPLE
 
-    @property
-    def checkpoint_dir(self) -> Path:
-        return self.root / "checkpoints"
-
-    @property
-    def log_path(self) -> Path:
-        return self.root / "logs" / "training_log.csv"
-
-    @property
-    def final_weights(self) -> Path:
-        return self.root / "final.npz"
-
-    @property
-    def request_file(self) -> Path:
-        return self.root / "checkpoint-request"
-
-    def env(self) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("SPOT_TRAINING_")}
-        env.update(
-            SPOT_TRAINING_DATA_DIR=str(self.data_dir),
-            SPOT_TRAINING_CHECKPOINT_DIR=str(self.checkpoint_dir),
-            SPOT_TRAINING_LOG_DIR=str(self.root / "logs"),
-            SPOT_TRAINING_CHECKPOINT_REQUEST_FILE=str(self.request_file),
-            TF_CPP_MIN_LOG_LEVEL="2",
-            PYTHONPATH=str(REPO),
-        )
-        return env
-
-    def command(self) -> list[str]:
+    def command(self, *more: str) -> list[str]:
         return [sys.executable, str(self.script), "--epochs", str(EPOCHS), "--batch-size", "32",
                 "--save-every-steps", str(SAVE_EVERY), "--seed", str(SEED),
-                "--save-final-weights", str(self.final_weights), *self.extra_args]
-
-    def start(self, *extra: str) -> subprocess.Popen:
-        self.root.mkdir(parents=True, exist_ok=True)
-        stderr = open(self.root / f"stderr-{time.monotonic_ns()}.log", "wb")
-        return subprocess.Popen([*self.command(), *extra], env=self.env(), cwd=REPO, stdout=subprocess.DEVNULL,
-                                stderr=stderr, start_new_session=True)
-
-    def run(self, *extra: str, timeout: float = 180) -> int:
-        proc = self.start(*extra)
-        try:
-            return proc.wait(timeout=timeout)
-        finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-
-    def stderr_text(self) -> str:
-        return "\n".join(p.read_text(errors="replace") for p in sorted(self.root.glob("stderr-*.log")))
-
-    def logged_steps(self) -> list[int]:
-        """The ``step`` column of every row of training_log.csv, in file order."""
-        if not self.log_path.exists():
-            return []
-        with open(self.log_path, newline="") as handle:
-            return [int(row["step"]) for row in csv.DictReader(handle)]
-
-    def wait_for_rows(self, proc: subprocess.Popen, rows: int, timeout: float = 90) -> None:
-        deadline = time.monotonic() + timeout
-        while len(self.logged_steps()) < rows:
-            if proc.poll() is not None:
-                raise AssertionError(f"trainer exited {proc.returncode} before {rows} steps:\n{self.stderr_text()}")
-            if time.monotonic() > deadline:
-                raise AssertionError(f"trainer did not reach {rows} steps in {timeout} s")
-            time.sleep(0.005)
+                "--save-final-weights", str(self.final_weights), *self.extra_args, *more]
 
     def tree(self) -> dict[str, bytes]:
         """Every file under the checkpoint directory with its content (to prove nothing changed)."""
@@ -113,13 +49,8 @@ class Job:
                 for p in sorted(self.checkpoint_dir.rglob("*")) if p.is_file()}
 
 
-def load_weights(path: Path) -> dict[str, np.ndarray]:
-    with np.load(path) as data:
-        return {name: data[name] for name in data.files}
+load_weights = load_npz
 
 
 def assert_bitwise_equal(actual: dict[str, np.ndarray], expected: dict[str, np.ndarray]) -> None:
-    assert sorted(actual) == sorted(expected)
-    differing = [name for name in expected
-                 if actual[name].dtype != expected[name].dtype or actual[name].tobytes() != expected[name].tobytes()]
-    assert not differing, f"variables differ from the uninterrupted run: {differing}"
+    _assert_bitwise_equal(actual, expected, "variables")
