@@ -18,6 +18,8 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from git_helpers import git as _git
+from git_helpers import two_version_repo
 
 from bootstrap.config import parse_config
 from bootstrap.errors import ExitCode
@@ -164,28 +166,11 @@ def test_planted_request_file_symlink_does_not_truncate_a_root_file(root):
 
 
 # ---- git (item 5) -------------------------------------------------------------------------------
-def _git(*args: str, cwd: Path) -> str:
-    env = dict(os.environ, GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@example.com", GIT_COMMITTER_NAME="t",
-               GIT_COMMITTER_EMAIL="t@example.com")
-    return subprocess.run(["git", *args], cwd=cwd, env=env, check=True, capture_output=True, text=True).stdout.strip()
-
-
 def _source_repo(base: Path) -> tuple[Path, str]:
     """A repository with tags v1 and v2 (root's, readable by all); returns (path, v2 commit). Git refuses
     to read a local repository another user owns unless it is a ``safe.directory``: the agent's environment in
     :func:`supervisor` makes this one one (it stands for an https URL on a real node)."""
-    repo = base / "repo"
-    repo.mkdir()
-    _git("init", "-q", cwd=repo)
-    (repo / "VERSION").write_text("1")
-    _git("add", ".", cwd=repo)
-    _git("commit", "-q", "-m", "v1", cwd=repo)
-    _git("tag", "v1", cwd=repo)
-    (repo / "VERSION").write_text("2")
-    _git("commit", "-q", "-am", "v2", cwd=repo)
-    _git("tag", "v2", cwd=repo)
-    v2 = _git("rev-parse", "v2", cwd=repo)
-    return repo, v2
+    return two_version_repo(base)
 
 
 def test_planted_git_hook_and_config_never_run_as_root(root):

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from git_helpers import two_version_repo
 
 from bootstrap.config import parse_config
 from bootstrap.errors import ConfigError, ExitCode
@@ -296,24 +297,8 @@ def test_missing_asset_directory_is_a_config_error(tmp_path):
         make_supervisor(tmp_path, config=config).run()
 
 
-def _git(*args: str, cwd: Path) -> str:
-    env = dict(os.environ, GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@example.com", GIT_COMMITTER_NAME="t",
-               GIT_COMMITTER_EMAIL="t@example.com")
-    return subprocess.run(["git", *args], cwd=cwd, env=env, check=True, capture_output=True, text=True).stdout.strip()
-
-
 def test_git_code_is_cloned_at_the_pinned_ref_idempotently(tmp_path):
-    repo = tmp_path / "repo"
-    repo.mkdir()
-    _git("init", "-q", cwd=repo)
-    (repo / "trainer.py").write_text(TRAINER)
-    (repo / "VERSION").write_text("1")
-    _git("add", ".", cwd=repo)
-    _git("commit", "-q", "-m", "v1", cwd=repo)
-    _git("tag", "v1", cwd=repo)
-    (repo / "VERSION").write_text("2")
-    _git("commit", "-q", "-am", "v2", cwd=repo)
-    v2 = _git("rev-parse", "HEAD", cwd=repo)
+    repo, v2 = two_version_repo(tmp_path, {"trainer.py": TRAINER})
 
     config = base_config(tmp_path, code={"type": "git", "url": str(repo), "ref": "v1"})
     sup = make_supervisor(tmp_path, config=config, env={"FAKE_STEPS": "1"})
