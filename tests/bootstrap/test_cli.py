@@ -223,6 +223,24 @@ def _wait_for(predicate, timeout: float = 30.0) -> None:
         time.sleep(0.05)
 
 
+def _agent_acted_on(command: str, node: dict, env: dict, act, config: dict | None = None):
+    """Start the agent's ``command`` on ``node``'s config (or ``config``), wait until the trainer has
+    started (its first event, then 0.5 s: it installs its SIGTERM handler right after "start"), call
+    ``act(proc)``, and collect the agent's output (60 s; killed if anything fails). Returns
+    (exit code, stdout, stderr, what ``act`` returned)."""
+    proc = _start_agent(command, _write(node["dir"] / "config.json", config or node["config"]), env)
+    try:
+        _wait_for(lambda: events(node["dir"]))
+        time.sleep(0.5)
+        acted = act(proc)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return proc.returncode, out, err, acted
+
+
 def test_supervise_runs_training_to_completion_on_the_mounted_volume(node):
     env = _mounted_volume(node["dir"]) | {"FAKE_STEPS": "5"}
     result = agent("supervise", _write(node["dir"] / "config.json", node["config"]), env=env)
@@ -245,19 +263,13 @@ def test_supervise_refuses_to_train_when_the_volume_is_not_mounted(node):
 
 
 def test_spot_notice_stops_the_trainer_through_the_agent(node):
-    env = _mounted_volume(node["dir"])
-    proc = _start_agent("supervise", _write(node["dir"] / "config.json", node["config"]), env)
-    try:
-        _wait_for(lambda: events(node["dir"]))
-        time.sleep(0.5)  # the trainer installs its SIGTERM handler right after "start"
+    def notice(proc) -> float:
         notice_at = time.monotonic()
         node["imds"].post_spot_interruption()  # two minutes from now, as AWS does
-        out, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode == 0, err
+        return notice_at
+
+    code, out, err, notice_at = _agent_acted_on("supervise", node, _mounted_volume(node["dir"]), notice)
+    assert code == 0, err
     assert time.monotonic() - notice_at < 5 + 5  # seen within one 5 s poll, acted on at once
     assert json.loads(out.strip().splitlines()[-1]) == {"outcome": "interrupted"}
     assert [e[0] for e in events(node["dir"])] == ["start", "sigterm-checkpoint"]
@@ -267,18 +279,9 @@ def test_spot_notice_stops_the_trainer_through_the_agent(node):
 
 
 def test_sigterm_to_the_agent_stops_the_trainer_cleanly(node):
-    env = _mounted_volume(node["dir"])
-    proc = _start_agent("supervise", _write(node["dir"] / "config.json", node["config"]), env)
-    try:
-        _wait_for(lambda: events(node["dir"]))
-        time.sleep(0.5)
-        proc.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode == 0, err
+    code, out, err, _ = _agent_acted_on("supervise", node, _mounted_volume(node["dir"]),
+                                        lambda proc: proc.send_signal(signal.SIGTERM))
+    assert code == 0, err
     assert json.loads(out.strip().splitlines()[-1]) == {"outcome": "stopped"}
     assert [e[0] for e in events(node["dir"])] == ["start", "sigterm-checkpoint"]
 
@@ -346,18 +349,10 @@ def test_run_without_a_tagged_volume_exits_78_and_touches_nothing(ec2, moto_serv
 
 def test_run_interrupted_by_a_notice_does_not_clean_up(ec2, moto_server, node):
     env = {"SPOT_TRAINING_BLOCKDEV_DIR": str(moto_server.volumes_dir)}
-    proc = _start_agent("run", _write(node["dir"] / "config.json", node["config"]), env)
-    try:
-        _wait_for(lambda: events(node["dir"]))
-        time.sleep(0.5)
-        _post = urllib_request_post(node["imds"].endpoint + "/control/spot/instance-action", {"action": "terminate"})
-        assert _post["action"] == "terminate"
-        out, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode == 0, err
+    code, _out, err, posted = _agent_acted_on("run", node, env, lambda proc: urllib_request_post(
+        node["imds"].endpoint + "/control/spot/instance-action", {"action": "terminate"}))
+    assert posted["action"] == "terminate"
+    assert code == 0, err
     assert [e[0] for e in events(node["dir"])] == ["start", "sigterm-checkpoint"]
     fleets = ec2.describe_spot_fleet_requests()["SpotFleetRequestConfigs"]
     assert [f["SpotFleetRequestId"] for f in fleets] == [node["fleet_id"]]  # left for the fleet to replace us
@@ -408,17 +403,9 @@ def test_imds_403_during_training_checkpoints_and_hands_the_node_back_to_the_fle
     env = _mounted_volume(node["dir"]) | {
         "SPOT_TRAINING_POWEROFF_COMMAND": f"{sys.executable} -c \"open('{marker}', 'w').write('off')\""}
     config = _with(node["config"], 0.5, "notice_poll_interval_s")
-    proc = _start_agent("supervise", _write(node["dir"] / "config.json", config), env)
-    try:
-        _wait_for(lambda: events(node["dir"]))
-        time.sleep(0.5)  # the trainer installs its SIGTERM handler right after "start"
-        node["imds"].set_fail_mode(status=403)
-        out, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode == ExitCode.UNAVAILABLE == 69, err
+    code, out, err, _ = _agent_acted_on("supervise", node, env, lambda proc: node["imds"].set_fail_mode(status=403),
+                                        config=config)
+    assert code == ExitCode.UNAVAILABLE == 69, err
     assert marker.read_text() == "off"
     assert [e[0] for e in events(node["dir"])] == ["start", "sigterm-checkpoint"]
     logged = [json.loads(line) for line in out.splitlines() if line.startswith("{\"time\"")]
@@ -426,19 +413,10 @@ def test_imds_403_during_training_checkpoints_and_hands_the_node_back_to_the_fle
 
 
 def test_imds_403_in_local_mode_without_a_poweroff_command_only_exits_69(node):
-    env = _mounted_volume(node["dir"])
     config = _with(node["config"], 0.5, "notice_poll_interval_s")
-    proc = _start_agent("supervise", _write(node["dir"] / "config.json", config), env)
-    try:
-        _wait_for(lambda: events(node["dir"]))
-        time.sleep(0.5)
-        node["imds"].set_fail_mode(status=403)
-        out, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode == 69, err
+    code, out, err, _ = _agent_acted_on("supervise", node, _mounted_volume(node["dir"]),
+                                        lambda proc: node["imds"].set_fail_mode(status=403), config=config)
+    assert code == 69, err
     assert "not powering off" in err + out
 
 
