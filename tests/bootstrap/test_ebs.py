@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import pytest
 from storage_helpers import (
@@ -125,12 +126,18 @@ def test_moves_keep_only_the_newest_snapshots(ec2, moto_server, tmp_path):
     assert seen == [1, 2, 2, 2]
 
 
+def _volume_held_by_another_instance(ec2) -> tuple[str, str]:
+    """A data volume in us-east-1a attached to one instance there, and a second instance in that AZ.
+    Returns (the holder's instance ID, the second instance's)."""
+    volume_id = create_data_volume(ec2, "us-east-1a")
+    holder = run_instance(ec2, "us-east-1a")
+    ec2.attach_volume(VolumeId=volume_id, InstanceId=holder, Device="/dev/sdf")
+    return holder, run_instance(ec2, "us-east-1a")
+
+
 def test_waits_for_a_terminated_instance_to_release_the_volume(ec2, moto_server, tmp_path):
     config, _ = make_config(tmp_path)
-    volume_id = create_data_volume(ec2, "us-east-1a")
-    old_instance = run_instance(ec2, "us-east-1a")
-    ec2.attach_volume(VolumeId=volume_id, InstanceId=old_instance, Device="/dev/sdf")
-    new_instance = run_instance(ec2, "us-east-1a")
+    old_instance, new_instance = _volume_held_by_another_instance(ec2)
     ec2.terminate_instances(InstanceIds=[old_instance])
 
     _prepare(ec2, moto_server, config, new_instance, "us-east-1a")
@@ -141,10 +148,7 @@ def test_waits_for_a_terminated_instance_to_release_the_volume(ec2, moto_server,
 
 def test_volume_held_by_a_running_instance_is_a_temporary_failure(ec2, moto_server, tmp_path):
     config, _ = make_config(tmp_path)
-    volume_id = create_data_volume(ec2, "us-east-1a")
-    holder = run_instance(ec2, "us-east-1a")
-    ec2.attach_volume(VolumeId=volume_id, InstanceId=holder, Device="/dev/sdf")
-    me = run_instance(ec2, "us-east-1a")
+    holder, me = _volume_held_by_another_instance(ec2)
 
     with pytest.raises(TemporaryError, match="volume_available"):
         _prepare(ec2, moto_server, config, me, "us-east-1a", detach_wait_s=1.0)
@@ -206,25 +210,40 @@ def test_verify_mounted_refuses_when_the_volume_is_not_mounted(tmp_path):
         verify_mounted(devices, "vol-0123456789abcdef0", tmp_path / "dltraining")
 
 
+def _formatted_source(ec2, moto_server, epoch: str | None = None) -> tuple[str, Path]:
+    """A data volume in us-east-1a holding a file system (and an ``epoch`` file when given).
+    Returns (its volume ID, its directory)."""
+    source_id = create_data_volume(ec2, "us-east-1a")
+    source_dir = volume_dir(moto_server.ebs_dir, source_id)
+    (source_dir / DirectoryBlockDevices.FS_MARKER).write_text("xfs")
+    if epoch is not None:
+        (source_dir / "epoch").write_text(epoch)
+    return source_id, source_dir
+
+
+def _attached_move_copy(client, source_id: str, state: str, mover: str) -> str:
+    """A copy of ``source_id`` in us-east-1b as ``mover``'s move leaves it in ``state``: made from a
+    snapshot, tagged, attached to ``mover``. Returns its volume ID."""
+    snapshot_id = client.create_snapshot(VolumeId=source_id)["SnapshotId"]
+    copy_id = client.create_volume(AvailabilityZone="us-east-1b", SnapshotId=snapshot_id, VolumeType="gp3",
+                                   TagSpecifications=[{"ResourceType": "volume", "Tags": [
+                                       {"Key": "spot-training:stack", "Value": "SpotTraining"},
+                                       {"Key": "spot-training:purpose", "Value": "data-volume"},
+                                       {"Key": SOURCE_VOLUME_TAG, "Value": source_id},
+                                       {"Key": MOVE_STATE_TAG, "Value": state},
+                                       {"Key": "spot-training:created-by", "Value": mover}]}])["VolumeId"]
+    client.attach_volume(VolumeId=copy_id, InstanceId=mover, Device="/dev/sdf")
+    return copy_id
+
+
 def test_copy_is_abandoned_when_the_source_was_attached_during_the_move(ec2, moto_server, tmp_path):
     """Another instance attached (and trained on) the source after our snapshot: our copy may be stale,
     so it is never verified; once the source is free again, a fresh move carries the newer data."""
     config, _ = make_config(tmp_path)
-    source_id = create_data_volume(ec2, "us-east-1a")
-    source_dir = volume_dir(moto_server.ebs_dir, source_id)
-    (source_dir / DirectoryBlockDevices.FS_MARKER).write_text("xfs")
-    (source_dir / "epoch").write_text("1")
+    source_id, source_dir = _formatted_source(ec2, moto_server, epoch="1")
     me = run_instance(ec2, "us-east-1b")
     # A half-made move of ours (as left by a kill after 'volume_attached').
-    snapshot_id = ec2.create_snapshot(VolumeId=source_id)["SnapshotId"]
-    copy_id = ec2.create_volume(AvailabilityZone="us-east-1b", SnapshotId=snapshot_id, VolumeType="gp3",
-                                TagSpecifications=[{"ResourceType": "volume", "Tags": [
-                                    {"Key": "spot-training:stack", "Value": "SpotTraining"},
-                                    {"Key": "spot-training:purpose", "Value": "data-volume"},
-                                    {"Key": SOURCE_VOLUME_TAG, "Value": source_id},
-                                    {"Key": MOVE_STATE_TAG, "Value": "copying"},
-                                    {"Key": "spot-training:created-by", "Value": me}]}])["VolumeId"]
-    ec2.attach_volume(VolumeId=copy_id, InstanceId=me, Device="/dev/sdf")
+    copy_id = _attached_move_copy(ec2, source_id, "copying", me)
     # Meanwhile an instance in the source's AZ attached the source and trained on.
     other = run_instance(ec2, "us-east-1a")
     ec2.attach_volume(VolumeId=source_id, InstanceId=other, Device="/dev/sdf")
@@ -261,10 +280,7 @@ def test_source_attached_between_the_final_recheck_and_the_delete_is_never_retir
     fails with VolumeInUse: its copy must not stay 'verified' (the next boot would retire the source
     that was trained on); the newer data wins."""
     config, _ = make_config(tmp_path)
-    source_id = create_data_volume(ec2, "us-east-1a")
-    source_dir = volume_dir(moto_server.ebs_dir, source_id)
-    (source_dir / DirectoryBlockDevices.FS_MARKER).write_text("xfs")
-    (source_dir / "epoch").write_text("1")
+    source_id, source_dir = _formatted_source(ec2, moto_server, epoch="1")
     mover = run_instance(ec2, "us-east-1b")
     other = run_instance(ec2, "us-east-1a")
     other_ec2 = _other_client(moto_server)
@@ -302,9 +318,7 @@ def test_lease_free_attach_backs_off_when_a_move_committed_meanwhile(ec2, moto_s
     retired). The attacher must re-read the move state after attaching, detach and exit 75 instead
     of training on a volume that the next boot retires."""
     config, _ = make_config(tmp_path)
-    source_id = create_data_volume(ec2, "us-east-1a")
-    source_dir = volume_dir(moto_server.ebs_dir, source_id)
-    (source_dir / DirectoryBlockDevices.FS_MARKER).write_text("xfs")
+    source_id, source_dir = _formatted_source(ec2, moto_server)
     me = run_instance(ec2, "us-east-1a")
     mover = run_instance(ec2, "us-east-1b")
     other_ec2 = _other_client(moto_server)
@@ -313,16 +327,7 @@ def test_lease_free_attach_backs_off_when_a_move_committed_meanwhile(ec2, moto_s
     def mover_commits(**_):
         if done:
             return
-        snapshot_id = other_ec2.create_snapshot(VolumeId=source_id)["SnapshotId"]
-        copy_id = other_ec2.create_volume(AvailabilityZone="us-east-1b", SnapshotId=snapshot_id, VolumeType="gp3",
-                                          TagSpecifications=[{"ResourceType": "volume", "Tags": [
-                                              {"Key": "spot-training:stack", "Value": "SpotTraining"},
-                                              {"Key": "spot-training:purpose", "Value": "data-volume"},
-                                              {"Key": SOURCE_VOLUME_TAG, "Value": source_id},
-                                              {"Key": MOVE_STATE_TAG, "Value": "verified"},
-                                              {"Key": "spot-training:created-by", "Value": mover}]}])["VolumeId"]
-        other_ec2.attach_volume(VolumeId=copy_id, InstanceId=mover, Device="/dev/sdf")
-        done.append(copy_id)
+        done.append(_attached_move_copy(other_ec2, source_id, "verified", mover))
 
     ec2.meta.events.register("before-call.ec2.AttachVolume", mover_commits)
     with pytest.raises(TemporaryError, match="verified copy"):
