@@ -61,6 +61,17 @@ def files_under(path):
     return sorted((p.relative_to(path).as_posix(), p.stat().st_size) for p in path.rglob("*") if p.is_file())
 
 
+def trained_with_checkpoints(tmp_path, steps: int, background: bool = False, **model):
+    """A model (``make(**model)``) trained ``steps`` steps with a checkpoint after each, into
+    ``tmp_path``; returns (net, trainer, its checkpointer, still open)."""
+    net, trainer = make(**model)
+    ck = checkpointer(net, trainer, tmp_path, every_steps=1, background=background)
+    for _ in range(steps):
+        train_step(net, trainer)
+        ck.after_step()
+    return net, trainer, ck
+
+
 @pytest.mark.parametrize("background", [True, False])
 def test_restore_brings_back_params_optimizer_state_and_step(tmp_path, background):
     net, trainer = make()
@@ -87,11 +98,7 @@ def test_restore_brings_back_params_optimizer_state_and_step(tmp_path, backgroun
 
 
 def test_restore_maps_optimizer_state_by_parameter_name_when_the_trainer_orders_them_differently(tmp_path):
-    net, trainer = make()
-    ck = checkpointer(net, trainer, tmp_path, every_steps=1, background=False)
-    for _ in range(3):
-        train_step(net, trainer)
-        ck.after_step()
+    net, trainer, ck = trained_with_checkpoints(tmp_path, steps=3)
     ck.close()
     train_step(net, trainer)
     expected = params_of(net)
@@ -137,11 +144,7 @@ def test_parameter_broadcast_waits_for_deferred_initialization_and_says_so(caplo
 
 
 def test_corrupt_newest_checkpoint_falls_back_to_the_previous_one(tmp_path, caplog):
-    net, trainer = make()
-    ck = checkpointer(net, trainer, tmp_path, every_steps=1, background=False)
-    for _ in range(3):
-        train_step(net, trainer)
-        ck.after_step()
+    net, trainer, ck = trained_with_checkpoints(tmp_path, steps=3)
     ck.close()
     newest = tmp_path / "ckpt-000000000003" / PARAMS_FILE
     blob = bytearray(newest.read_bytes())
@@ -159,11 +162,7 @@ def test_corrupt_newest_checkpoint_falls_back_to_the_previous_one(tmp_path, capl
 
 
 def test_torn_newest_checkpoint_without_manifest_falls_back(tmp_path, caplog):
-    net, trainer = make()
-    ck = checkpointer(net, trainer, tmp_path, every_steps=1, background=False)
-    for _ in range(2):
-        train_step(net, trainer)
-        ck.after_step()
+    net, trainer, ck = trained_with_checkpoints(tmp_path, steps=2)
     ck.close()
     (tmp_path / "ckpt-000000000002" / "manifest.json").unlink()
     ck2 = checkpointer(*make(seed=3), tmp_path)
@@ -209,10 +208,7 @@ def test_fails_when_mxnet_checkpoint_was_not_written_by_the_gluon_adapter(tmp_pa
 
 
 def test_fails_when_model_shapes_do_not_match_naming_path_parameter_and_shapes(tmp_path):
-    net, trainer = make(channels=4)
-    ck = checkpointer(net, trainer, tmp_path, every_steps=1, background=False)
-    train_step(net, trainer)
-    ck.after_step()
+    net, trainer, ck = trained_with_checkpoints(tmp_path, steps=1, channels=4)
     ck.close()
     before = files_under(tmp_path)
 
@@ -230,10 +226,7 @@ def test_fails_when_model_shapes_do_not_match_naming_path_parameter_and_shapes(t
 
 
 def test_fails_when_model_has_other_parameters(tmp_path):
-    net, trainer = make()
-    ck = checkpointer(net, trainer, tmp_path, every_steps=1, background=False)
-    train_step(net, trainer)
-    ck.after_step()
+    net, trainer, ck = trained_with_checkpoints(tmp_path, steps=1)
     ck.close()
     mx.random.seed(0)
     other = build_net(channels=4, blocks=1, width=8)  # one more Dense layer
@@ -245,10 +238,7 @@ def test_fails_when_model_has_other_parameters(tmp_path):
 
 
 def test_checkpoint_files_are_what_gluon_itself_reads(tmp_path):
-    net, trainer = make()
-    ck = checkpointer(net, trainer, tmp_path, every_steps=1, background=True)
-    train_step(net, trainer)
-    ck.after_step()
+    net, trainer, ck = trained_with_checkpoints(tmp_path, steps=1, background=True)
     ckpt = ck.save(wait=True) or CheckpointStore(tmp_path, framework="mxnet").latest()
     ck.close()
     net2, trainer2 = make(seed=5)
