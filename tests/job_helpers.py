@@ -132,6 +132,20 @@ class TrainingJob:
             time.sleep(0.005)
 
 
+def child_pids(pid: int) -> list[int]:
+    """The process IDs whose parent is ``pid`` (from /proc; Linux), sorted: torchrun's workers."""
+    children = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = open(f"/proc/{entry}/stat").read()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                children.append(int(entry))
+    return sorted(children)
+
+
 def load_npz(path: Path) -> dict[str, np.ndarray]:
     """Every array of an .npz file (a job's final weights), by name."""
     with np.load(path) as data:

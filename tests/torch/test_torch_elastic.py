@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from job_helpers import child_pids  # tests/ (on sys.path: tests/torch/conftest.py)
 
 from training.core import EXIT_PEER_STOPPED, stop_exit_code
 from training.distributed.lr import scaled_learning_rate
@@ -133,19 +134,6 @@ def _start_store(log: Path, port: int) -> subprocess.Popen:
     return proc
 
 
-def _children(pid: int) -> list[int]:
-    out = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                stat = open(f"/proc/{entry}/stat").read()
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-                out.append(int(entry))
-    return out
-
-
 @dataclass
 class Cluster:
     root: Path
@@ -221,7 +209,7 @@ class Cluster:
     def kill_node(self, name: str) -> None:
         """SIGKILL the node's torchrun and its workers (the instance is gone: no notice)."""
         proc = self.nodes.pop(name)
-        workers = _children(proc.pid)
+        workers = child_pids(proc.pid)
         os.killpg(proc.pid, signal.SIGKILL)
         for w in workers:
             try:
@@ -233,7 +221,7 @@ class Cluster:
     def kill_leftovers(self) -> None:
         for proc in self.started:
             if proc.poll() is None:
-                for w in _children(proc.pid):
+                for w in child_pids(proc.pid):
                     try:
                         os.killpg(w, signal.SIGKILL)
                     except ProcessLookupError:

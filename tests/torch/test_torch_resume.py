@@ -10,6 +10,7 @@ import signal
 import time
 
 import pytest
+from job_helpers import child_pids
 from torch_jobs import SAVE_EVERY, TOTAL_STEPS, Job, assert_bitwise_equal, load_state
 
 from training.store import TMP_PREFIX, CheckpointStore
@@ -155,7 +156,7 @@ def test_ddp_sigterm_to_one_rank_saves_once_on_both_at_the_same_step(tmp_path, d
         assert ref.run(timeout=300) == 0, ref.stderr_text()
         proc = job.start("--step-delay", "0.02")
         job.wait_for_rows(proc, 12)
-        workers = _torchrun_workers(proc.pid)
+        workers = child_pids(proc.pid)
         assert len(workers) == 2, workers
         os.kill(workers[-1], signal.SIGTERM)  # the higher pid: rank 1 in practice; either rank must do
         assert proc.wait(timeout=120) == 0, job.stderr_text()
@@ -171,16 +172,3 @@ def test_ddp_sigterm_to_one_rank_saves_once_on_both_at_the_same_step(tmp_path, d
     finally:
         ref.kill_leftovers()
         job.kill_leftovers()
-
-
-def _torchrun_workers(agent_pid: int) -> list[int]:
-    children = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                stat = open(f"/proc/{entry}/stat").read()
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == agent_pid:
-                children.append(int(entry))
-    return sorted(children)
