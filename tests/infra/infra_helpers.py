@@ -79,23 +79,28 @@ PSEUDO_PARAMETERS = {"AWS::Region": "us-east-1", "AWS::AccountId": "123456789012
                      "AWS::StackId": "arn:aws:cloudformation:us-east-1:123456789012:stack/SpotTraining/1f2e3d4c-0000-4000-8000-00000000abcd"}
 
 
-def render_intrinsics(value: Any, pseudo: dict[str, str] = PSEUDO_PARAMETERS) -> str:
-    """Render the intrinsics a single-node stack's user data uses (Fn::Join, Fn::Sub, Ref to pseudo
-    parameters, Fn::Select of an Fn::Split; any other Ref stands for a physical id ``<logical id>-id``)."""
+def render_intrinsics(value: Any, pseudo: dict[str, str] = PSEUDO_PARAMETERS, refs=None) -> str:
+    """Render the intrinsics our user data uses (Fn::Join, Fn::Sub, Ref to pseudo parameters, Fn::Select
+    of an Fn::Split). Any other Ref: ``refs(logical id)`` gives its physical id (None: AssertionError);
+    without ``refs`` it stands for ``<logical id>-id``."""
     if isinstance(value, str):
         return value
     ((fn, arg),) = value.items()
     if fn == "Fn::Join":
-        return arg[0].join(render_intrinsics(v, pseudo) for v in arg[1])
+        return arg[0].join(render_intrinsics(v, pseudo, refs) for v in arg[1])
     if fn == "Fn::Sub":
         for name, v in pseudo.items():
             arg = arg.replace("${" + name + "}", v)
         return arg
-    if fn == "Ref":
-        return pseudo.get(arg, f"{arg}-id")
+    if fn == "Ref" and arg in pseudo:
+        return pseudo[arg]
+    if fn == "Ref" and refs is None:
+        return f"{arg}-id"
+    if fn == "Ref" and refs(arg) is not None:
+        return refs(arg)
     if fn == "Fn::Select" and isinstance(arg[1], dict) and "Fn::Split" in arg[1]:
         separator, text = arg[1]["Fn::Split"]
-        return render_intrinsics(text, pseudo).split(separator)[int(arg[0])]
+        return render_intrinsics(text, pseudo, refs).split(separator)[int(arg[0])]
     raise AssertionError(f"unexpected intrinsic {fn} {arg!r} in user data")
 
 
@@ -106,3 +111,36 @@ def launch_template_user_data(template: assertions.Template) -> str:
     assert len(found) == 1, f"expected one launch template with user data, found {sorted(found)}"
     (lt,) = found.values()
     return render_intrinsics(lt["Properties"]["LaunchTemplateData"]["UserData"]["Fn::Base64"])
+
+
+def as_list(value: Any) -> list[Any]:
+    """An IAM statement's Action or Resource as a list (CloudFormation allows one value or a list)."""
+    return value if isinstance(value, list) else [value]
+
+
+def launch_templates_by_role(synth: Synth) -> dict[str, dict[str, Any]]:
+    """A cluster stack's launch templates by role (``scheduler``, ``server``, ``worker``: those it has)."""
+    out = {}
+    for logical_id, lt in synth.resources("AWS::EC2::LaunchTemplate").items():
+        for role, prefix in (("scheduler", "ClusterSchedulerLaunchTemplate"), ("server", "ClusterServerLaunchTemplate"),
+                             ("worker", "ClusterWorkerFleetLaunchTemplate")):
+            if logical_id.startswith(prefix):
+                out[role] = lt
+    return out
+
+
+def assert_resource_star_only_where_no_resource_level_permissions(statements: list[dict[str, Any]]) -> None:
+    """Every statement on Resource "*" is Describe*, CloudWatch PutMetricData scoped to our namespace,
+    or Session Manager's channels: the actions with no resource-level permissions."""
+    from infra.roles import SESSION_MANAGER_ACTIONS
+
+    for st in statements:
+        if "*" in as_list(st["Resource"]):
+            if as_list(st["Action"]) == ["cloudwatch:PutMetricData"]:
+                # No resource-level permissions exist for it: scoped to our namespace instead (issue 13).
+                assert st["Condition"] == {"StringEquals": {"cloudwatch:namespace": "SpotTraining"}}, st
+                continue
+            if sorted(as_list(st["Action"])) == sorted(a for a in SESSION_MANAGER_ACTIONS if a.startswith("ssmmessages:")):
+                # Session Manager's channels: no resource-level permissions exist (infra.roles).
+                continue
+            assert all(a.split(":")[1].startswith("Describe") for a in as_list(st["Action"])), st

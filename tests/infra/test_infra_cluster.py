@@ -11,9 +11,9 @@ import aws_cdk as cdk
 import pytest
 from aws_cdk import assertions
 from aws_cdk import aws_ec2 as ec2
-from infra_helpers import Synth, cfn_lint_errors
+from infra_helpers import (Synth, as_list, assert_resource_star_only_where_no_resource_level_permissions, cfn_lint_errors,
+                           launch_templates_by_role, render_intrinsics)
 
-from infra.roles import SESSION_MANAGER_ACTIONS
 from infra.cluster import AGENT_STOP_TIMEOUT_S, ClusterPorts, Framework, ParameterServerCluster
 from infra.cluster_config import CLUSTER_CONTEXT_KEYS, ClusterSettings
 from infra.tags import CLUSTER_MEMBER_TAG_KEY, STACK_TAG_KEY
@@ -26,38 +26,18 @@ PINNED_CLUSTER_ACCESS_POINT_ID = "ClusterSharedFileSystemAccessPoint1ED85886"
 PSEUDO = {"AWS::Region": "us-east-1", "AWS::AccountId": "123456789012", "AWS::URLSuffix": "amazonaws.com", "AWS::Partition": "aws"}
 
 
-def _as_list(value: Any) -> list[Any]:
-    return value if isinstance(value, list) else [value]
+_as_list = as_list
 
 
 def _render(value: Any, pseudo: dict[str, str]) -> str:
-    """Render the intrinsics our user data uses (Fn::Join, Fn::Sub, Ref to pseudo parameters and EFS)."""
-    if isinstance(value, str):
-        return value
-    ((fn, arg),) = value.items()
-    if fn == "Fn::Join":
-        return arg[0].join(_render(v, pseudo) for v in arg[1])
-    if fn == "Fn::Sub":
-        for name, v in pseudo.items():
-            arg = arg.replace("${" + name + "}", v)
-        return arg
-    if fn == "Ref" and arg in pseudo:
-        return pseudo[arg]
-    if fn == "Ref" and arg == PINNED_CLUSTER_ACCESS_POINT_ID:
-        return "fsap-0123456789abcdef0"
-    if fn == "Ref" and arg == PINNED_CLUSTER_FILE_SYSTEM_ID:
-        return "fs-0123456789abcdef0"
-    raise AssertionError(f"unexpected intrinsic {fn} {arg!r} in user data")
+    """Render the intrinsics our user data uses (pseudo parameters; the pinned EFS ids stand for physical ids)."""
+    efs = {PINNED_CLUSTER_ACCESS_POINT_ID: "fsap-0123456789abcdef0", PINNED_CLUSTER_FILE_SYSTEM_ID: "fs-0123456789abcdef0"}
+    return render_intrinsics(value, pseudo, efs.get)
 
 
 def _launch_templates(synth: Synth) -> dict[str, dict[str, Any]]:
     """role -> launch template resource (scheduler, server, worker)."""
-    out = {}
-    for logical_id, lt in synth.resources("AWS::EC2::LaunchTemplate").items():
-        for role, prefix in (("scheduler", "ClusterSchedulerLaunchTemplate"), ("server", "ClusterServerLaunchTemplate"),
-                             ("worker", "ClusterWorkerFleetLaunchTemplate")):
-            if logical_id.startswith(prefix):
-                out[role] = lt
+    out = launch_templates_by_role(synth)
     assert sorted(out) == ["scheduler", "server", "worker"], list(synth.resources("AWS::EC2::LaunchTemplate"))
     return out
 
@@ -249,16 +229,7 @@ def test_cluster_nodes_get_efs_but_no_data_volume_permissions(cluster_synth: Syn
             if {"ec2:CreateTags", "ec2:DeleteTags"} & set(_as_list(st["Action"])):
                 keys = st["Condition"]["ForAllValues:StringEquals"]["aws:TagKeys"]
                 assert keys in (["spot-training:boot-error"], ["spot-training:failed-boots"]), st
-        for st in statements:
-            if "*" in _as_list(st["Resource"]):
-                if _as_list(st["Action"]) == ["cloudwatch:PutMetricData"]:
-                    # No resource-level permissions exist for it: scoped to our namespace instead (issue 13).
-                    assert st["Condition"] == {"StringEquals": {"cloudwatch:namespace": "SpotTraining"}}, st
-                    continue
-                if sorted(_as_list(st["Action"])) == sorted(a for a in SESSION_MANAGER_ACTIONS if a.startswith("ssmmessages:")):
-                    # Session Manager's channels: no resource-level permissions exist (infra.roles).
-                    continue
-                assert all(a.split(":")[1].startswith("Describe") for a in _as_list(st["Action"])), st
+        assert_resource_star_only_where_no_resource_level_permissions(statements)
     scheduler_ec2 = {a for s in _statements(cluster_synth, "ClusterNodeRole") for a in _as_list(s["Action"]) if a.startswith("ec2:")}
     # Beyond Describe: the boot-error tag on its own instance and, at the failed-boot bound, cancelling
     # the stack's worker fleet (test_failed_boots_of_cluster_nodes_are_counted_and_bounded_within_the_stack).

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from infra_helpers import Synth, cfn_lint_errors, synth_cluster
+from infra_helpers import Synth, cfn_lint_errors, launch_templates_by_role, synth_cluster
 from test_infra_cluster import PSEUDO, _ingress_rules, _render
 
 from infra.cluster import TORCH_COLLECTIVE_PORTS, Framework
@@ -26,14 +26,7 @@ def torch_synth(tmp_path_factory: pytest.TempPathFactory) -> Synth:
     return synth_cluster(tmp_path_factory.mktemp("cdk-cluster-torch"), settings)
 
 
-def _templates(synth: Synth) -> dict[str, dict[str, Any]]:
-    out = {}
-    for logical_id, lt in synth.resources("AWS::EC2::LaunchTemplate").items():
-        for role, prefix in (("scheduler", "ClusterSchedulerLaunchTemplate"), ("server", "ClusterServerLaunchTemplate"),
-                             ("worker", "ClusterWorkerFleetLaunchTemplate")):
-            if logical_id.startswith(prefix):
-                out[role] = lt
-    return out
+_templates = launch_templates_by_role
 
 
 def _config(lt: dict[str, Any]):

@@ -8,9 +8,9 @@ from pathlib import Path
 from typing import Any
 
 from aws_cdk import assertions
-from infra_helpers import Synth, cfn_lint_errors
+from infra_helpers import (Synth, as_list, assert_resource_star_only_where_no_resource_level_permissions, cfn_lint_errors,
+                           render_intrinsics)
 
-from infra.roles import SESSION_MANAGER_ACTIONS
 from infra.tags import STACK_TAG_KEY
 from infra.userdata import extract_config
 
@@ -59,8 +59,7 @@ def _policy_statements(synth: Synth, logical_prefix: str) -> list[dict[str, Any]
     return statements
 
 
-def _as_list(value: Any) -> list[Any]:
-    return value if isinstance(value, list) else [value]
+_as_list = as_list
 
 
 def test_every_mutating_ec2_action_is_conditioned_on_the_stack_tag(default_synth: Synth) -> None:
@@ -85,16 +84,7 @@ def test_every_mutating_ec2_action_is_conditioned_on_the_stack_tag(default_synth
 
 def test_only_describe_statements_and_namespaced_metrics_use_resource_star(default_synth: Synth) -> None:
     for prefix in ("NodeRole", "DataCleanupHandler"):
-        for st in _policy_statements(default_synth, prefix):
-            if "*" in _as_list(st["Resource"]):
-                if _as_list(st["Action"]) == ["cloudwatch:PutMetricData"]:
-                    # No resource-level permissions exist for it: scoped to our namespace instead (issue 13).
-                    assert st["Condition"] == {"StringEquals": {"cloudwatch:namespace": "SpotTraining"}}, st
-                    continue
-                if sorted(_as_list(st["Action"])) == sorted(a for a in SESSION_MANAGER_ACTIONS if a.startswith("ssmmessages:")):
-                    # Session Manager's channels: no resource-level permissions exist (infra.roles).
-                    continue
-                assert all(a.split(":")[1].startswith("Describe") for a in _as_list(st["Action"])), st
+        assert_resource_star_only_where_no_resource_level_permissions(_policy_statements(default_synth, prefix))
 
 
 def test_cancel_is_scoped_to_this_stacks_fleet_request(default_synth: Synth) -> None:
@@ -265,33 +255,22 @@ def test_retain_data_reaches_the_custom_resource(pinned_synth: Synth) -> None:
 # ---- node config in user data --------------------------------------------------------------------
 
 
+def _stack_refs(logical_id: str) -> str | None:
+    """Physical ids for the Refs our user data makes beyond the pseudo parameters."""
+    # Logical ids of the EFS resources stand for their physical ids.
+    if logical_id.startswith("SharedFileSystemAccessPoint"):
+        return "fsap-0123456789abcdef0"
+    if logical_id.startswith("SharedFileSystem"):
+        return "fs-0123456789abcdef0"
+    if logical_id == "AWS::StackId":  # its UUID part is the deployment tag (issue 15 item 1)
+        return "arn:aws:cloudformation:us-east-1:123456789012:stack/SpotTraining/1f2e3d4c-0000-4000-8000-00000000abcd"
+    return None
+
+
 def _render(value: Any, pseudo: dict[str, str]) -> str:
-    """Render the few intrinsics our user data uses (Fn::Join, Fn::Sub, Ref to pseudo parameters,
-    Fn::Select of an Fn::Split of the stack id)."""
-    if isinstance(value, str):
-        return value
-    ((fn, arg),) = value.items()
-    if fn == "Fn::Join":
-        return arg[0].join(_render(v, pseudo) for v in arg[1])
-    if fn == "Fn::Sub":
-        text = arg
-        for name, v in pseudo.items():
-            text = text.replace("${" + name + "}", v)
-        return text
-    if fn == "Ref":
-        if arg in pseudo:
-            return pseudo[arg]
-        # Logical ids of the EFS resources stand for their physical ids.
-        if arg.startswith("SharedFileSystemAccessPoint"):
-            return "fsap-0123456789abcdef0"
-        if arg.startswith("SharedFileSystem"):
-            return "fs-0123456789abcdef0"
-        if arg == "AWS::StackId":  # its UUID part is the deployment tag (issue 15 item 1)
-            return "arn:aws:cloudformation:us-east-1:123456789012:stack/SpotTraining/1f2e3d4c-0000-4000-8000-00000000abcd"
-    if fn == "Fn::Select" and isinstance(arg[1], dict) and "Fn::Split" in arg[1]:
-        separator, text = arg[1]["Fn::Split"]
-        return _render(text, pseudo).split(separator)[int(arg[0])]
-    raise AssertionError(f"unexpected intrinsic {fn} in user data")
+    """Render the few intrinsics our user data uses (Fn::Join, Fn::Sub, Ref to pseudo parameters and
+    the EFS resources, Fn::Select of an Fn::Split of the stack id)."""
+    return render_intrinsics(value, pseudo, _stack_refs)
 
 
 def _user_data(synth: Synth, pseudo: dict[str, str]) -> str:
