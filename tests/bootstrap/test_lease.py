@@ -33,6 +33,25 @@ def _reader(ec2):
     return lambda: ec2.describe_volumes(Filters=filters)["Volumes"]
 
 
+def _reader_after_rival_lease(ec2, volume_id: str, value: str):
+    """A reader (as :func:`_reader`) that first writes the lease ``value`` onto ``volume_id``, once: a
+    rival's write landing while we settle."""
+    read = _reader(ec2)
+    wrote = []
+
+    def read_after_rival_wrote():
+        if not wrote:
+            ec2.create_tags(Resources=[volume_id], Tags=[{"Key": LEASE_TAG, "Value": value}])
+            wrote.append(value)
+        return read()
+
+    return read_after_rival_wrote
+
+
+def _tags(ec2, volume_id: str) -> dict[str, str]:
+    return {t["Key"]: t["Value"] for t in ec2.describe_volumes(VolumeIds=[volume_id])["Volumes"][0].get("Tags", [])}
+
+
 def test_acquire_writes_settles_and_reads_back(ec2):
     volume_id = create_data_volume(ec2)
     clock = _Clock()
@@ -77,21 +96,11 @@ def test_overwritten_lease_loses_and_withdraws(ec2):
     volume_id = create_data_volume(ec2)
     clock = _Clock()
     loser = _lease(ec2, "i-aaa", clock, wait_s=3.0)
-    read = _reader(ec2)
     rival = f"i-bbb {int(clock.now + 60)}"
-    writes = []
-
-    def read_after_rival_wrote():
-        # The rival read "no lease" before our write and writes its own while we settle.
-        if not writes:
-            ec2.create_tags(Resources=[volume_id], Tags=[{"Key": LEASE_TAG, "Value": rival}])
-            writes.append(rival)
-        return read()
-
+    # The rival read "no lease" before our write and writes its own while we settle.
     with pytest.raises(TemporaryError, match="held by i-bbb"):
-        loser.acquire(volume_id, read_after_rival_wrote, volumes=read())
-    tags = {t["Key"]: t["Value"] for t in ec2.describe_volumes(VolumeIds=[volume_id])["Volumes"][0]["Tags"]}
-    assert tags[LEASE_TAG] == rival
+        loser.acquire(volume_id, _reader_after_rival_lease(ec2, volume_id, rival), volumes=_reader(ec2)())
+    assert _tags(ec2, volume_id)[LEASE_TAG] == rival
     assert loser.current is None
 
 
@@ -129,32 +138,15 @@ def test_rival_leases_on_different_candidates_smaller_owner_wins(ec2):
     clock = _Clock()
     read = _reader(ec2)
     rival_value = f"i-zzz {int(clock.now + 60)}"
-    wrote = []
-
-    def read_with_rival_on_second():
-        if not wrote:
-            ec2.create_tags(Resources=[second], Tags=[{"Key": LEASE_TAG, "Value": rival_value}])
-            wrote.append(True)
-        return read()
-
     smaller = _lease(ec2, "i-aaa", clock)
-    smaller.acquire(first, read_with_rival_on_second, volumes=read())
+    smaller.acquire(first, _reader_after_rival_lease(ec2, second, rival_value), volumes=read())
     assert smaller.current is not None and smaller.current.owner == "i-aaa"
 
     # Mirror image: i-zzz writes first, and i-aaa's lease appears on the other candidate while it settles.
     smaller.release([first])
     larger = _lease(ec2, "i-zzz", clock, wait_s=2.0)
     smaller_value = f"i-aaa {int(clock.now + 60)}"
-    wrote.clear()
     ec2.delete_tags(Resources=[second], Tags=[{"Key": LEASE_TAG, "Value": rival_value}])
-
-    def read_with_smaller_on_first():
-        if not wrote:
-            ec2.create_tags(Resources=[first], Tags=[{"Key": LEASE_TAG, "Value": smaller_value}])
-            wrote.append(True)
-        return read()
-
     with pytest.raises(TemporaryError, match="held by i-aaa"):
-        larger.acquire(second, read_with_smaller_on_first, volumes=read())
-    tags = {t["Key"] for t in ec2.describe_volumes(VolumeIds=[second])["Volumes"][0].get("Tags", [])}
-    assert LEASE_TAG not in tags  # i-zzz withdrew its own lease
+        larger.acquire(second, _reader_after_rival_lease(ec2, first, smaller_value), volumes=read())
+    assert LEASE_TAG not in _tags(ec2, second)  # i-zzz withdrew its own lease
