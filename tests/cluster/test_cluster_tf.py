@@ -14,7 +14,8 @@ from __future__ import annotations
 import time
 
 import pytest
-from cluster_harness import Cluster, Network
+from cluster_fixtures import network  # noqa: F401 - a fixture
+from cluster_harness import Cluster
 
 from training.examples.prepare_data import prepare_digits
 
@@ -24,13 +25,6 @@ HEARTBEAT_TIMEOUT_S = 10.0
 RESTART_BUDGET_S = 150.0  # six TensorFlow imports on 2 shared cores
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def network():
-    net = Network()
-    yield net
-    net.close()
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
-from cluster_harness import Network
+from cluster_fixtures import network  # noqa: F401 - a fixture
 from torch_harness import TORCH_PYTHON, TorchCluster
 
 from training.examples.prepare_data import prepare_digits
@@ -30,13 +30,6 @@ SAVE_EVERY = 20
 BUDGET_S = 180.0  # torch imports and worker-group restarts on 2 shared cores
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def network():
-    net = Network()
-    yield net
-    net.close()
 
 
 def _first_change(rows: list[dict], since: int, world_size: int) -> tuple[dict, dict]:

@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "cluster"))
-from cluster_harness import MEMBER_TAG, Cluster, Network  # noqa: E402
+from cluster_fixtures import network  # noqa: E402, F401 - a fixture
+from cluster_harness import MEMBER_TAG, Cluster  # noqa: E402
 
 TOTAL_STEPS = 700
 SAVE_EVERY = 20
@@ -30,13 +31,6 @@ HEARTBEAT_TIMEOUT_S = 10.0
 RESTART_BUDGET_S = 120.0
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def network():
-    net = Network()
-    yield net
-    net.close()
 
 
 @pytest.fixture(scope="module")
