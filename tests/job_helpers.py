@@ -131,6 +131,15 @@ class TrainingJob:
                 raise AssertionError(f"trainer did not reach {rows} rows in {timeout} s")
             time.sleep(0.005)
 
+    def request_checkpoints(self, proc: subprocess.Popen, first_rows: int, second_rows: int, reason: str = "") -> None:
+        """Ask the running trainer for a checkpoint both ways the contract gives (docs/contracts.md):
+        SIGUSR1 once the step log has ``first_rows`` rows, the request file (holding ``reason``) once it
+        has ``second_rows``."""
+        self.wait_for_rows(proc, first_rows)
+        proc.send_signal(signal.SIGUSR1)
+        self.wait_for_rows(proc, second_rows)
+        self.request_file.write_text(reason)
+
 
 def child_pids(pid: int) -> list[int]:
     """The process IDs whose parent is ``pid`` (from /proc; Linux), sorted: torchrun's workers."""

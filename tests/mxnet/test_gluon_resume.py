@@ -81,10 +81,7 @@ def test_sigkill_at_a_random_step_repeats_only_steps_after_the_last_checkpoint(j
 def test_sigusr1_and_request_file_add_checkpoints_without_stopping(job):
     job.extra_args = ("--save-every-steps", "0", "--keep", "5")  # no cadence: only requested saves
     proc = job.start()
-    job.wait_for_rows(proc, 10)
-    proc.send_signal(signal.SIGUSR1)
-    job.wait_for_rows(proc, 40)
-    job.request_file.write_text("rebalance recommendation\n")
+    job.request_checkpoints(proc, 10, 40, "rebalance recommendation\n")
     assert proc.wait(timeout=60) == 0, job.stderr_text()
     assert job.logged_steps() == ALL_STEPS
     assert not job.request_file.exists(), "the request file is consumed"

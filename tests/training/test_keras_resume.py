@@ -86,10 +86,7 @@ def test_newest_checkpoint_corrupted_resume_falls_back_and_still_ends_bitwise_eq
 def test_sigusr1_and_request_file_add_checkpoints_without_stopping(job):
     job.extra_args = ("--step-delay", "0.05", "--save-every-steps", "0")
     proc = job.start()
-    job.wait_for_rows(proc, 5)
-    proc.send_signal(signal.SIGUSR1)
-    job.wait_for_rows(proc, 15)
-    job.request_file.write_text("")
+    job.request_checkpoints(proc, 5, 15)
     assert proc.wait(timeout=120) == 0, job.stderr_text()
     store = CheckpointStore(job.checkpoint_dir, framework="tensorflow", keep=3)
     steps = [c.step for c in store.checkpoints()]
