@@ -131,6 +131,13 @@ class TrainingJob:
                 raise AssertionError(f"trainer did not reach {rows} rows in {timeout} s")
             time.sleep(0.005)
 
+    def signal_at(self, rows: int, sig: int, *more: str) -> subprocess.Popen:
+        """Start the trainer and send it ``sig`` once the step log has ``rows`` rows; the process."""
+        proc = self.start(*more)
+        self.wait_for_rows(proc, rows)
+        proc.send_signal(sig)
+        return proc
+
     def request_checkpoints(self, proc: subprocess.Popen, first_rows: int, second_rows: int, reason: str = "") -> None:
         """Ask the running trainer for a checkpoint both ways the contract gives (docs/contracts.md):
         SIGUSR1 once the step log has ``first_rows`` rows, the request file (holding ``reason``) once it

@@ -37,9 +37,7 @@ def test_sigterm_after_several_background_saves_resumes_bitwise_equal(loop_job, 
     # from TensorFlow's async writer (and the Keras variable fix in training/tf_loop.py).
     loop_job.extra_args = ("--step-delay", STEP_DELAY)
     at = random.randint(2 * SAVE_EVERY + 1, TOTAL - 5)
-    proc = loop_job.start()
-    loop_job.wait_for_rows(proc, at)
-    proc.send_signal(signal.SIGTERM)
+    proc = loop_job.signal_at(at, signal.SIGTERM)
     assert proc.wait(timeout=60) == 0, loop_job.stderr_text()
     stopped = loop_job.logged_steps()[-1]
     assert committed_step(loop_job) == stopped >= at
@@ -53,9 +51,7 @@ def test_sigterm_after_several_background_saves_resumes_bitwise_equal(loop_job, 
 def test_sigkill_resumes_from_the_last_background_checkpoint_bitwise_equal(loop_job, loop_reference):
     loop_job.extra_args = ("--step-delay", STEP_DELAY)
     at = random.randint(2 * SAVE_EVERY + 2, TOTAL - 5)
-    proc = loop_job.start()
-    loop_job.wait_for_rows(proc, at)
-    proc.send_signal(signal.SIGKILL)
+    proc = loop_job.signal_at(at, signal.SIGKILL)
     proc.wait(timeout=30)
     killed_at, resumed_from = loop_job.logged_steps()[-1], committed_step(loop_job)
     # Background saves: the newest write may still be under way at the kill, so up to two intervals.
