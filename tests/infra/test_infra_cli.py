@@ -84,19 +84,18 @@ def test_cli_synth_writes_both_stacks_without_credentials(cli_synth: Path) -> No
 
 
 @pytest.mark.slow
-def test_cli_synth_fails_on_a_bad_cluster_context_value(tmp_path: Path) -> None:
-    result = _cdk_synth(tmp_path, "cluster_workers=12")
+@pytest.mark.parametrize("context, message, template", [
+    pytest.param("cluster_workers=12",
+                 "context key 'cluster_workers': got 12; allowed: from cluster_min_workers=1 to cluster_max_workers=8",
+                 "DistributedTraining", id="cluster-workers-above-max"),
+    pytest.param("volume_size_gib=0", "context key 'volume_size_gib': got '0'; allowed: an integer (GiB) from 1 to 16384",
+                 "SpotTraining", id="volume-size-zero"),
+])
+def test_cli_synth_fails_on_a_bad_context_value(tmp_path: Path, context: str, message: str, template: str) -> None:
+    result = _cdk_synth(tmp_path, context)
     assert result.returncode != 0
-    assert "context key 'cluster_workers': got 12; allowed: from cluster_min_workers=1 to cluster_max_workers=8" in result.stderr
-    assert not (tmp_path / "DistributedTraining.template.json").exists()
-
-
-@pytest.mark.slow
-def test_cli_synth_fails_on_a_bad_context_value(tmp_path: Path) -> None:
-    result = _cdk_synth(tmp_path, "volume_size_gib=0")
-    assert result.returncode != 0
-    assert "context key 'volume_size_gib': got '0'; allowed: an integer (GiB) from 1 to 16384" in result.stderr
-    assert not (tmp_path / "SpotTraining.template.json").exists()
+    assert message in result.stderr
+    assert not (tmp_path / f"{template}.template.json").exists()
 
 
 @pytest.mark.slow
