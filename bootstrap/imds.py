@@ -34,7 +34,7 @@ import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable, TypeVar
 
 from bootstrap.errors import AgentError, ExitCode, TemporaryError
 
@@ -44,6 +44,10 @@ TOKEN_HEADER = "X-aws-ec2-metadata-token"
 TTL_HEADER = "X-aws-ec2-metadata-token-ttl-seconds"
 
 log = logging.getLogger(__name__)
+
+
+#: What a notice endpoint parses into (:meth:`ImdsClient._notice`).
+_Notice = TypeVar("_Notice")
 
 
 class ImdsError(AgentError):
@@ -185,27 +189,25 @@ class ImdsClient:
     # ---- notices ----------------------------------------------------------------------------
     def spot_instance_action(self) -> SpotInstanceAction | None:
         """The spot interruption notice, or None (404: no notice)."""
-        status, body = self.get("meta-data/spot/instance-action")
-        if status == 404:
-            return None
-        try:
-            doc = json.loads(body)
-            return SpotInstanceAction(action=str(doc["action"]), time=_parse_time(doc["time"], "spot/instance-action"))
-        except (ValueError, KeyError, TypeError):
-            raise ImdsError(f"IMDS spot/instance-action answered {body[:200]!r}; expected JSON with "
-                            f"'action' and 'time'") from None
+        return self._notice("spot/instance-action", "'action' and 'time'", lambda doc: SpotInstanceAction(
+            action=str(doc["action"]), time=_parse_time(doc["time"], "spot/instance-action")))
 
     def rebalance_recommendation(self) -> RebalanceRecommendation | None:
         """The rebalance recommendation, or None (404: none)."""
-        status, body = self.get("meta-data/events/recommendations/rebalance")
+        return self._notice("events/recommendations/rebalance", "'noticeTime'", lambda doc: RebalanceRecommendation(
+            notice_time=_parse_time(doc["noticeTime"], "rebalance recommendation")))
+
+    def _notice(self, path: str, expected: str, parse: Callable[[Any], _Notice]) -> _Notice | None:
+        """GET ``meta-data/<path>``: None on 404, else ``parse(<the JSON body>)``; a body that is not
+        JSON or lacks a field (ValueError, KeyError, TypeError) raises :class:`ImdsError` naming the
+        ``expected`` fields."""
+        status, body = self.get(f"meta-data/{path}")
         if status == 404:
             return None
         try:
-            doc = json.loads(body)
-            return RebalanceRecommendation(notice_time=_parse_time(doc["noticeTime"], "rebalance recommendation"))
+            return parse(json.loads(body))
         except (ValueError, KeyError, TypeError):
-            raise ImdsError(f"IMDS events/recommendations/rebalance answered {body[:200]!r}; expected "
-                            f"JSON with 'noticeTime'") from None
+            raise ImdsError(f"IMDS {path} answered {body[:200]!r}; expected JSON with {expected}") from None
 
     # ---- transport --------------------------------------------------------------------------
     def get(self, path: str) -> tuple[int, str]:

@@ -22,10 +22,10 @@ import logging
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Protocol
+from typing import Any, Callable, Iterable, Protocol
 
 from bootstrap.config import DEFAULT_NOTICE_POLL_INTERVAL_S
-from bootstrap.imds import ImdsClient, ImdsError
+from bootstrap.imds import ImdsClient, ImdsError, RebalanceRecommendation, SpotInstanceAction
 from bootstrap.logs import flush_logs
 
 log = logging.getLogger(__name__)
@@ -73,30 +73,42 @@ class TrainerControl(Protocol):
         ...
 
 
-class SpotInterruptionMonitor:
-    """Polls ``meta-data/spot/instance-action`` through an :class:`ImdsClient`."""
+class _ImdsNoticeMonitor:
+    """Polls one IMDS notice through an :class:`ImdsClient`: :meth:`_read` asks IMDS (None: no
+    notice now), :meth:`_event` turns the notice into the :class:`Event` the watcher acts on."""
 
     def __init__(self, imds: ImdsClient) -> None:
         self.imds = imds
 
     def poll(self) -> Event | None:
-        notice = self.imds.spot_instance_action()
-        if notice is None:
-            return None
+        notice = self._read()
+        return None if notice is None else self._event(notice)
+
+    def _read(self) -> Any:
+        raise NotImplementedError
+
+    def _event(self, notice: Any) -> Event:
+        raise NotImplementedError
+
+
+class SpotInterruptionMonitor(_ImdsNoticeMonitor):
+    """Polls ``meta-data/spot/instance-action`` through an :class:`ImdsClient`."""
+
+    def _read(self) -> SpotInstanceAction | None:
+        return self.imds.spot_instance_action()
+
+    def _event(self, notice: SpotInstanceAction) -> Event:
         return Event(kind=SPOT_INTERRUPTION, id=notice.id, deadline=notice.time,
                      detail={"action": notice.action, "time": notice.time.isoformat()})
 
 
-class RebalanceMonitor:
+class RebalanceMonitor(_ImdsNoticeMonitor):
     """Polls ``meta-data/events/recommendations/rebalance`` through an :class:`ImdsClient`."""
 
-    def __init__(self, imds: ImdsClient) -> None:
-        self.imds = imds
+    def _read(self) -> RebalanceRecommendation | None:
+        return self.imds.rebalance_recommendation()
 
-    def poll(self) -> Event | None:
-        notice = self.imds.rebalance_recommendation()
-        if notice is None:
-            return None
+    def _event(self, notice: RebalanceRecommendation) -> Event:
         return Event(kind=REBALANCE_RECOMMENDATION, id=notice.id,
                      detail={"notice_time": notice.notice_time.isoformat()})
 

@@ -343,23 +343,19 @@ class ParameterServerCluster(constructs.Construct):
         )
         self.file_system.allow_from(self.connections)
         self.bootstrap_asset = bootstrap_asset or BootstrapAsset(self, "BootstrapAsset")
-        self.node_role = TrainingNodeRole(
-            self,
-            "NodeRole",
-            stack_tag_value=tag_value,
-            assets=[self.bootstrap_asset.asset],
-            description=f"Scheduler and parameter-server nodes of stack {tag_value}",
-            data_volume_access=False,
-        )
         # Workers get a role of their own: only they may lower the fleet's target and terminate
         # themselves when asked to leave (bootstrap.cluster.leave_fleet).
-        self.worker_role = TrainingNodeRole(
-            self,
-            "WorkerRole",
-            stack_tag_value=tag_value,
-            assets=[self.bootstrap_asset.asset],
-            description=f"Spot worker nodes of stack {tag_value}",
-            data_volume_access=False,
+        self.node_role, self.worker_role = (
+            TrainingNodeRole(
+                self,
+                construct_id,
+                stack_tag_value=tag_value,
+                assets=[self.bootstrap_asset.asset],
+                description=f"{nodes} of stack {tag_value}",
+                data_volume_access=False,
+            )
+            for construct_id, nodes in (("NodeRole", "Scheduler and parameter-server nodes"),
+                                        ("WorkerRole", "Spot worker nodes"))
         )
         self.worker_role.allow_leaving_fleet()
         # ... and may cancel the stack's worker fleet when training completed (docs/architecture.md, "The user's story", step 4).

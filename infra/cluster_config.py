@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from .cluster import (
@@ -35,6 +35,7 @@ from .config import (
     FRAMEWORK_CPU_REQUIREMENTS,
     FRAMEWORK_REQUIREMENTS,
     ContextKey,
+    ContextSettings,
     StackSettings,
     _as_int,
     _as_list,
@@ -90,12 +91,14 @@ CLUSTER_CONTRACT_SETTINGS: dict[str, str] = {f"cluster_{role}_port": "port" for 
 
 
 @dataclasses.dataclass(frozen=True)
-class ClusterSettings:
+class ClusterSettings(ContextSettings):
     """Validated settings of :class:`infra.cluster_stack.DistributedTrainingStack`.
 
     ``base`` holds the shared keys (:data:`SHARED_KEYS`) as a :class:`StackSettings`; the other
     fields are the ``cluster_*`` keys (units in :data:`CLUSTER_CONTEXT_KEYS`).
     """
+
+    context_keys = SHARED_KEYS + _CLUSTER_KEY_NAMES  # the shared and the cluster_* keys (not a field)
 
     base: StackSettings = StackSettings()
     stack_name: str = "DistributedTraining"
@@ -115,18 +118,6 @@ class ClusterSettings:
     torch_nproc_per_node: int = DEFAULT_TORCH_NPROC_PER_NODE
     #: None: the framework's builds per role (GPU on workers, CPU on scheduler and servers).
     training_requirements: tuple[str, ...] | None = None
-
-    @classmethod
-    def from_context(cls, get: Callable[[str], Any]) -> ClusterSettings:
-        """Read and validate the shared and the ``cluster_*`` context keys.
-
-        Args:
-            get: returns a context value or ``None`` (``app.node.try_get_context``).
-
-        Raises:
-            ValueError: a key holds a bad value; the message names the key, the value and what is allowed.
-        """
-        return cls.from_mapping({key: get(key) for key in SHARED_KEYS + _CLUSTER_KEY_NAMES})
 
     @classmethod
     def from_mapping(cls, raw: Mapping[str, Any]) -> ClusterSettings:

@@ -10,7 +10,6 @@ from aws_cdk import aws_ec2 as ec2
 
 from .cluster import EFS_MOUNT_POINT, STATE_DIR, Framework, ParameterServerCluster
 from .cluster_config import ClusterSettings
-from .monitoring import RETENTION_DAYS, TrainingMonitoring
 from .stack import SettingsStack, machine_image, new_vpc, node_subnets
 from .tags import CLUSTER_MEMBER_TAG_KEY
 from .userdata import SERVICE_NAME
@@ -67,18 +66,7 @@ class DistributedTrainingStack(SettingsStack):
         self.settings = settings
         self.vpc = new_vpc(self, base.vpc_id, flow_logs=base.vpc_flow_logs, private_subnets=base.private_subnets)
         code = {"type": "git", "url": base.code_git_url, "ref": base.code_git_ref} if base.code_git_url else None
-        self.monitoring: TrainingMonitoring | None = None
-        if base.monitoring:
-            self.monitoring = TrainingMonitoring(
-                self,
-                "Monitoring",
-                stack_tag_value=self.stack_name,
-                log_retention=RETENTION_DAYS[base.log_retention_days],
-                no_progress_minutes=base.alarm_no_progress_minutes,
-                no_capacity_minutes=base.alarm_no_capacity_minutes,
-                notification_email=base.notification_email,
-                removal_policy=cdk.RemovalPolicy.RETAIN if base.retain_data else cdk.RemovalPolicy.DESTROY,
-            )
+        self.monitoring = self.add_monitoring(base)
         self.cluster = ParameterServerCluster(
             self,
             "Cluster",

@@ -13,7 +13,7 @@ import dataclasses
 import json
 import re
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 import spot_contract
 from spot_contract import DEFAULT_MOUNT_POINT, EFS_MOUNT_POINT
@@ -330,8 +330,28 @@ def monitoring_settings(v: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+class ContextSettings:
+    """What every settings class shares: :meth:`from_context` reads its ``context_keys`` and hands them
+    to the class's own ``from_mapping`` (which validates them)."""
+
+    #: The context keys the class reads (cdk.json "context").
+    context_keys: ClassVar[tuple[str, ...]] = ()
+
+    @classmethod
+    def from_context(cls, get: Callable[[str], Any]) -> Any:
+        """Read and validate the class's context keys (:attr:`context_keys`).
+
+        Args:
+            get: returns a context value or ``None`` (``app.node.try_get_context``).
+
+        Raises:
+            ValueError: a key holds a bad value; the message names the key, the value and what is allowed.
+        """
+        return cls.from_mapping({key: get(key) for key in cls.context_keys})  # type: ignore[attr-defined]
+
+
 @dataclasses.dataclass(frozen=True)
-class StackSettings:
+class StackSettings(ContextSettings):
     """Validated settings of :class:`infra.stack.SpotTrainingStack` (see :data:`CONTEXT_KEYS` for units).
 
     ``training_command`` and ``training_requirements`` left at ``None`` become the ``framework``'s
@@ -341,6 +361,8 @@ class StackSettings:
     Raises:
         ValueError: ``framework`` is not one of :data:`FRAMEWORKS` (naming the value and the allowed ones).
     """
+
+    context_keys = _KEY_NAMES  # every context key (a class attribute, not a field: no annotation)
 
     stack_name: str = "SpotTraining"
     account: str | None = None
@@ -401,19 +423,6 @@ class StackSettings:
         if self.training_requirements is None:
             own_python = self.training_python != DEFAULT_TRAINING_PYTHON
             object.__setattr__(self, "training_requirements", () if own_python else defaults.requirements)
-
-    @classmethod
-    def from_context(cls, get: Callable[[str], Any]) -> StackSettings:
-        """Read and validate every context key.
-
-        Args:
-            get: returns a context value or ``None`` (``app.node.try_get_context``).
-
-        Raises:
-            ValueError: a key holds a bad value; the message names the key, the value and what is allowed.
-        """
-        raw = {key: get(key) for key in _KEY_NAMES}
-        return cls.from_mapping(raw)
 
     @classmethod
     def from_mapping(cls, raw: Mapping[str, Any]) -> StackSettings:

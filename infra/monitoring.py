@@ -147,21 +147,20 @@ class TrainingMonitoring(constructs.Construct):
             comparison=cloudwatch.ComparisonOperator.LESS_THAN_OR_EQUAL_TO_THRESHOLD,
             periods=no_progress_minutes,
         )
-        self.completed_alarm = self._alarm(
-            "Completed",
-            description=f"{stack_tag_value}: training completed (the trainer wrote COMPLETED)",
-            metric=self.metric("Completed", "Maximum"),
-            threshold=1,
-            comparison=cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
-            periods=1,
-        )
-        self.failed_alarm = self._alarm(
-            "TrainerFailed",
-            description=f"{stack_tag_value}: the trainer kept crashing and the agent gave up (exit 75)",
-            metric=self.metric("TrainerFailed", "Maximum"),
-            threshold=1,
-            comparison=cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
-            periods=1,
+        # One alarm per 0/1 outcome metric the agents publish: in alarm as soon as one node reports 1.
+        self.completed_alarm, self.failed_alarm = (
+            self._alarm(
+                metric_name,
+                description=f"{stack_tag_value}: {what}",
+                metric=self.metric(metric_name, "Maximum"),
+                threshold=1,
+                comparison=cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
+                periods=1,
+            )
+            for metric_name, what in (
+                ("Completed", "training completed (the trainer wrote COMPLETED)"),
+                ("TrainerFailed", "the trainer kept crashing and the agent gave up (exit 75)"),
+            )
         )
         self.no_capacity_minutes = no_capacity_minutes
         self.no_capacity_alarm: cloudwatch.Alarm | None = None

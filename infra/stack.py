@@ -93,6 +93,24 @@ class SettingsStack(cdk.Stack):
         pinned = getattr(self, "_pinned_azs", None)
         return list(pinned) if pinned else super().availability_zones
 
+    def add_monitoring(self, settings: StackSettings) -> TrainingMonitoring | None:
+        """The stack's :class:`TrainingMonitoring` (construct id ``Monitoring``) from the shared
+        monitoring keys of ``settings``, or None when ``settings.monitoring`` is false. Its log group
+        is kept on delete when ``settings.retain_data``; the fleet's capacity alarm is the caller's
+        (``add_capacity_alarm``, once the fleet exists)."""
+        if not settings.monitoring:
+            return None
+        return TrainingMonitoring(
+            self,
+            "Monitoring",
+            stack_tag_value=self.stack_name,
+            log_retention=RETENTION_DAYS[settings.log_retention_days],
+            no_progress_minutes=settings.alarm_no_progress_minutes,
+            no_capacity_minutes=settings.alarm_no_capacity_minutes,
+            notification_email=settings.notification_email,
+            removal_policy=cdk.RemovalPolicy.RETAIN if settings.retain_data else cdk.RemovalPolicy.DESTROY,
+        )
+
 
 class SpotTrainingStack(SettingsStack):
     """One spot training node that resumes where the last one stopped.
@@ -184,19 +202,8 @@ class SpotTrainingStack(SettingsStack):
 
         # The log group must exist before any node writes to it; the alarms that need the fleet's id
         # are added after the fleet (add_fleet_alarms).
-        self.monitoring: TrainingMonitoring | None = None
-        if settings.monitoring:
-            self.monitoring = TrainingMonitoring(
-                self,
-                "Monitoring",
-                stack_tag_value=tag_value,
-                log_retention=RETENTION_DAYS[settings.log_retention_days],
-                no_progress_minutes=settings.alarm_no_progress_minutes,
-                no_capacity_minutes=settings.alarm_no_capacity_minutes,
-                notification_email=settings.notification_email,
-                fleet_request_id=None,
-                removal_policy=cdk.RemovalPolicy.RETAIN if settings.retain_data else cdk.RemovalPolicy.DESTROY,
-            )
+        self.monitoring = self.add_monitoring(settings)
+        if self.monitoring is not None:
             self.monitoring.grant_publish(self.node_role.role)
 
         code = (

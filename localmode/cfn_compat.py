@@ -73,7 +73,7 @@ import time
 import uuid
 import zipfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 LOG = logging.getLogger("localmode.cfn_compat")
 
@@ -515,24 +515,24 @@ def _patch_ec2_deletes() -> None:
 
 
 # --- 6: EFS attributes ------------------------------------------------------------------------
-def _efs_file_system_attribute(self: Any, attribute_name: str) -> str:
-    if attribute_name == "Arn":
-        return self.file_system_arn
-    if attribute_name == "FileSystemId":
-        return self.file_system_id
-    from moto.cloudformation.exceptions import UnformattedGetAttTemplateException
-
-    raise UnformattedGetAttTemplateException()
+#: CloudFormation's ``Fn::GetAtt`` attributes of each EFS resource -> the moto model's attribute.
+_EFS_FILE_SYSTEM_ATTRIBUTES = {"Arn": "file_system_arn", "FileSystemId": "file_system_id"}
+_EFS_ACCESS_POINT_ATTRIBUTES = {"Arn": "access_point_arn", "AccessPointId": "access_point_id"}
 
 
-def _efs_access_point_attribute(self: Any, attribute_name: str) -> str:
-    if attribute_name == "Arn":
-        return self.access_point_arn
-    if attribute_name == "AccessPointId":
-        return self.access_point_id
-    from moto.cloudformation.exceptions import UnformattedGetAttTemplateException
+def _get_cfn_attribute(attributes: dict[str, str]) -> Callable[[Any, str], str]:
+    """A ``get_cfn_attribute`` method answering ``attributes`` (GetAtt name -> model attribute);
+    any other name raises moto's ``UnformattedGetAttTemplateException`` as its own models do."""
 
-    raise UnformattedGetAttTemplateException()
+    def get_cfn_attribute(self: Any, attribute_name: str) -> str:
+        if attribute_name in attributes:
+            return getattr(self, attributes[attribute_name])
+        from moto.cloudformation.exceptions import UnformattedGetAttTemplateException
+
+        raise UnformattedGetAttTemplateException()
+
+    get_cfn_attribute._spot_training_compat = True  # type: ignore[attr-defined]
+    return get_cfn_attribute
 
 
 def _patch_efs_attributes() -> None:
@@ -544,9 +544,8 @@ def _patch_efs_attributes() -> None:
 
     existing = getattr(FileSystem, "get_cfn_attribute", None)
     if existing is None:
-        _efs_file_system_attribute._spot_training_compat = True  # type: ignore[attr-defined]
-        FileSystem.get_cfn_attribute = _efs_file_system_attribute  # type: ignore[attr-defined]
-        FileSystem.has_cfn_attr = classmethod(lambda cls, attr: attr in ("Arn", "FileSystemId"))  # type: ignore[attr-defined]
+        FileSystem.get_cfn_attribute = _get_cfn_attribute(_EFS_FILE_SYSTEM_ATTRIBUTES)  # type: ignore[attr-defined]
+        FileSystem.has_cfn_attr = classmethod(lambda cls, attr: attr in _EFS_FILE_SYSTEM_ATTRIBUTES)  # type: ignore[attr-defined]
     elif not getattr(existing, "_spot_training_compat", False):
         LOG.info("moto's EFS FileSystem has its own get_cfn_attribute; not patched")
     from moto.efs.models import AccessPoint
@@ -555,8 +554,8 @@ def _patch_efs_attributes() -> None:
     # "<moto.efs.models.AccessPoint object at 0x...>") nor Fn::GetAtt.
     if "physical_resource_id" not in vars(AccessPoint):
         AccessPoint.physical_resource_id = property(lambda self: self.access_point_id)  # type: ignore[attr-defined]
-        AccessPoint.get_cfn_attribute = _efs_access_point_attribute  # type: ignore[attr-defined]
-        AccessPoint.has_cfn_attr = classmethod(lambda cls, attr: attr in ("Arn", "AccessPointId"))  # type: ignore[attr-defined]
+        AccessPoint.get_cfn_attribute = _get_cfn_attribute(_EFS_ACCESS_POINT_ATTRIBUTES)  # type: ignore[attr-defined]
+        AccessPoint.has_cfn_attr = classmethod(lambda cls, attr: attr in _EFS_ACCESS_POINT_ATTRIBUTES)  # type: ignore[attr-defined]
 
 
 # --- 7: CloudWatch alarms in CloudFormation --------------------------------------------------------

@@ -51,6 +51,25 @@ STATE_FILE = "state.json"
 
 
 # ---- live display --------------------------------------------------------------------------------
+
+#: The line of each event kind that is only the event's fields (``str.format_map`` over the event;
+#: ``reason`` may be absent: ''); ``:cluster``: the cluster drill's variant.
+_EVENT_LINES = {
+    "node-started:cluster": "{role} node {instance_id} ({availability_zone}, {address}) booted: agent pid {pid}",
+    "node-started": "node {instance_id} ({availability_zone}) booted: agent pid {pid}",
+    "capacity-raised": ">> fleet target capacity raised to {target_capacity} at step {step}",
+    "joined": "   generation {generation} trains with {workers} workers, {join_s:.1f} s after the raise",
+    "notice-posted:cluster": "!! spot interruption: notice to worker {instance_id} at step {step}",
+    "notice-posted": "!! spot interruption #{index}: notice to {instance_id} ({availability_zone}) at step {step}",
+    "instance-launched": "fleet launched {instance_id} in {availability_zone}",
+    "checkpointed": "   checkpoint at step {step}, {notice_to_checkpoint_s:.1f} s after the notice",
+    "instance-terminated": "   instance {instance_id} terminated ({reason})",
+    "completed": "training completed at step {step}, test accuracy {test_accuracy}",
+    "baseline": "uninterrupted baseline exited {exit_status}; final weights equal: {matches}",
+    "error": "ERROR: {message}",
+}
+
+
 class ProgressDisplay:
     """Renders drill events: a redrawn progress bar on a terminal, plain lines otherwise.
 
@@ -117,45 +136,25 @@ class ProgressDisplay:
         if kind == "deployed" and "groups" in event:  # the cluster drill
             return (f"deployed: worker fleet {event['fleet_request_id']}, groups {', '.join(event['groups'].values())}, "
                     f"EFS {event['file_system_id']}")
-        if kind == "node-started" and "role" in event:
-            return (f"{event['role']} node {event['instance_id']} ({event['availability_zone']}, {event['address']}) "
-                    f"booted: agent pid {event['pid']}")
-        if kind == "capacity-raised":
-            return f">> fleet target capacity raised to {event['target_capacity']} at step {event['step']}"
-        if kind == "joined":
-            return f"   generation {event['generation']} trains with {event['workers']} workers, {event['join_s']:.1f} s after the raise"
-        if kind == "notice-posted" and "index" not in event:
-            return f"!! spot interruption: notice to worker {event['instance_id']} at step {event['step']}"
         if kind == "deployed":
             return (f"deployed: fleet {event['fleet_request_id']}, data volume {event['data_volume_id']}, "
                     f"AZs {', '.join(event['availability_zones'])}")
-        if kind == "node-started":
-            return f"node {event['instance_id']} ({event['availability_zone']}) booted: agent pid {event['pid']}"
-        if kind == "instance-launched":
-            return f"fleet launched {event['instance_id']} in {event['availability_zone']}"
-        if kind == "notice-posted":
-            return (f"!! spot interruption #{event['index']}: notice to {event['instance_id']} "
-                    f"({event['availability_zone']}) at step {event['step']}")
-        if kind == "checkpointed":
-            return f"   checkpoint at step {event['step']}, {event['notice_to_checkpoint_s']:.1f} s after the notice"
-        if kind == "instance-terminated":
-            return f"   instance {event['instance_id']} terminated ({event.get('reason', '')})"
+        if kind == "node-started" and "role" in event:  # the cluster drill
+            kind = "node-started:cluster"
+        if kind == "notice-posted" and "index" not in event:  # the cluster drill
+            kind = "notice-posted:cluster"
         if kind == "resumed":
             move = f"; data volume MOVED to {event['availability_zone']} as {event['volume_id']}" if event["volume_moved"] else ""
             return (f"   resumed at step {event['step']} on {event['instance_id']} ({event['availability_zone']}), "
                     f"{event['boot_to_resume_s']:.1f} s after boot{move}")
-        if kind == "completed":
-            return f"training completed at step {event['step']}, test accuracy {event['test_accuracy']}"
         if kind == "destroyed":
             return f"destroyed; orphans: {event['orphans'] or 'none'}"
-        if kind == "baseline":
-            return f"uninterrupted baseline exited {event['exit_status']}; final weights equal: {event['matches']}"
         if kind == "read-back":
             savings = event.get("savings_pct")
             return (f"read back from the local AWS (spot-train status / cost): {event['interruptions']} "
                     f"interruption(s), savings {'n/a' if savings is None else f'{savings:.3f} %'}")
-        if kind == "error":
-            return f"ERROR: {event['message']}"
+        if kind in _EVENT_LINES:
+            return _EVENT_LINES[kind].format_map({"reason": "", **event})
         return ""
 
 

@@ -183,63 +183,60 @@ def apply(*, ebs_dir: str | os.PathLike[str]) -> None:
 
 
 # --- 1-3: EBS ---------------------------------------------------------------------------------
+# The data plane's side of each EBS call (``ebs_dir``, moto's result, then the call's own arguments
+# by the names moto gives them).
+def _volume_created(ebs_dir: Path, volume: Any, *_: Any, **__: Any) -> None:
+    target = volume_dir(ebs_dir, volume.id)
+    if volume.snapshot_id:
+        _copy_tree(snapshot_dir(ebs_dir, volume.snapshot_id), target)
+        source = _blocks_path(ebs_dir, "snapshots", volume.snapshot_id)
+        try:  # a volume made from a snapshot: its first snapshot is incremental to that one
+            blocks = json.loads(source.read_text())["blocks"]
+            _write_json(_blocks_path(ebs_dir, "lineage", volume.id), {"parent": volume.snapshot_id, "blocks": blocks})
+        except (OSError, ValueError, KeyError):
+            pass
+    else:
+        target.mkdir(parents=True, exist_ok=True)
+
+
+def _volume_deleted(ebs_dir: Path, volume: Any, volume_id: str) -> None:
+    _remove_tree(volume_dir(ebs_dir, volume_id))
+    _blocks_path(ebs_dir, "lineage", volume_id).unlink(missing_ok=True)
+
+
+def _snapshot_created(ebs_dir: Path, snapshot: Any, volume_id: str, *_: Any, **__: Any) -> None:
+    _copy_tree(volume_dir(ebs_dir, volume_id), snapshot_dir(ebs_dir, snapshot.id))
+    _record_snapshot_blocks(ebs_dir, volume_id, snapshot.id)
+
+
+def _snapshot_copied(ebs_dir: Path, snapshot: Any, source_snapshot_id: str, *_: Any, **__: Any) -> None:
+    _copy_tree(snapshot_dir(ebs_dir, source_snapshot_id), snapshot_dir(ebs_dir, snapshot.id))
+    source = _blocks_path(ebs_dir, "snapshots", source_snapshot_id)
+    if source.exists():  # a copy holds every block of its source (no parent in the copy's lineage)
+        record = json.loads(source.read_text())
+        record.update(parent=None, bytes_changed=record["bytes_total"], blocks_changed=len(record["blocks"]))
+        _write_json(_blocks_path(ebs_dir, "snapshots", snapshot.id), record)
+
+
+def _snapshot_deleted(ebs_dir: Path, snapshot: Any, snapshot_id: str) -> None:
+    _remove_tree(snapshot_dir(ebs_dir, snapshot_id))
+    _blocks_path(ebs_dir, "snapshots", snapshot_id).unlink(missing_ok=True)
+
+
 def _patch_ebs() -> None:
     from moto.ec2.exceptions import EC2ClientError, VolumeInUseError
     from moto.ec2.models.elastic_block_store import EBSBackend
 
-    def create_volume(original):
-        def create_volume(self, *args: Any, **kwargs: Any):
-            volume = original(self, *args, **kwargs)
-            target = volume_dir(_state["ebs_dir"], volume.id)
-            if volume.snapshot_id:
-                _copy_tree(snapshot_dir(_state["ebs_dir"], volume.snapshot_id), target)
-                source = _blocks_path(_state["ebs_dir"], "snapshots", volume.snapshot_id)
-                try:  # a volume made from a snapshot: its first snapshot is incremental to that one
-                    blocks = json.loads(source.read_text())["blocks"]
-                    _write_json(_blocks_path(_state["ebs_dir"], "lineage", volume.id),
-                                {"parent": volume.snapshot_id, "blocks": blocks})
-                except (OSError, ValueError, KeyError):
-                    pass
-            else:
-                target.mkdir(parents=True, exist_ok=True)
-            return volume
-        return create_volume
-
-    def delete_volume(original):
-        def delete_volume(self, volume_id: str):
-            volume = original(self, volume_id)
-            _remove_tree(volume_dir(_state["ebs_dir"], volume_id))
-            _blocks_path(_state["ebs_dir"], "lineage", volume_id).unlink(missing_ok=True)
-            return volume
-        return delete_volume
-
-    def create_snapshot(original):
-        def create_snapshot(self, volume_id: str, *args: Any, **kwargs: Any):
-            snapshot = original(self, volume_id, *args, **kwargs)
-            _copy_tree(volume_dir(_state["ebs_dir"], volume_id), snapshot_dir(_state["ebs_dir"], snapshot.id))
-            _record_snapshot_blocks(_state["ebs_dir"], volume_id, snapshot.id)
-            return snapshot
-        return create_snapshot
-
-    def copy_snapshot(original):
-        def copy_snapshot(self, source_snapshot_id: str, *args: Any, **kwargs: Any):
-            snapshot = original(self, source_snapshot_id, *args, **kwargs)
-            _copy_tree(snapshot_dir(_state["ebs_dir"], source_snapshot_id), snapshot_dir(_state["ebs_dir"], snapshot.id))
-            source = _blocks_path(_state["ebs_dir"], "snapshots", source_snapshot_id)
-            if source.exists():  # a copy holds every block of its source (no parent in the copy's lineage)
-                record = json.loads(source.read_text())
-                record.update(parent=None, bytes_changed=record["bytes_total"], blocks_changed=len(record["blocks"]))
-                _write_json(_blocks_path(_state["ebs_dir"], "snapshots", snapshot.id), record)
-            return snapshot
-        return copy_snapshot
-
-    def delete_snapshot(original):
-        def delete_snapshot(self, snapshot_id: str):
-            snapshot = original(self, snapshot_id)
-            _remove_tree(snapshot_dir(_state["ebs_dir"], snapshot_id))
-            _blocks_path(_state["ebs_dir"], "snapshots", snapshot_id).unlink(missing_ok=True)
-            return snapshot
-        return delete_snapshot
+    def after(hook: Callable[..., None]):
+        """A wrapper maker for the calls that change EBS data: moto's method, then
+        ``hook(ebs_dir, <moto's result>, <the call's arguments>)`` (the data plane's side), then moto's result."""
+        def make(original):
+            def method(self, *args: Any, **kwargs: Any):
+                result = original(self, *args, **kwargs)
+                hook(_state["ebs_dir"], result, *args, **kwargs)
+                return result
+            return method
+        return make
 
     def attach_volume(original):
         def attach_volume(self, volume_id: str, instance_id: str, device_path: str, *args: Any, **kwargs: Any):
@@ -267,9 +264,9 @@ def _patch_ebs() -> None:
         return detach_volume
 
     for name, make in (
-        ("create_volume", create_volume), ("delete_volume", delete_volume),
-        ("create_snapshot", create_snapshot), ("copy_snapshot", copy_snapshot),
-        ("delete_snapshot", delete_snapshot), ("attach_volume", attach_volume),
+        ("create_volume", after(_volume_created)), ("delete_volume", after(_volume_deleted)),
+        ("create_snapshot", after(_snapshot_created)), ("copy_snapshot", after(_snapshot_copied)),
+        ("delete_snapshot", after(_snapshot_deleted)), ("attach_volume", attach_volume),
         ("detach_volume", detach_volume),
     ):
         _wrap(EBSBackend, name, make)

@@ -71,6 +71,7 @@ __all__ = [
     "cadence_flag",
     "add_checkpoint_arguments",
     "check_checkpoint_arguments",
+    "check_positive_arguments",
     "checkpoint_exit_code",
     "run_script",
     "CheckpointDriver",
@@ -188,6 +189,16 @@ def check_checkpoint_arguments(parser: Any, args: Any) -> None:
         parser.error(f"--keep must be >= 1, got {args.keep}")
     if args.save_every_steps is not None and args.save_every_steps < 0:
         parser.error(f"--save-every-steps must be >= 0 (0 turns step-based saves off), got {args.save_every_steps}")
+
+
+def check_positive_arguments(parser: Any, args: Any, *names: str) -> None:
+    """Exit 2 through ``parser.error`` naming the first of ``names`` (argparse destinations such as
+    ``"batch_size"``, checked in that order) whose value is below 1; ``None`` (an optional flag not
+    given) passes. For a trainer's own counts (epochs, steps, batch size, threads)."""
+    for name in names:
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            parser.error(f"--{name.replace('_', '-')} must be >= 1, got {value}")
 
 
 def checkpoint_exit_code(err: BaseException) -> int | None:

@@ -167,15 +167,8 @@ def _check_int(name: str, value, minimum: int) -> int:
     return value
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_file(path: Path) -> None:
+def _fsync(path: Path) -> None:
+    """fsync a file or a directory (a directory's entry list: a rename in it is durable after this)."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -373,10 +366,10 @@ class CheckpointStore:
                 if isinstance(entry, dict) and entry.get("size") == size and isinstance(entry.get("sha256"), str):
                     files[rel] = {"size": size, "sha256": entry["sha256"]}
                     continue
-                _fsync_file(p)
+                _fsync(p)
                 files[rel] = {"size": size, "sha256": _file_sha256(p)}
             for root, _dirs, _names in os.walk(tmp):
-                _fsync_dir(Path(root))
+                _fsync(Path(root))
             manifest = {
                 "format": FORMAT,
                 "format_version": FORMAT_VERSION,
@@ -401,7 +394,7 @@ class CheckpointStore:
                 os.replace(target, aside)
                 self.log.warning("checkpoint %s failed verification; replacing it with a new save", target)
             os.replace(tmp, target)
-            _fsync_dir(self.directory)
+            _fsync(self.directory)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
@@ -552,7 +545,7 @@ class CheckpointStore:
             shutil.rmtree(ckpt.path, ignore_errors=True)
         for p in self.directory.glob(f"{TMP_PREFIX}corrupt-*"):
             shutil.rmtree(p, ignore_errors=True)
-        _fsync_dir(self.directory)
+        _fsync(self.directory)
 
     @staticmethod
     def _structurally_sound(ckpt: Checkpoint) -> bool:

@@ -13,18 +13,21 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import logging
 import os
+import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
 from spot_contract import PROGRESS_FILE, TRAINING_LOG_FILE
 from training.core import DEFAULT_EVERY_STEPS, default_every_steps
-from training.datasets import batch_indices, default_log_dir
+from training.datasets import batch_indices, default_data_dir, default_log_dir, load_digits
 
 __all__ = ["parse_args", "global_batch", "global_batch_size", "worker_shard", "StepLog", "write_result", "node_id",
-           "generation", "pace"]
+           "generation", "pace", "run_and_exit", "flat_digits"]
 
 STEP_LOG_FIELDS = ("step", "generation", "rank", "num_workers", "loss", "learning_rate", "wall_time")
 #: The progress file the node agent reads and publishes (docs/contracts.md, "Signals and files between
@@ -69,6 +72,16 @@ def parse_args(argv=None, *, description: str) -> argparse.Namespace:
     if not args.learning_rate > 0:
         p.error(f"--learning-rate must be > 0, got {args.learning_rate}")
     return args
+
+
+def flat_digits(data_dir: Path | None) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``x_train, y_train, x_test, y_test`` of the digits (:func:`training.datasets.load_digits`) with each
+    8x8 image flattened to one row of 64 (the trainers' MLP input). ``data_dir``: default
+    :func:`training.datasets.default_data_dir`."""
+    data_dir = data_dir or default_data_dir()
+    x_train, y_train = load_digits(data_dir, "train", layout="NHWC")
+    x_test, y_test = load_digits(data_dir, "test", layout="NHWC")
+    return x_train.reshape(len(x_train), -1), y_train, x_test.reshape(len(x_test), -1), y_test
 
 
 def global_batch_size(args: argparse.Namespace, num_workers: int) -> int:
@@ -165,3 +178,28 @@ def pace(started: float, min_seconds: float) -> None:
     left = min_seconds - (time.perf_counter() - started)
     if left > 0:
         time.sleep(left)
+
+
+def run_and_exit(main: Callable[[], int], *, hard_exit: bool) -> None:
+    """Run ``main()`` and end the process with its status: 0..255 from ``main`` or its ``SystemExit``
+    (Python's rule: ``None`` is 0, a non-int is 1), 1 after any other exception (traceback on stderr).
+
+    ``hard_exit``: flush the logs and stdio, then ``os._exit`` instead of ``sys.exit``: the trainers use
+    it where interpreter shutdown blocks in the framework's teardown after everything durable is done
+    (the reasons are in each trainer's ``run``). Never returns.
+    """
+    try:
+        code = main()
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except BaseException:  # noqa: BLE001 - report, then exit non-zero so the agent / torchrun sees the failure
+        import traceback
+
+        traceback.print_exc()
+        code = 1
+    if hard_exit:
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)

@@ -36,9 +36,8 @@ if __package__ in (None, ""):
 
 import numpy as np
 
-from training.datasets import default_data_dir, load_digits
-from training.distributed.common import (StepLog, generation, global_batch, global_batch_size, pace, parse_args,
-                                         worker_shard, write_result)
+from training.distributed.common import (StepLog, flat_digits, generation, global_batch, global_batch_size, pace, parse_args,
+                                         run_and_exit, worker_shard, write_result)
 from training.distributed.lr import scaled_learning_rate
 
 #: kvstore key of the stop flag; far above the Trainer's parameter indices (0..n-1).
@@ -67,10 +66,7 @@ def main(argv=None) -> int:
     log = logging.getLogger("training.mxnet_dist")
     kv = mx.kv.create("dist_sync" if os.environ.get("DMLC_ROLE") == "worker" else "local")
     rank, num_workers = kv.rank, kv.num_workers
-    data_dir = args.data_dir or default_data_dir()
-    x_train, y_train = load_digits(data_dir, "train", layout="NHWC")
-    x_test, y_test = load_digits(data_dir, "test", layout="NHWC")
-    x_train, x_test = x_train.reshape(len(x_train), -1), x_test.reshape(len(x_test), -1)
+    x_train, y_train, x_test, y_test = flat_digits(args.data_dir)
     n = len(x_train)
     batch = global_batch_size(args, num_workers)
 
@@ -141,21 +137,7 @@ def run() -> None:
     kvstore destructor waits in a ps-lite barrier for every worker and the servers, which was seen to
     hang after an agreed stop (3 workers, 60 s); rank 0's checkpoint is already durable (written,
     fsynced, committed) and the agents stop the scheduler and servers in the teardown anyway."""
-    try:
-        code = main()
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
-    except BaseException:  # noqa: BLE001 - report, then exit non-zero so the agent sees the failure
-        import traceback
-
-        traceback.print_exc()
-        code = 1
-    if os.environ.get("DMLC_ROLE") == "worker":
-        logging.shutdown()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
-    sys.exit(code)
+    run_and_exit(main, hard_exit=os.environ.get("DMLC_ROLE") == "worker")
 
 
 if __name__ == "__main__":

@@ -56,9 +56,9 @@ import numpy as np
 
 import spot_contract
 from training.core import run_script
-from training.datasets import default_data_dir, epoch_permutation, load_digits
-from training.distributed.common import (StepLog, generation, global_batch_size, pace, parse_args, worker_shard,
-                                         write_result)
+from training.datasets import epoch_permutation
+from training.distributed.common import (StepLog, flat_digits, generation, global_batch_size, pace, parse_args, run_and_exit,
+                                         worker_shard, write_result)
 from training.distributed.lr import scaled_learning_rate
 
 __all__ = ["TORCHRUN_ENV", "DataPosition", "main", "rank_indices", "run", "stream_indices"]
@@ -167,10 +167,7 @@ def train(argv=None) -> int:
     world_size = torch.distributed.get_world_size() if distributed else 1
     device = torch.device("cuda", torch.cuda.current_device()) if use_cuda else torch.device("cpu")
 
-    data_dir = args.data_dir or default_data_dir()
-    x_train, y_train = load_digits(data_dir, "train", layout="NHWC")
-    x_test, y_test = load_digits(data_dir, "test", layout="NHWC")
-    x_train, x_test = x_train.reshape(len(x_train), -1), x_test.reshape(len(x_test), -1)
+    x_train, y_train, x_test, y_test = flat_digits(args.data_dir)
     n = len(x_train)
     batch = global_batch_size(args, world_size)
     if batch < world_size:
@@ -245,21 +242,7 @@ def run() -> None:
     process-group store hosted by rank 0's worker), during which torchrun still counts the worker as
     running and the whole group waits to re-rendezvous. Everything durable is done by then (the
     checkpoint was written, fsynced and committed, and every rank met at the barrier)."""
-    try:
-        code = main()
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-    except BaseException:  # noqa: BLE001 - report, then exit non-zero so torchrun restarts the group
-        import traceback
-
-        traceback.print_exc()
-        code = 1
-    if os.environ.get("TORCHELASTIC_RUN_ID"):
-        logging.shutdown()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
-    sys.exit(code)
+    run_and_exit(main, hard_exit=bool(os.environ.get("TORCHELASTIC_RUN_ID")))
 
 
 if __name__ == "__main__":

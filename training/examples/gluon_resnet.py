@@ -38,7 +38,8 @@ if __package__ in (None, ""):  # run as a script: make `training` importable fro
 import numpy as np
 
 from spot_contract import TRAINING_LOG_FILE
-from training.core import add_checkpoint_arguments, cadence_flag, check_checkpoint_arguments, run_script
+from training.core import (add_checkpoint_arguments, cadence_flag, check_checkpoint_arguments,
+                           check_positive_arguments, run_script)
 from training.datasets import (
     batch_indices,
     default_data_dir,
@@ -100,13 +101,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--save-final-params", type=Path, default=None,
                         help="also write the final parameters to this .npz (for comparisons)")
     args = parser.parse_args(argv)
-    for name in ("batch_size", "threads"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-    if args.steps is not None and args.steps < 1:
-        parser.error(f"--steps must be >= 1, got {args.steps}")
-    if args.epochs is not None and args.epochs < 1:
-        parser.error(f"--epochs must be >= 1, got {args.epochs}")
+    check_positive_arguments(parser, args, "batch_size", "threads", "steps", "epochs")
     check_checkpoint_arguments(parser, args)
     return args
 

@@ -39,7 +39,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np
 
 from spot_contract import PROGRESS_FILE, TRAINING_LOG_FILE
-from training.core import add_checkpoint_arguments, cadence_flag, check_checkpoint_arguments, run_script
+from training.core import (add_checkpoint_arguments, cadence_flag, check_checkpoint_arguments,
+                           check_positive_arguments, run_script)
 from training.datasets import default_data_dir, default_log_dir, load_digits
 
 LOG_FIELDS = ("step", "epoch", "loss", "accuracy", "wall_time")
@@ -86,9 +87,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--save-final-weights", type=Path, default=None,
                         help="also write the final weights and optimizer state to this .npz (for comparisons)")
     args = parser.parse_args(argv)
-    for name in ("epochs", "batch_size", "threads"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    check_positive_arguments(parser, args, "epochs", "batch_size", "threads")
     check_checkpoint_arguments(parser, args)
     return args
 

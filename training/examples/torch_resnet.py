@@ -49,7 +49,8 @@ if __package__ in (None, ""):  # run as a script: make `training` importable fro
 import numpy as np
 
 from spot_contract import PROGRESS_FILE, TRAINING_LOG_FILE
-from training.core import add_checkpoint_arguments, cadence_flag, check_checkpoint_arguments, run_script
+from training.core import (add_checkpoint_arguments, cadence_flag, check_checkpoint_arguments,
+                           check_positive_arguments, run_script)
 from training.datasets import default_data_dir, default_log_dir, load_digits, steps_per_epoch
 
 #: When the checkpoint directory or its content cannot serve this run, restarting cannot help: the
@@ -132,12 +133,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--save-final-weights", type=Path, default=None,
                         help="also write the final model and optimizer state to this .npz (for comparisons)")
     args = parser.parse_args(argv)
-    for name in ("batch_size", "threads"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-    for name in ("steps", "epochs"):
-        if getattr(args, name) is not None and getattr(args, name) < 1:
-            parser.error(f"--{name} must be >= 1, got {getattr(args, name)}")
+    check_positive_arguments(parser, args, "batch_size", "threads", "steps", "epochs")
     check_checkpoint_arguments(parser, args)
     return args
 

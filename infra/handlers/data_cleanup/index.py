@@ -32,7 +32,7 @@ Raises:
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, Callable
 
 import boto3
 from botocore.config import Config
@@ -106,16 +106,23 @@ def _max_wait_s(context: Any) -> int:
     return max(WAIT_DELAY_S, min(MAX_WAIT_S, (remaining() - SAFETY_MARGIN_MS) // 1000))
 
 
+def _unless_not_found(call: Callable[..., dict[str, Any]], not_found_code: str, **kwargs: Any) -> dict[str, Any] | None:
+    """``call(**kwargs)``'s response, or None when EC2 answers ``not_found_code`` (such as
+    ``InvalidVolume.NotFound``: the resource is already gone). Any other ``ClientError`` propagates."""
+    try:
+        return call(**kwargs)
+    except ClientError as error:
+        if error.response["Error"]["Code"] == not_found_code:
+            return None
+        raise
+
+
 def _delete_snapshots(ec2: Any, tag_filter: list[dict[str, Any]]) -> list[str]:
     deleted = []
     for page in ec2.get_paginator("describe_snapshots").paginate(OwnerIds=["self"], Filters=tag_filter):
         for snapshot in page["Snapshots"]:
             snapshot_id = snapshot["SnapshotId"]
-            try:
-                ec2.delete_snapshot(SnapshotId=snapshot_id)
-            except ClientError as error:
-                if error.response["Error"]["Code"] != "InvalidSnapshot.NotFound":
-                    raise
+            _unless_not_found(ec2.delete_snapshot, "InvalidSnapshot.NotFound", SnapshotId=snapshot_id)
             deleted.append(snapshot_id)
     return deleted
 
@@ -153,34 +160,22 @@ def _delete_volumes(ec2: Any, volumes: list[dict[str, Any]], max_wait_s: int) ->
                     LOG.info("volume %s was deleted by EC2 while waiting for it; nothing to do", volume_id)
                     continue
                 raise RuntimeError(f"volume {volume_id} did not become available within {max_wait_s} s: {error}") from error
-        try:
-            ec2.delete_volume(VolumeId=volume_id)
-        except ClientError as error:
-            if error.response["Error"]["Code"] != "InvalidVolume.NotFound":
-                raise
+        _unless_not_found(ec2.delete_volume, "InvalidVolume.NotFound", VolumeId=volume_id)
         deleted.append(volume_id)
     return deleted
 
 
 def _gone(ec2: Any, volume_id: str) -> bool:
     """True when ``volume_id`` no longer exists (``InvalidVolume.NotFound``) or is being deleted."""
-    try:
-        volumes = ec2.describe_volumes(VolumeIds=[volume_id])["Volumes"]
-    except ClientError as error:
-        if error.response["Error"]["Code"] == "InvalidVolume.NotFound":
-            return True
-        raise
-    return all(v["State"] in ("deleting", "deleted") for v in volumes)
+    response = _unless_not_found(ec2.describe_volumes, "InvalidVolume.NotFound", VolumeIds=[volume_id])
+    return response is None or all(v["State"] in ("deleting", "deleted") for v in response["Volumes"])
 
 
 def _instance_state(ec2: Any, instance_id: str) -> str | None:
-    try:
-        reservations = ec2.describe_instances(InstanceIds=[instance_id])["Reservations"]
-    except ClientError as error:
-        if error.response["Error"]["Code"] == "InvalidInstanceID.NotFound":
-            return None
-        raise
-    for reservation in reservations:
+    response = _unless_not_found(ec2.describe_instances, "InvalidInstanceID.NotFound", InstanceIds=[instance_id])
+    if response is None:
+        return None
+    for reservation in response["Reservations"]:
         for instance in reservation["Instances"]:
             return instance["State"]["Name"]
     return None
