@@ -51,7 +51,7 @@ def find_fleet_request_id(ec2: Any, instance_id: str) -> str | None:
             for tag in instance.get("Tags", []):
                 if tag["Key"] == FLEET_REQUEST_TAG:
                     return tag["Value"]
-    for fleet in _fleet_requests(ec2):
+    for fleet in fleet_requests(ec2):
         if fleet.get("SpotFleetRequestState") not in _LIVE_STATES:
             continue
         fleet_id = fleet["SpotFleetRequestId"]
@@ -66,7 +66,7 @@ def find_fleet_request_id(ec2: Any, instance_id: str) -> str | None:
     return None
 
 
-def _fleet_requests(ec2: Any, ids: list[str] | None = None) -> list[dict[str, Any]]:
+def fleet_requests(ec2: Any, ids: list[str] | None = None) -> list[dict[str, Any]]:
     kwargs: dict[str, Any] = {"SpotFleetRequestIds": ids} if ids else {}
     fleets: list[dict[str, Any]] = []
     token = None
@@ -90,7 +90,7 @@ def cancel_own_fleet(*, ec2: Any, instance_id: str, stack_name: str) -> str | No
     if fleet_id is None:
         log.warning("no spot fleet request holds this instance; nothing to cancel", extra={"instance_id": instance_id})
         return None
-    fleets = _fleet_requests(ec2, [fleet_id])
+    fleets = fleet_requests(ec2, [fleet_id])
     if not fleets:
         log.info("the spot fleet request no longer exists; nothing to cancel", extra={"fleet_request_id": fleet_id})
         return None

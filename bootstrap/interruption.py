@@ -25,8 +25,9 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Protocol
 
 from bootstrap.config import DEFAULT_NOTICE_POLL_INTERVAL_S
-from bootstrap.imds import ImdsClient, ImdsError, RebalanceRecommendation, SpotInstanceAction
+from bootstrap.imds import ImdsClient, ImdsError, ImdsForbiddenError, RebalanceRecommendation, SpotInstanceAction
 from bootstrap.logs import flush_logs
+from spot_contract import CLUSTER_MEMBER_TAG
 
 log = logging.getLogger(__name__)
 
@@ -217,3 +218,61 @@ class InterruptionWatcher:
         self._sync()
         log.info("logs flushed and file systems synced; waiting for the instance to be reclaimed")
         self._flush()
+
+
+# ---- cluster workers: when to leave -----------------------------------------------------------------
+#: ``leave_reason`` of a cluster worker whose member tag was removed (bootstrap/fleet_actions.py then
+#: lowers its fleet's target capacity and terminates the instance).
+MEMBER_TAG_REMOVED = "member-tag-removed"
+#: ``leave_reason`` of a cluster worker whose IMDS answered 403 (it can no longer see notices).
+IMDS_FORBIDDEN = "imds-forbidden"
+#: The cluster agents' logger (the leave events were always logged under it).
+cluster_log = logging.getLogger("bootstrap.cluster")
+
+
+class MemberTagMonitor:
+    """A worker leaves when its membership tag is removed (as in the Dynamic Training article).
+
+    Polls the instance tags in metadata (``InstanceMetadataTags=enabled`` on the launch template; no
+    IAM needed). Only a tag seen once and then gone counts: an instance that never exposed it is
+    left alone. ``poll()`` returns an event (kind ``member-tag-removed``) or None.
+    """
+
+    def __init__(self, imds: Any, key: str = CLUSTER_MEMBER_TAG) -> None:
+        self.imds, self.key = imds, key
+        self._seen = False
+
+    def poll(self):
+        tags = self.imds.tags()
+        if tags is None:
+            return None
+        if self.key in tags:
+            self._seen = True
+            return None
+        if self._seen:
+            return Event(kind=MEMBER_TAG_REMOVED, id=f"{MEMBER_TAG_REMOVED}:{self.key}", detail={"tag": self.key})
+        return None
+
+
+def poll_leave_reason(monitors: Iterable[Any]) -> str | None:
+    """Poll a cluster worker's monitors (spot interruption notice, member tag) once; return why the
+    worker leaves (the first event's kind, or :data:`IMDS_FORBIDDEN` when IMDS answered 403: it can no
+    longer see notices, so it leaves through a checkpoint like a noticed worker and ``run_node`` hands
+    the instance back to the fleet), or None. A notice is logged as the publisher's
+    ``spot_interruption_notice`` event (bootstrap/publish.py). Shared by
+    ``bootstrap.ps_node.NodeAgent`` and ``bootstrap.torch_elastic.TorchWorker``."""
+    for monitor in monitors:
+        try:
+            event = monitor.poll()
+        except ImdsForbiddenError as exc:
+            cluster_log.error("IMDS answered 403: leaving the cluster, this node can no longer see spot "
+                              "interruption notices", extra={"event": "node_unusable", "error": str(exc)})
+            return IMDS_FORBIDDEN
+        if event is not None:
+            if event.kind == "spot-interruption":
+                cluster_log.warning("spot interruption notice: leaving the cluster", extra={
+                    "event": "spot_interruption_notice", "event_id": event.id})
+            cluster_log.info("worker leaving the cluster", extra={"kind": event.kind, "event_id": event.id})
+            return event.kind
+    return None
+

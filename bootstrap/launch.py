@@ -81,7 +81,7 @@ def _member(plan: Mapping[str, Any], node_id: str) -> tuple[str, Mapping[str, An
 def dmlc_environment(plan: Mapping[str, Any], node_id: str) -> dict[str, str]:
     """The ``DMLC_*`` and ``PORT`` variables for ``node_id`` in ``plan`` (see the module docstring).
 
-    plan: the plan dict (bootstrap.cluster.Plan.to_dict()). Raises KeyError if the node is not in it.
+    plan: the plan dict (bootstrap.cluster_state.Plan.to_dict()). Raises KeyError if the node is not in it.
     """
     role, me = _member(plan, node_id)
     scheduler = plan["scheduler"]

@@ -2,7 +2,7 @@
 
 PyTorch can change its membership while it runs (``torchrun --nnodes=MIN:MAX`` with the c10d
 rendezvous restarts every worker group when a node joins or is lost), so, unlike MXNet and TensorFlow
-(bootstrap/cluster.py), there are no generations: TorchElastic does membership, these agents only keep
+(bootstrap/cluster_coordinator.py), there are no generations: TorchElastic does membership, these agents only keep
 its rendezvous reachable and its torchruns running (docs/architecture.md, docs/contracts.md "Cluster
 state on EFS", docs/cluster.md).
 
@@ -21,7 +21,7 @@ state on EFS", docs/cluster.md).
   --local-addr=<private IPv4> --rdzv-conf=last_call_timeout=L --no-python <training command>`` in its
   own process group and supervises it:
 
-  * exit with ``COMPLETED`` in the checkpoint directory: ``"completed"`` (then bootstrap.cluster.finish_node);
+  * exit with ``COMPLETED`` in the checkpoint directory: ``"completed"`` (then bootstrap.fleet_actions.finish_node);
   * any other exit: relaunch after :data:`RELAUNCH_BACKOFF_S`, re-reading the address and epoch; an
     exit the agent did not ask for is reported in ``rendezvous-reports/<node_id>.json``
     (``{"node_id", "epoch", "returncode", "time"}``) so the coordinator moves to a new epoch;
@@ -49,7 +49,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
 import spot_contract
-from bootstrap.cluster import ClusterSettings, ClusterState, _read_json, poll_leave_reason, write_json_atomic
+from bootstrap.cluster_state import ClusterSettings, ClusterState, read_json, write_json_atomic
+from bootstrap.interruption import poll_leave_reason
 
 log = logging.getLogger("bootstrap.torch_elastic")
 
@@ -104,7 +105,7 @@ class RendezvousState:
 
     def read(self) -> dict | None:
         """The published rendezvous, or None before the first coordinator published one."""
-        return _read_json(self.path)
+        return read_json(self.path)
 
     def publish(self, *, host: str, port: int, epoch: int, node_id: str, since: float) -> None:
         write_json_atomic(self.path, {"host": host, "port": int(port), "epoch": int(epoch), "node_id": node_id,
@@ -118,7 +119,7 @@ class RendezvousState:
     def reports(self) -> list[dict]:
         out = []
         for path in self.reports_dir.glob("*.json"):
-            data = _read_json(path)
+            data = read_json(path)
             if data:
                 out.append(data)
         return out

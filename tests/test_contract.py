@@ -130,7 +130,7 @@ def test_a_value_the_stack_accepts_the_agent_accepts(key: str, value: float) -> 
 
 @pytest.mark.parametrize("port, ok", [(1023, False), (1024, True), (9000, True), (65535, True), (65536, False)])
 def test_cluster_ports_agree_between_stack_and_agent(port: int, ok: bool) -> None:
-    from bootstrap.cluster import settings_from_config
+    from bootstrap.cluster_state import settings_from_config
 
     section = {"state_dir": "/mnt/efs/cluster", "num_servers": 1, "min_workers": 1, "scheduler_port": port}
     if ok:
@@ -163,7 +163,7 @@ def test_one_write_json_atomic_with_the_directory_fsync(tmp_path: Path, monkeypa
     assert (tmp_path / "plan.json").read_text().strip().startswith("{")
     assert str(tmp_path) in synced  # the directory, so the rename survives a power cut
     assert [p.name for p in tmp_path.iterdir()] == ["plan.json"]
-    import bootstrap.cluster
+    import bootstrap.cluster_state
 
-    assert bootstrap.cluster.write_json_atomic is spot_contract.write_json_atomic
+    assert bootstrap.cluster_state.write_json_atomic is spot_contract.write_json_atomic
     assert training.store.write_json_atomic.__module__ == "training.store"  # keeps the store's temp prefix

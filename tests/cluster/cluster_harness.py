@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from bootstrap.cluster import ClusterState
+from bootstrap.cluster_state import ClusterState
 from localmode.imds_emulator import ImdsEmulator
 from localmode.netns import Network  # noqa: F401 - shared with local mode's cluster drill; the stories import it from here
 

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from bootstrap import launch
-from bootstrap.cluster import make_plan
+from bootstrap.cluster_state import make_plan
 
 SCHED = {"node_id": "i-s", "host": "10.0.0.2", "port": 9000}
 SERVERS = [{"node_id": "i-p1", "host": "10.0.0.3", "port": 9001}, {"node_id": "i-p2", "host": "10.0.0.4", "port": 9001}]

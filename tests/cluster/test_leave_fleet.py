@@ -1,9 +1,9 @@
-"""bootstrap.cluster.leave_fleet against a moto server over HTTP: a worker whose member tag was removed
+"""bootstrap.fleet_actions.leave_fleet against a moto server over HTTP: a worker whose member tag was removed
 lowers its own fleet's target and terminates itself; another stack's fleet is never touched."""
 
 from __future__ import annotations
 
-from bootstrap.cluster import leave_fleet
+from bootstrap.fleet_actions import leave_fleet
 
 STACK = "DistributedTraining"
 

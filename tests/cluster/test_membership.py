@@ -1,4 +1,4 @@
-"""bootstrap.cluster: the coordinator's generations with a fake clock over real files (tmp dir = EFS)."""
+"""bootstrap.cluster_coordinator: the coordinator's generations with a fake clock over real files (tmp dir = EFS)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from bootstrap.cluster import (CHECKPOINT, COMPLETED, RUNNING, TEARDOWN, WAITING, ClusterSettings, ClusterState,
-                               Coordinator, MemberTagMonitor, settings_from_config)
+from bootstrap.cluster_coordinator import Coordinator
+from bootstrap.cluster_state import (CHECKPOINT, COMPLETED, RUNNING, TEARDOWN, WAITING, ClusterSettings, ClusterState,
+                                     settings_from_config)
+from bootstrap.interruption import MemberTagMonitor
 from bootstrap.errors import ConfigError
 
 
@@ -266,7 +268,7 @@ def _stop_loop(seconds: float) -> None:
 
 
 def test_agent_restarted_inside_a_running_generation_reports_its_process_lost(world, tmp_path):
-    from bootstrap.cluster import NodeAgent
+    from bootstrap.ps_node import NodeAgent
 
     _start(world)
     _running(world, 1)
@@ -285,7 +287,8 @@ def test_agent_restarted_inside_a_running_generation_reports_its_process_lost(wo
 def test_a_worker_whose_imds_turns_403_leaves_through_a_checkpoint_and_is_handed_back(world, tmp_path):
     """Issue 15 item 8 on cluster workers: IMDS answering 403 means no more interruption notices. The
     worker leaves like a noticed one (the coordinator checkpoints without it) instead of exiting 78."""
-    from bootstrap.cluster import IMDS_FORBIDDEN, NodeAgent
+    from bootstrap.interruption import IMDS_FORBIDDEN
+    from bootstrap.ps_node import NodeAgent
     from bootstrap.imds import ImdsForbiddenError
 
     class Forbidden:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from bootstrap.cluster import ClusterSettings, settings_from_config
+from bootstrap.cluster_state import ClusterSettings, settings_from_config
 from bootstrap.errors import ConfigError
 from bootstrap.torch_elastic import RendezvousState, TorchCoordinator, TorchWorker, torchrun_argv
 

@@ -245,7 +245,7 @@ def test_cluster_nodes_get_efs_but_no_data_volume_permissions(cluster_synth: Syn
 
 
 def test_only_workers_may_leave_their_fleet_and_only_within_the_stack(cluster_synth: Synth) -> None:
-    """bootstrap.cluster.leave_fleet: ModifySpotFleetRequest + TerminateInstances, tag- and profile-scoped."""
+    """bootstrap.fleet_actions.leave_fleet: ModifySpotFleetRequest + TerminateInstances, tag- and profile-scoped."""
     mutating = [s for s in _statements(cluster_synth, "ClusterWorkerRole")
                 if any(a in ("ec2:ModifySpotFleetRequest", "ec2:TerminateInstances") for a in _as_list(s["Action"]))]
     by_action = {a: s for s in mutating for a in _as_list(s["Action"])}
@@ -302,7 +302,7 @@ def test_failed_boots_of_cluster_nodes_are_counted_and_bounded_within_the_stack(
 
 
 def test_only_workers_may_cancel_the_fleet_on_completion_and_only_the_stacks(cluster_synth: Synth) -> None:
-    """bootstrap.cluster.finish_node: a worker cancels its fleet when training completed."""
+    """bootstrap.fleet_actions.finish_node: a worker cancels its fleet when training completed."""
     (cancel,) = [s for s in _statements(cluster_synth, "ClusterWorkerRole") if "ec2:CancelSpotFleetRequests" in _as_list(s["Action"])]
     assert cancel["Condition"]["StringEquals"] == {f"aws:ResourceTag/{STACK_TAG_KEY}": "DistributedTraining"}
     assert "spot-fleet-request/*" in json.dumps(cancel["Resource"])
@@ -333,8 +333,8 @@ def test_each_role_gets_its_node_config_with_the_cluster_section(cluster_synth: 
 
 
 def test_the_agents_accept_every_role_config(cluster_synth: Synth, cluster_tf_synth: Synth) -> None:
-    """The other side of the contract: bootstrap.config and bootstrap.cluster parse what the stack writes."""
-    from bootstrap.cluster import settings_from_config
+    """The other side of the contract: bootstrap.config and bootstrap.cluster_state parse what the stack writes."""
+    from bootstrap.cluster_state import settings_from_config
     from bootstrap.config import parse_config
 
     for synth, region, servers, min_workers, ports in ((cluster_synth, "us-east-1", 2, 1, (9000, 9001, 9002)),

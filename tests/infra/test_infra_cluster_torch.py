@@ -65,7 +65,7 @@ def test_members_reach_each_other_only_on_the_rendezvous_and_collective_ports(to
 
 
 def test_node_configs_carry_torchrun_settings_the_agents_accept(torch_synth: Synth) -> None:
-    from bootstrap.cluster import settings_from_config
+    from bootstrap.cluster_state import settings_from_config
 
     for role, lt in _templates(torch_synth).items():
         config = _config(lt)
