@@ -37,9 +37,9 @@ from .config import (
     ContextKey,
     ContextSettings,
     StackSettings,
-    _as_int,
-    _as_list,
-    _bad,
+    context_int,
+    context_list,
+    context_value_error,
     contract_setting,
     instance_types,
     training_requirements,
@@ -138,12 +138,12 @@ class ClusterSettings(ContextSettings):
         try:
             StackSettings.from_mapping({"stack_name": name})
         except ValueError:
-            raise _bad("cluster_stack_name", name, "a CloudFormation stack name: a letter, then up to 127 letters, digits or hyphens") from None
+            raise context_value_error("cluster_stack_name", name, "a CloudFormation stack name: a letter, then up to 127 letters, digits or hyphens") from None
         out["stack_name"] = name
 
         framework = v["cluster_framework"] if v["cluster_framework"] is not None else Framework.MXNET.value
         if framework not in [f.value for f in Framework]:
-            raise _bad("cluster_framework", framework, "one of " + ", ".join(f.value for f in Framework))
+            raise context_value_error("cluster_framework", framework, "one of " + ", ".join(f.value for f in Framework))
         out["framework"] = Framework(framework)
 
         for key, field, lo, hi, unit in (
@@ -156,12 +156,12 @@ class ClusterSettings(ContextSettings):
             ("cluster_torch_nproc_per_node", "torch_nproc_per_node", 1, 64, "(processes)"),
         ):
             if v[key] is not None:
-                out[field] = _as_int(key, v[key], lo, hi, unit)
+                out[field] = context_int(key, v[key], lo, hi, unit)
         lo_w, want, hi_w = (out.get(f, getattr(cls, f)) for f in ("min_workers", "workers", "max_workers"))
         if lo_w > hi_w:
-            raise _bad("cluster_min_workers", v["cluster_min_workers"], f"at most cluster_max_workers={hi_w}")
+            raise context_value_error("cluster_min_workers", v["cluster_min_workers"], f"at most cluster_max_workers={hi_w}")
         if not lo_w <= want <= hi_w:
-            raise _bad("cluster_workers", want, f"from cluster_min_workers={lo_w} to cluster_max_workers={hi_w}")
+            raise context_value_error("cluster_workers", want, f"from cluster_min_workers={lo_w} to cluster_max_workers={hi_w}")
 
         for key, field in (("cluster_scheduler_instance_type", "scheduler_instance_type"),
                            ("cluster_server_instance_type", "server_instance_type")):
@@ -176,18 +176,18 @@ class ClusterSettings(ContextSettings):
             ports[role] = contract_setting(key, v[key], "port") if v[key] is not None else getattr(ClusterPorts(), role)
         if len(set(ports.values())) != 3:
             clash = next(r for r in ("worker", "server", "scheduler") if list(ports.values()).count(ports[r]) > 1)
-            raise _bad(f"cluster_{clash}_port", ports[clash], "a port different from the other two roles' ports "
+            raise context_value_error(f"cluster_{clash}_port", ports[clash], "a port different from the other two roles' ports "
                        f"(scheduler={ports['scheduler']}, server={ports['server']}, worker={ports['worker']})")
         out["ports"] = ClusterPorts(**ports)
 
         if v["cluster_training_command"] is not None:
-            out["training_command"] = tuple(_as_list("cluster_training_command", v["cluster_training_command"]))
+            out["training_command"] = tuple(context_list("cluster_training_command", v["cluster_training_command"]))
         else:
             out["training_command"] = DEFAULT_TRAINING_COMMANDS[out["framework"]]
         python = v["cluster_training_python"]
         if python is not None:
             if not isinstance(python, str) or not re.fullmatch(r"(/[A-Za-z0-9._+-]+)+", python):
-                raise _bad("cluster_training_python", python, "an absolute path to a Python interpreter such as /usr/bin/python3")
+                raise context_value_error("cluster_training_python", python, "an absolute path to a Python interpreter such as /usr/bin/python3")
             out["training_python"] = python
         if v["cluster_training_requirements"] is not None or python is not None:
             out["training_requirements"] = training_requirements(

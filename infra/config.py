@@ -126,7 +126,7 @@ def contract_setting(key: str, value: Any, name: str | None = None, *, or_none: 
     except spot_contract.SettingError as exc:
         if not or_none:
             raise
-        raise _bad(key, value, exc.allowed + ", or none") from None
+        raise context_value_error(key, value, exc.allowed + ", or none") from None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -209,22 +209,25 @@ CONTRACT_SETTINGS: dict[str, str] = {
 }
 
 
-def _bad(key: str, value: Any, allowed: str) -> ValueError:
+def context_value_error(key: str, value: Any, allowed: str) -> ValueError:
+    """The error for a bad context value: names the key, the value and what is ``allowed``."""
     return ValueError(f"context key {key!r}: got {value!r}; allowed: {allowed}")
 
 
-def _as_int(key: str, value: Any, lo: int, hi: int | None, unit: str) -> int:
+def context_int(key: str, value: Any, lo: int, hi: int | None, unit: str) -> int:
+    """An integer ``lo``..``hi`` (``hi`` None: no upper bound) from JSON or a ``-c`` string; raises
+    ValueError (:func:`context_value_error`) otherwise. ``unit`` names it in the message."""
     allowed = f"an integer {unit} from {lo} to {hi}" if hi is not None else f"an integer {unit} >= {lo}"
     if isinstance(value, bool):
-        raise _bad(key, value, allowed)
+        raise context_value_error(key, value, allowed)
     if isinstance(value, str) and re.fullmatch(r"[+-]?\d+", value.strip()):
         number = int(value.strip())
     elif isinstance(value, int):
         number = value
     else:
-        raise _bad(key, value, allowed)
+        raise context_value_error(key, value, allowed)
     if number < lo or (hi is not None and number > hi):
-        raise _bad(key, value, allowed)
+        raise context_value_error(key, value, allowed)
     return number
 
 
@@ -233,10 +236,10 @@ def _as_bool(key: str, value: Any) -> bool:
         return value
     if isinstance(value, str) and value.strip().lower() in ("true", "false"):
         return value.strip().lower() == "true"
-    raise _bad(key, value, "true or false")
+    raise context_value_error(key, value, "true or false")
 
 
-def _as_list(key: str, value: Any) -> list[str]:
+def context_list(key: str, value: Any) -> list[str]:
     """A list from JSON (cdk.json) or from a ``-c`` string: a JSON list or comma-separated items."""
     allowed = 'a non-empty list of strings (in cdk.json a JSON list; with -c a JSON list or "a,b,c")'
     if isinstance(value, str):
@@ -245,11 +248,11 @@ def _as_list(key: str, value: Any) -> list[str]:
             try:
                 value = json.loads(text)
             except json.JSONDecodeError as exc:
-                raise _bad(key, value, allowed) from exc
+                raise context_value_error(key, value, allowed) from exc
         else:
             value = [item.strip() for item in text.split(",") if item.strip()]
     if not isinstance(value, list) or not value or not all(isinstance(v, str) and v for v in value):
-        raise _bad(key, value, allowed)
+        raise context_value_error(key, value, allowed)
     return value
 
 
@@ -257,7 +260,7 @@ def _as_optional_str(key: str, value: Any, pattern: re.Pattern[str] | None, allo
     if value is None or value == "":
         return None
     if not isinstance(value, str) or (pattern is not None and not pattern.match(value)):
-        raise _bad(key, value, allowed)
+        raise context_value_error(key, value, allowed)
     return value
 
 
@@ -268,12 +271,12 @@ def instance_types(key: str, value: Any) -> tuple[str, ...]:
         ValueError: naming the key, the value and what is allowed.
     """
     if value in ([], ""):
-        raise _bad(key, value, "a non-empty list of EC2 instance types such as g5.xlarge")
-    types = _as_list(key, value)
+        raise context_value_error(key, value, "a non-empty list of EC2 instance types such as g5.xlarge")
+    types = context_list(key, value)
     for t in types:
         validate_instance_type(t, prop=f"context key {key!r}")
     if len(set(types)) != len(types):
-        raise _bad(key, value, "distinct instance types")
+        raise context_value_error(key, value, "distinct instance types")
     return tuple(types)
 
 
@@ -298,9 +301,9 @@ def training_requirements(value: Any, *, framework: str, python_given: bool, key
     if isinstance(value, str) and not value.strip().startswith("["):
         items = [value.strip()]  # one specifier may hold commas (>=2.17,<2.18)
     else:
-        items = _as_list(key, value)
+        items = context_list(key, value)
     if not all(_REQUIREMENT_RE.match(item.strip()) for item in items):
-        raise _bad(key, value, allowed)
+        raise context_value_error(key, value, allowed)
     return tuple(item.strip() for item in items)
 
 
@@ -314,16 +317,16 @@ def monitoring_settings(v: Mapping[str, Any]) -> dict[str, Any]:
     """
     out: dict[str, Any] = {}
     if v.get("log_retention_days") is not None:
-        days = _as_int("log_retention_days", v["log_retention_days"], 1, 3653, "(days)")
+        days = context_int("log_retention_days", v["log_retention_days"], 1, 3653, "(days)")
         if days not in LOG_RETENTION_DAYS:
-            raise _bad("log_retention_days", v["log_retention_days"], "one of " + ", ".join(map(str, LOG_RETENTION_DAYS)))
+            raise context_value_error("log_retention_days", v["log_retention_days"], "one of " + ", ".join(map(str, LOG_RETENTION_DAYS)))
         out["log_retention_days"] = days
     if v.get("monitoring_interval_s") is not None:
         out["monitoring_interval_s"] = contract_setting("monitoring_interval_s", v["monitoring_interval_s"])
     if v.get("alarm_no_progress_minutes") is not None:
-        out["alarm_no_progress_minutes"] = _as_int("alarm_no_progress_minutes", v["alarm_no_progress_minutes"], 1, 1440, "(minutes)")
+        out["alarm_no_progress_minutes"] = context_int("alarm_no_progress_minutes", v["alarm_no_progress_minutes"], 1, 1440, "(minutes)")
     if v.get("alarm_no_capacity_minutes") is not None:
-        out["alarm_no_capacity_minutes"] = _as_int("alarm_no_capacity_minutes", v["alarm_no_capacity_minutes"], 5, 1440, "(minutes)")
+        out["alarm_no_capacity_minutes"] = context_int("alarm_no_capacity_minutes", v["alarm_no_capacity_minutes"], 5, 1440, "(minutes)")
     out_email = _as_optional_str("notification_email", v.get("notification_email"), _EMAIL_RE, "an e-mail address such as ops@example.com")
     if out_email:
         out["notification_email"] = out_email
@@ -416,7 +419,7 @@ class StackSettings(ContextSettings):
 
     def __post_init__(self) -> None:
         if self.framework not in FRAMEWORKS:
-            raise _bad("framework", self.framework, "one of " + ", ".join(FRAMEWORKS))
+            raise context_value_error("framework", self.framework, "one of " + ", ".join(FRAMEWORKS))
         defaults = FRAMEWORKS[self.framework]
         if self.training_command is None:
             object.__setattr__(self, "training_command", defaults.training_command)
@@ -439,7 +442,7 @@ class StackSettings(ContextSettings):
 
         stack_name = v["stack_name"] if v["stack_name"] is not None else "SpotTraining"
         if not isinstance(stack_name, str) or not _STACK_NAME_RE.match(stack_name):
-            raise _bad("stack_name", stack_name, "a CloudFormation stack name: a letter, then up to 127 letters, digits or hyphens")
+            raise context_value_error("stack_name", stack_name, "a CloudFormation stack name: a letter, then up to 127 letters, digits or hyphens")
         out["stack_name"] = stack_name
         out["account"] = _as_optional_str(
             "account", v["account"], _ACCOUNT_RE, "a 12-digit AWS account id"
@@ -448,51 +451,51 @@ class StackSettings(ContextSettings):
             "region", v["region"], _REGION_RE, "an AWS region name such as us-east-1"
         )
         if v["availability_zones"] is not None:
-            azs = _as_list("availability_zones", v["availability_zones"])
+            azs = context_list("availability_zones", v["availability_zones"])
             bad = [az for az in azs if not _AZ_RE.match(az)]
             if bad or len(set(azs)) != len(azs):
-                raise _bad("availability_zones", v["availability_zones"], "distinct Availability Zone names such as us-east-1a")
+                raise context_value_error("availability_zones", v["availability_zones"], "distinct Availability Zone names such as us-east-1a")
             if out["region"] and any(not az.startswith(out["region"]) for az in azs):
-                raise _bad("availability_zones", v["availability_zones"], f"Availability Zones of region {out['region']}")
+                raise context_value_error("availability_zones", v["availability_zones"], f"Availability Zones of region {out['region']}")
             out["availability_zones"] = tuple(azs)
         out["vpc_id"] = _as_optional_str("vpc_id", v["vpc_id"], _VPC_ID_RE, "a VPC id such as vpc-0123456789abcdef0")
         if out["vpc_id"] and not (out["account"] and out["region"]):
-            raise _bad("vpc_id", out["vpc_id"], "an existing VPC only together with an explicit account and region (Vpc.from_lookup needs them)")
+            raise context_value_error("vpc_id", out["vpc_id"], "an existing VPC only together with an explicit account and region (Vpc.from_lookup needs them)")
         if v["vpc_flow_logs"] is not None:
             out["vpc_flow_logs"] = _as_bool("vpc_flow_logs", v["vpc_flow_logs"])
         if v["private_subnets"] is not None:
             out["private_subnets"] = _as_bool("private_subnets", v["private_subnets"])
             if out["private_subnets"] and out["vpc_id"]:
-                raise _bad("private_subnets", v["private_subnets"],
+                raise context_value_error("private_subnets", v["private_subnets"],
                            "false with vpc_id (private subnets and their VPC endpoints are made only in a new VPC; "
                            "an existing VPC's nodes go in its public subnets)")
 
         if v["instance_types"] is not None:
             out["instance_types"] = instance_types("instance_types", v["instance_types"])
         if v["target_capacity"] is not None:
-            out["target_capacity"] = _as_int("target_capacity", v["target_capacity"], 0, None, "(instances)")
+            out["target_capacity"] = context_int("target_capacity", v["target_capacity"], 0, None, "(instances)")
         if v["allocation_strategy"] is not None:
             names = [s.value for s in AllocationStrategy]
             if v["allocation_strategy"] not in names:
-                raise _bad("allocation_strategy", v["allocation_strategy"], "one of " + ", ".join(names))
+                raise context_value_error("allocation_strategy", v["allocation_strategy"], "one of " + ", ".join(names))
             out["allocation_strategy"] = AllocationStrategy(v["allocation_strategy"])
         if v["max_price"] is not None:
             price = str(v["max_price"]) if isinstance(v["max_price"], (int, float)) and not isinstance(v["max_price"], bool) else v["max_price"]
             if not isinstance(price, str) or not _MAX_PRICE_RE.match(price) or float(price) <= 0:
-                raise _bad("max_price", v["max_price"], "a positive decimal price in USD per instance-hour, such as 0.75")
+                raise context_value_error("max_price", v["max_price"], "a positive decimal price in USD per instance-hour, such as 0.75")
             out["max_price"] = price
 
         if v["volume_size_gib"] is not None:
-            out["volume_size_gib"] = _as_int("volume_size_gib", v["volume_size_gib"], 1, 16384, "(GiB)")
+            out["volume_size_gib"] = context_int("volume_size_gib", v["volume_size_gib"], 1, 16384, "(GiB)")
         if v["volume_iops"] is not None:
-            out["volume_iops"] = _as_int("volume_iops", v["volume_iops"], 3000, 16000, "(IOPS)")
+            out["volume_iops"] = context_int("volume_iops", v["volume_iops"], 3000, 16000, "(IOPS)")
         if v["volume_throughput_mibps"] is not None:
-            out["volume_throughput_mibps"] = _as_int("volume_throughput_mibps", v["volume_throughput_mibps"], 125, 1000, "(MiB/s)")
+            out["volume_throughput_mibps"] = context_int("volume_throughput_mibps", v["volume_throughput_mibps"], 125, 1000, "(MiB/s)")
         size, iops, tput = (out.get(k, getattr(cls, k)) for k in ("volume_size_gib", "volume_iops", "volume_throughput_mibps"))
         if iops > 3000 and iops > 500 * size:
-            raise _bad("volume_iops", v["volume_iops"], f"at most 500 IOPS per GiB of volume_size_gib={size} (max {500 * size})")
+            raise context_value_error("volume_iops", v["volume_iops"], f"at most 500 IOPS per GiB of volume_size_gib={size} (max {500 * size})")
         if tput > 125 and tput * 4 > iops:
-            raise _bad("volume_throughput_mibps", v["volume_throughput_mibps"], f"at most volume_iops/4 = {iops // 4} MiB/s (gp3)")
+            raise context_value_error("volume_throughput_mibps", v["volume_throughput_mibps"], f"at most volume_iops/4 = {iops // 4} MiB/s (gp3)")
         out["volume_kms_key_arn"] = _as_optional_str(
             "volume_kms_key_arn", v["volume_kms_key_arn"], re.compile(r"^arn:aws[a-z-]*:kms:"), "a KMS key ARN (arn:aws:kms:REGION:ACCOUNT:key/ID)"
         )
@@ -500,48 +503,48 @@ class StackSettings(ContextSettings):
             "adopt_volume_id", v["adopt_volume_id"], _VOLUME_ID_RE, "an EBS volume id such as vol-0123456789abcdef0"
         )
         if v["root_volume_size_gib"] is not None:
-            out["root_volume_size_gib"] = _as_int("root_volume_size_gib", v["root_volume_size_gib"], 8, 16384, "(GiB)")
+            out["root_volume_size_gib"] = context_int("root_volume_size_gib", v["root_volume_size_gib"], 8, 16384, "(GiB)")
 
         out["image_id"] = _as_optional_str("image_id", v["image_id"], _AMI_ID_RE, "an AMI id such as ami-0123456789abcdef0")
         if v["ami_ssm_parameter"] is not None:
             if not isinstance(v["ami_ssm_parameter"], str) or not v["ami_ssm_parameter"].startswith("/"):
-                raise _bad("ami_ssm_parameter", v["ami_ssm_parameter"], "an SSM parameter name starting with /")
+                raise context_value_error("ami_ssm_parameter", v["ami_ssm_parameter"], "an SSM parameter name starting with /")
             out["ami_ssm_parameter"] = v["ami_ssm_parameter"]
 
         framework = v["framework"] if v["framework"] is not None else DEFAULT_FRAMEWORK
         if framework not in FRAMEWORKS:
-            raise _bad("framework", framework, "one of " + ", ".join(FRAMEWORKS))
+            raise context_value_error("framework", framework, "one of " + ", ".join(FRAMEWORKS))
         out["framework"] = framework
         python = v["training_python"] if v["training_python"] is not None else DEFAULT_TRAINING_PYTHON
         if not isinstance(python, str) or not re.fullmatch(r"(/[A-Za-z0-9._+-]+)+", python):
-            raise _bad("training_python", python, "an absolute path to a Python interpreter such as /usr/bin/python3")
+            raise context_value_error("training_python", python, "an absolute path to a Python interpreter such as /usr/bin/python3")
         out["training_python"] = python
         out["training_requirements"] = training_requirements(
             v["training_requirements"], framework=framework, python_given=v["training_python"] is not None
         )
         if v["training_command"] is not None:
-            out["training_command"] = tuple(_as_list("training_command", v["training_command"]))
+            out["training_command"] = tuple(context_list("training_command", v["training_command"]))
         if v["training_user"] is not None:
             if not isinstance(v["training_user"], str) or not re.fullmatch(r"[a-z_][a-z0-9_-]{0,31}", v["training_user"]):
-                raise _bad("training_user", v["training_user"], "a Linux user name such as ubuntu")
+                raise context_value_error("training_user", v["training_user"], "a Linux user name such as ubuntu")
             out["training_user"] = v["training_user"]
         out["code_git_url"] = _as_optional_str(
             "code_git_url", v["code_git_url"], re.compile(r"^(https://|ssh://|git@)\S+$"), "a git URL (https://..., ssh://... or git@host:path)"
         )
         out["code_git_ref"] = _as_optional_str("code_git_ref", v["code_git_ref"], re.compile(r"^\S+$"), "a commit or tag")
         if out["code_git_url"] and not out["code_git_ref"]:
-            raise _bad("code_git_ref", v["code_git_ref"], "a commit or tag to check out, required when code_git_url is set")
+            raise context_value_error("code_git_ref", v["code_git_ref"], "a commit or tag to check out, required when code_git_url is set")
         if out["code_git_ref"] and not out["code_git_url"]:
-            raise _bad("code_git_url", v["code_git_url"], "a git URL, required when code_git_ref is set")
+            raise context_value_error("code_git_url", v["code_git_url"], "a git URL, required when code_git_ref is set")
         if v["mount_point"] is not None:
             mp = v["mount_point"]
             if not isinstance(mp, str) or not re.fullmatch(r"(/[A-Za-z0-9._-]+)+", mp):
-                raise _bad("mount_point", mp, "an absolute directory path such as /dltraining")
+                raise context_value_error("mount_point", mp, "an absolute directory path such as /dltraining")
             out["mount_point"] = mp
         if v["keep_snapshots"] is not None:
             out["keep_snapshots"] = contract_setting("keep_snapshots", v["keep_snapshots"])
         if v["snapshot_interval_minutes"] is not None:
-            out["snapshot_interval_minutes"] = _as_int("snapshot_interval_minutes", v["snapshot_interval_minutes"], 0, 1440, "(minutes; 0: none)")
+            out["snapshot_interval_minutes"] = context_int("snapshot_interval_minutes", v["snapshot_interval_minutes"], 0, 1440, "(minutes; 0: none)")
         rate = v["volume_initialization_rate_mibps"]
         if rate is None:
             pass  # key absent: the default

@@ -210,8 +210,8 @@ def _read_back_lines(report: dict[str, Any]) -> list[str]:
     if history:
         lines.append(ops.table(["#", "instance", "AZ", "n->ckpt s", "ckpt", "resumed on", "b->res s", "step", "volume"], [
             [n + 1, h["instance_id"], ops.az_move(h),
-             ops._num(h["notice_to_checkpoint_s"]), h["checkpoint_step"], h["replacement_instance_id"],
-             ops._num(h["boot_to_resume_s"]), h["resumed_at_step"],
+             ops.format_number(h["notice_to_checkpoint_s"]), h["checkpoint_step"], h["replacement_instance_id"],
+             ops.format_number(h["boot_to_resume_s"]), h["resumed_at_step"],
              "moved" if h["volume_moved"] else ("stayed" if h["volume_moved"] is False else "-")]
             for n, h in enumerate(history)]))
     lines.append(ops.format_cost(cost).rstrip("\n"))

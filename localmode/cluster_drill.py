@@ -57,7 +57,7 @@ from localmode.drill import EventLog, add_read_back, bootstrap_and_deploy, check
     fresh_work_dir, options_dict
 from localmode.moto_server import MotoServer
 from localmode.netns import Network
-from localmode.nodes import LocalNode, NodeError, NodeRunner, _signal_group, _user_data
+from localmode.nodes import LocalNode, NodeError, NodeRunner, signal_group, launch_template_user_data
 
 from spot_contract import COMPLETED_FILE  # noqa: E402
 from spot_contract import STACK_TAG as STACK_TAG_KEY  # noqa: E402
@@ -228,7 +228,7 @@ def cluster_resources(aws: Clients, autoscaling: Any, stack: str, *,
 
     templates: dict[str, str] = {}
     for template_id in of("AWS::EC2::LaunchTemplate"):
-        role = extract_config(_user_data(aws, template_id))["node_role"]
+        role = extract_config(launch_template_user_data(aws, template_id))["node_role"]
         templates[role] = template_id
     groups: dict[str, str] = {}
     names = of("AWS::AutoScaling::AutoScalingGroup")
@@ -309,7 +309,7 @@ class ClusterNodeRunner(NodeRunner):
         except (OSError, ValueError):
             pid = 0
         if pid and _environ_has(pid, f"SPOT_TRAINING_NODE_ID={node.instance_id}"):
-            _signal_group(pid, signal.SIGKILL)
+            signal_group(pid, signal.SIGKILL)
         return status
 
     def close(self) -> None:

@@ -53,7 +53,8 @@ class NodeError(RuntimeError):
     """A node could not be started (the message names the instance and the reason)."""
 
 
-def _user_data(aws: Clients, launch_template_id: str) -> str:
+def launch_template_user_data(aws: Clients, launch_template_id: str) -> str:
+    """The decoded user data of the launch template's latest version; NodeError when it has none."""
     versions = aws.ec2.describe_launch_template_versions(LaunchTemplateId=launch_template_id, Versions=["$Latest"])
     data = versions["LaunchTemplateVersions"][0]["LaunchTemplateData"]
     encoded = data.get("UserData")
@@ -187,16 +188,16 @@ class LocalNode:
         """
         status: int | None = self.process.poll()
         if status is None:
-            _signal_group(self.process.pid, signal.SIGTERM)
+            signal_group(self.process.pid, signal.SIGTERM)
             try:
                 status = self.process.wait(timeout=timeout_s)
             except subprocess.TimeoutExpired:
-                _signal_group(self.process.pid, signal.SIGKILL)
+                signal_group(self.process.pid, signal.SIGKILL)
                 self.process.wait(timeout=10)
                 status = None
         for pid in self.trainer_pids():  # trainers run in sessions of their own
             if _mentions(pid, str(self.node_dir)):  # still our trainer, not a reused PID
-                _signal_group(pid, signal.SIGKILL)
+                signal_group(pid, signal.SIGKILL)
         self.imds.stop()
         return status
 
@@ -213,7 +214,8 @@ def _mentions(pid: int, text: str) -> bool:
     return False
 
 
-def _signal_group(pid: int, sig: int) -> None:
+def signal_group(pid: int, sig: int) -> None:
+    """``os.killpg`` that ignores a group already gone (or not ours)."""
     try:
         os.killpg(pid, sig)
     except (ProcessLookupError, PermissionError):
@@ -266,7 +268,7 @@ class NodeRunner:
         """
         template = launch_template_id or self.stack.launch_template_id
         if template not in self._user_data_texts:
-            self._user_data_texts[template] = _user_data(self.aws, template)
+            self._user_data_texts[template] = launch_template_user_data(self.aws, template)
         return self._user_data_texts[template]
 
     def deployed_config(self, launch_template_id: str | None = None) -> dict[str, Any]:

@@ -702,8 +702,8 @@ def format_status(report: dict[str, Any]) -> str:
     if report["interruptions"]:
         lines.append(table(["#", "notice", "instance", "AZ", "n->ckpt s", "ckpt", "resumed on", "b->res s", "volume"], [
             [n + 1, (h["time"] or "")[11:19], h["instance_id"], az_move(h),
-             _num(h["notice_to_checkpoint_s"]), h["checkpoint_step"], h["replacement_instance_id"],
-             _num(h["boot_to_resume_s"]),
+             format_number(h["notice_to_checkpoint_s"]), h["checkpoint_step"], h["replacement_instance_id"],
+             format_number(h["boot_to_resume_s"]),
              "moved" if h["volume_moved"] else ("stayed" if h["volume_moved"] is False else "-")]
             for n, h in enumerate(report["interruptions"])]))
     else:
@@ -727,7 +727,8 @@ def az_move(item: dict[str, Any]) -> str:
     return f"{short(item.get('availability_zone'))}->{short(item.get('replacement_availability_zone'))}"
 
 
-def _num(value: Any) -> str:
+def format_number(value: Any) -> str:
+    """``value`` with two decimals for a table, ``-`` for None."""
     return "-" if value is None else f"{float(value):.2f}"
 
 

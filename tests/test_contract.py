@@ -167,3 +167,84 @@ def test_one_write_json_atomic_with_the_directory_fsync(tmp_path: Path, monkeypa
 
     assert bootstrap.cluster_state.write_json_atomic is spot_contract.write_json_atomic
     assert training.store.write_json_atomic.__module__ == "training.store"  # keeps the store's temp prefix
+
+
+# ---- no module reaches into another's private names (issue 14, item 4) --------------------------------
+OURS = (*LAYERS, TOP, CONTRACT)
+
+
+def _is_private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def _module_of(path: Path) -> str:
+    parts = list(path.relative_to(REPO).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _is_our_module(dotted: str) -> bool:
+    """True for a module of this repository (``localmode.nodes``, ``bootstrap``), by its file."""
+    if dotted.split(".")[0] not in OURS:
+        return False
+    base = REPO.joinpath(*dotted.split("."))
+    return base.with_suffix(".py").is_file() or (base / "__init__.py").is_file()
+
+
+def _private_uses(path: Path) -> list[str]:
+    """``path:line name`` for every ``from X import _name`` and ``X._name`` where X is another module of
+    this repository (a module bound by ``import X``, ``import X as Y`` or ``from P import X``)."""
+    me = _module_of(path)
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    bound: dict[str, str] = {}  # local name -> our module it stands for
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            module = node.module or ""
+            if node.level:  # relative: resolve against this module's package
+                package = me.split(".")[: len(me.split(".")) - node.level + (1 if path.name == "__init__.py" else 0)]
+                module = ".".join([*package, module] if module else package)
+            if not _is_our_module(module) or module == me:
+                continue
+            for alias in node.names:
+                if _is_private(alias.name):
+                    found.append(f"{path.relative_to(REPO)}:{node.lineno} from {module} import {alias.name}")
+                elif _is_our_module(f"{module}.{alias.name}"):
+                    bound[alias.asname or alias.name] = f"{module}.{alias.name}"
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if _is_our_module(alias.name):
+                    bound[alias.asname or alias.name.split(".")[0]] = alias.name if alias.asname else alias.name.split(".")[0]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and _is_private(node.attr):
+            chain, value = [], node.value
+            while isinstance(value, ast.Attribute):
+                chain.insert(0, value.attr)
+                value = value.value
+            if isinstance(value, ast.Name) and value.id in bound:
+                module = ".".join([bound[value.id], *chain])
+                if _is_our_module(module) and module != me:
+                    found.append(f"{path.relative_to(REPO)}:{node.lineno} {module}.{node.attr}")
+    return found
+
+
+def _all_private_uses() -> list[str]:
+    return [use for package in OURS for path in sorted((REPO / package).rglob("*.py")) for use in _private_uses(path)]
+
+
+def test_no_module_uses_another_modules_private_names() -> None:
+    assert _all_private_uses() == []
+
+
+def test_the_private_name_rule_catches_both_forms(tmp_path: Path, monkeypatch) -> None:
+    # The check itself can fail: both an import of a private name and an attribute through a module.
+    (tmp_path / "localmode").mkdir()
+    (tmp_path / "localmode" / "__init__.py").write_text("")
+    (tmp_path / "localmode" / "nodes.py").write_text("def _rewrite():\n    pass\n")
+    (tmp_path / "localmode" / "bad.py").write_text(
+        "from localmode.nodes import _rewrite\nfrom localmode import nodes as n\nimport localmode.nodes\n\n"
+        "def f():\n    return n._rewrite, localmode.nodes._rewrite, n.__name__\n")
+    (tmp_path / "localmode" / "nodes_ok.py").write_text("def _own():\n    pass\n\n_own()\n")
+    monkeypatch.setattr(sys.modules[__name__], "REPO", tmp_path)
+    assert _all_private_uses() == ["localmode/bad.py:1 from localmode.nodes import _rewrite",
+                                   "localmode/bad.py:6 localmode.nodes._rewrite",
+                                   "localmode/bad.py:6 localmode.nodes._rewrite"]
