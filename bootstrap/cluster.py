@@ -48,8 +48,7 @@ def run_node(config: Any, imds: Any, *, instance_id: str, local_mode: bool,
     python = supervisor.prepare_environment()  # once on EFS; every later node reuses it
     if on_environment_ready is not None:
         on_environment_ready()
-    account = supervisor._account()
-    user = (account.pw_uid, account.pw_gid, os.getgrouplist(account.pw_name, account.pw_gid)) if account else None
+    user = supervisor.user()
     for directory in (config.training.checkpoint_dir, config.training.log_dir):
         directory.mkdir(parents=True, exist_ok=True)
     netns = os.environ.get(launch.NETNS_ENV) if local_mode else None

@@ -180,6 +180,7 @@ class Supervisor:
         self._copier: threading.Thread | None = None
         self._clock, self._sleep, self._rng = clock, sleep, rng
         self._proc: subprocess.Popen | None = None
+        self._group: ProcessGroup | None = None
         self._stopped_by_us: str | None = None
         self._stop_requested = False
         self._account_cache: object = _UNSET
@@ -263,11 +264,7 @@ class Supervisor:
         if venv.inherit_site_packages:
             argv.append("--inherit-site-packages")
         argv += ["--attempts", str(self.venv_attempts), "--backoff-s", str(self.venv_backoff_s)]
-        account = self._account()
-        kwargs: dict = {}
-        if account is not None:
-            kwargs = {"user": account.pw_uid, "group": account.pw_gid,
-                      "extra_groups": os.getgrouplist(account.pw_name, account.pw_gid)}
+        kwargs = _user_kwargs(user_ids(self._account()))
         env = self.trainer_environment()
         # The child imports bootstrap from the agent's code directory (the asset or a checkout).
         env["PYTHONPATH"] = str(Path(__file__).resolve().parent.parent)
@@ -318,6 +315,12 @@ class Supervisor:
             raise ConfigError(f"training.user: {self.training.user!r} does not exist on this node; expected an "
                               "existing Unix user (the agent runs as root and will not run training as root)") from None
 
+    def user(self) -> tuple[int, int, list[int]] | None:
+        """``(uid, gid, supplementary groups)`` of the training user the agent drops to, or None to run
+        as the current user; what :meth:`ProcessGroup.start` takes (the cluster agents use it too).
+        Raises ConfigError when the agent is root and ``training.user`` does not exist."""
+        return user_ids(self._account())
+
     def _owner(self) -> tuple[int, int] | None:
         account = self._account()
         return None if account is None else (account.pw_uid, account.pw_gid)
@@ -363,20 +366,16 @@ class Supervisor:
         self._prepare_dirs()
         argv = self.training.argv(self.python)
         account = self._account()
-        kwargs: dict = {}
-        if account is not None:
-            kwargs = {"user": account.pw_uid, "group": account.pw_gid,
-                      "extra_groups": os.getgrouplist(account.pw_name, account.pw_gid)}
-        if self.output is not None:
-            kwargs.update(stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         try:
-            proc = subprocess.Popen(argv, cwd=workdir, env=self.trainer_environment(), start_new_session=True,
-                                    stdin=subprocess.DEVNULL, **kwargs)
+            group = ProcessGroup.start(argv, cwd=workdir, env=self.trainer_environment(), user=user_ids(account),
+                                       stdout=subprocess.PIPE if self.output is not None else None)
         except OSError as exc:
             if exc.errno in (errno.ENOENT, errno.EACCES, errno.ENOTDIR, errno.ENOEXEC):
                 raise ConfigError(f"training.command[0]: {argv[0]!r} cannot be run ({exc.strerror}); expected an "
                                   "executable (training.python for '{python}')") from None
             raise TemporaryError(f"starting the trainer failed: {exc}") from exc
+        proc = group.proc
+        self._group = group
         self.starts += 1
         if self.output is not None:
             self._copier = threading.Thread(target=_copy_output, args=(proc.stdout, self.output),
@@ -488,10 +487,7 @@ class Supervisor:
         proc = self._proc
         if proc is None or proc.poll() is not None:
             return None if proc is None else proc.returncode
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass  # exited between poll() and killpg()
+        signal_group(proc.pid, signal.SIGTERM)  # a group gone between poll() and killpg() is fine
         log.info("sent SIGTERM to the trainer's process group", extra={"pgid": proc.pid, "reason": reason,
                                                                        "timeout_s": round(timeout_s, 1)})
         try:
@@ -506,7 +502,7 @@ class Supervisor:
         if proc is None or proc.poll() is not None:
             return False
         if self.checkpoint_request == "signal":
-            os.killpg(proc.pid, signal.SIGUSR1)
+            signal_group(proc.pid, signal.SIGUSR1)
             return True
         # Written without following links the user planted (bootstrap.safepath); owned by the training
         # user, who deletes it when the checkpoint is saved.
@@ -518,6 +514,144 @@ class Supervisor:
         """Ask for a stop from a signal handler (the agent got SIGTERM): the wait loop sends SIGTERM to
         the trainer's group and returns :attr:`Outcome.STOPPED`. Only sets a flag."""
         self._stop_requested = True
+
+
+# ---- one way to run a child process: every trainer and cluster process ----------------------------------
+def user_ids(account: pwd.struct_passwd | None) -> tuple[int, int, list[int]] | None:
+    """``(uid, gid, supplementary groups)`` of ``account``, or None for None (run as the current user)."""
+    if account is None:
+        return None
+    return account.pw_uid, account.pw_gid, os.getgrouplist(account.pw_name, account.pw_gid)
+
+
+def _user_kwargs(user: tuple[int, int, list[int]] | None) -> dict[str, Any]:
+    """subprocess's privilege-drop arguments for ``user`` (``user``/``group``/``extra_groups``, Python 3.9+)."""
+    if user is None:
+        return {}
+    uid, gid, groups = user
+    return {"user": uid, "group": gid, "extra_groups": list(groups)}
+
+
+def signal_group(pgid: int, sig: int) -> None:
+    """Send ``sig`` to the process group ``pgid``; a group that is already gone is fine."""
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (children first seen in /proc; Linux). Empty when /proc is missing."""
+    children: dict[int, list[int]] = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return []
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", encoding="ascii", errors="replace") as handle:
+                stat = handle.read()
+        except OSError:
+            continue
+        ppid = int(stat[stat.rindex(")") + 2:].split()[1])  # fields after "(comm)": state ppid ...
+        children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+class ProcessGroup:
+    """One child process in a session (process group) of its own: how the agent runs the single-node
+    trainer (:class:`Supervisor`) and every cluster process (bootstrap/ps_node.py, bootstrap/torch_elastic.py).
+
+    :meth:`start` runs ``argv`` with ``start_new_session``, stdin from /dev/null, as ``user``
+    (``(uid, gid, groups)``; None: the current user), inside the network namespace ``netns`` when given
+    (local mode: ``ip netns exec NS``), its output appended to ``log_path`` or sent to ``stdout``
+    (``subprocess.PIPE`` or None: the agent's own). :meth:`stop` is SIGTERM once, then SIGKILL after
+    ``kill_after`` seconds; :meth:`kill` reaches every descendant too (torchrun starts each rank in a
+    session of its own, so its group alone would orphan the ranks).
+
+    Attributes: ``proc`` (the Popen), ``started`` and ``term_sent`` (clock seconds), ``killed``.
+    """
+
+    def __init__(self, proc: subprocess.Popen, *, started: float, log_file: Any = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.proc, self.started, self.log_file, self.clock = proc, started, log_file, clock
+        self.term_sent: float | None = None
+        self.killed = False
+
+    @classmethod
+    def start(cls, argv: list[str], *, cwd: str | os.PathLike, env: Mapping[str, str],
+              user: tuple[int, int, list[int]] | None = None, netns: str | None = None,
+              log_path: Path | None = None, stdout: int | None = None,
+              clock: Callable[[], float] = time.monotonic) -> "ProcessGroup":
+        """Start ``argv`` (see the class docstring). Raises OSError when it cannot be run."""
+        prefix = ["ip", "netns", "exec", netns] if netns else []
+        log_file = open(log_path, "ab") if log_path is not None else None
+        out = log_file if log_file is not None else stdout
+        streams = {} if out is None else {"stdout": out, "stderr": subprocess.STDOUT}
+        try:
+            proc = subprocess.Popen([*prefix, *argv], cwd=cwd, env=dict(env), start_new_session=True,
+                                    stdin=subprocess.DEVNULL, **streams, **_user_kwargs(user))
+        except BaseException:
+            if log_file is not None:
+                log_file.close()
+            raise
+        return cls(proc, started=clock(), log_file=log_file, clock=clock)
+
+    @property
+    def pid(self) -> int:
+        """The process id (also the process group id)."""
+        return self.proc.pid
+
+    def poll(self) -> int | None:
+        """The exit status once the process exited (its log file is then closed), else None."""
+        code = self.proc.poll()
+        if code is not None and self.log_file is not None:
+            self.log_file.close()
+        return code
+
+    def signal(self, sig: int, *, group: bool = True) -> None:
+        """Send ``sig`` to the process group (``group``) or the process alone; gone is fine."""
+        if group:
+            signal_group(self.proc.pid, sig)
+        else:
+            try:
+                os.kill(self.proc.pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def stop(self, *, kill_after: float | None, group: bool = True) -> None:
+        """Call repeatedly: SIGTERM once (to the group, or the process alone when not ``group``), then
+        :meth:`kill` once ``kill_after`` seconds have passed since (None: never)."""
+        now = self.clock()
+        if self.term_sent is None:
+            self.term_sent = now
+            self.signal(signal.SIGTERM, group=group)
+        elif kill_after is not None and not self.killed and now - self.term_sent >= kill_after:
+            log.warning("process did not stop after SIGTERM; SIGKILL", extra={"pid": self.proc.pid})
+            self.kill()
+
+    def kill(self) -> None:
+        """SIGKILL the group, the process and every descendant of it."""
+        self.killed = True
+        signal_group(self.proc.pid, signal.SIGKILL)
+        for pid in [self.proc.pid, *descendants(self.proc.pid)]:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    def kill_and_wait(self) -> int:
+        """:meth:`kill`, then reap; returns the exit status (the log file is closed)."""
+        self.kill()
+        self.proc.wait()
+        return self.poll()
 
 
 def _copy_output(pipe: Any, output: Callable[[str], None]) -> None:
@@ -550,10 +684,7 @@ _GIT_OPTIONS = ("-c", "core.hooksPath=/dev/null")
 def _git(args: list[str], *, cwd: Path | None, env: Mapping[str, str],
          account: pwd.struct_passwd | None = None) -> subprocess.CompletedProcess:
     """Run git (``-C cwd`` when given) as ``account`` (None: the current user), hooks disabled."""
-    kwargs: dict = {}
-    if account is not None:
-        kwargs = {"user": account.pw_uid, "group": account.pw_gid,
-                  "extra_groups": os.getgrouplist(account.pw_name, account.pw_gid)}
+    kwargs = _user_kwargs(user_ids(account))
     where = ["-C", str(cwd)] if cwd is not None else []
     return subprocess.run(["git", *_GIT_OPTIONS, *where, *args], env=dict(env), capture_output=True, text=True,
                           timeout=600, stdin=subprocess.DEVNULL, **kwargs)

@@ -41,16 +41,16 @@ from __future__ import annotations
 import json
 import logging
 import os
-import signal
 import subprocess
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
 import spot_contract
-from bootstrap.cluster_state import ClusterSettings, ClusterState, read_json, write_json_atomic
-from bootstrap.interruption import poll_leave_reason
+from bootstrap.cluster_member import ClusterMember
+from bootstrap.cluster_state import ClusterSettings, read_json, write_json_atomic
+from bootstrap.supervisor import ProcessGroup
 
 log = logging.getLogger("bootstrap.torch_elastic")
 
@@ -131,117 +131,73 @@ class RendezvousState:
 
 @dataclass
 class _Proc:
-    proc: subprocess.Popen
+    process: ProcessGroup
     epoch: int
     endpoint: str
-    started: float
-    log_file: Any = field(default=None, repr=False)
-    term_sent: float | None = None
     asked: bool = False  # the agent asked it to stop (its exit is no failure to report)
 
+    @property
+    def proc(self) -> subprocess.Popen:
+        """The Popen of the process."""
+        return self.process.proc
 
-class _Base:
-    """What both roles share: registration, heartbeat, the supervised process."""
 
-    role = ""
+class _Base(ClusterMember):
+    """What both roles share beyond :class:`ClusterMember`: the rendezvous files and one process run
+    under an epoch."""
 
-    def __init__(self, settings: ClusterSettings, *, node_id: str, host: str, python: str, environ: Mapping[str, str],
-                 workdir: Path, checkpoint_dir: Path, log_dir: Path, netns: str | None,
-                 preexec_user: tuple[int, int, list[int]] | None, clock: Callable[[], float],
-                 sleep: Callable[[float], None]) -> None:
-        self.settings, self.node_id, self.host, self.python = settings, node_id, host, python
-        self.environ, self.workdir, self.checkpoint_dir, self.log_dir = dict(environ), workdir, checkpoint_dir, log_dir
-        self.netns, self.preexec_user, self.clock, self.sleep = netns, preexec_user, clock, sleep
-        self.state = ClusterState(settings.state_dir)
+    def __init__(self, settings: ClusterSettings, **kwargs: Any) -> None:
+        super().__init__(settings, role=self.role, **kwargs)
         self.rdzv = RendezvousState(settings.state_dir)
         self.running: _Proc | None = None
         self.last_exit: int | None = None
-        self.stop_requested = False
-        self.leaving = False
-        self.leave_reason: str | None = None
-        self.data_ready = True
-        self.registered_at = clock()
         self.epoch = 0
 
-    def request_stop(self) -> None:
-        """From a signal handler (the agent got SIGTERM). Sets a flag."""
-        self.stop_requested = True
-
-    def completed(self) -> bool:
-        return (self.checkpoint_dir / "COMPLETED").exists()
-
-    def _register(self) -> None:
-        self.state.register({"node_id": self.node_id, "instance_id": self.node_id, "role": self.role,
-                             "host": self.host, "port": self.settings.port_for(self.role),
-                             "data_ready": self.data_ready, "leaving": self.leaving,
-                             "registered_at": self.registered_at})
-
     def _heartbeat(self) -> None:
-        proc = "running" if self.running else ("exited" if self.last_exit is not None else "none")
-        self.state.heartbeat({"node_id": self.node_id, "time": self.clock(), "generation": self.epoch, "proc": proc,
-                              "returncode": None if self.running else self.last_exit,
-                              "pid": self.running.proc.pid if self.running else None, "leaving": self.leaving})
+        self._beat(generation=self.epoch, process=self.running.process if self.running else None,
+                   returncode=self.last_exit)
 
     def _popen(self, argv: list[str], epoch: int, endpoint: str, log_name: str,
                extra_env: Mapping[str, str] | None = None) -> None:
-        prefix = ["ip", "netns", "exec", self.netns] if self.netns else []
         env = dict(self.environ)
         env.update(extra_env or {})
         if self.netns and "GLOO_SOCKET_IFNAME" not in env:
             interface = _interface_of(self.netns, self.host)
             if interface:  # in a namespace the hostname resolves to loopback: name gloo's interface
                 env["GLOO_SOCKET_IFNAME"] = interface
-        self.log_dir.mkdir(parents=True, exist_ok=True)
-        log_file = open(self.log_dir / log_name, "ab")
-        kwargs: dict[str, Any] = {}
-        if self.preexec_user is not None:
-            uid, gid, groups = self.preexec_user
-            kwargs = {"user": uid, "group": gid, "extra_groups": groups}
-        proc = subprocess.Popen([*prefix, *argv], cwd=self.workdir, env=env, start_new_session=True,
-                                stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT, **kwargs)
-        self.running = _Proc(proc, epoch, endpoint, self.clock(), log_file=log_file)
+        process = self._start_process(argv, log_name, env, netns=self.netns)
+        self.running = _Proc(process, epoch, endpoint)
         self.last_exit = None
-        log.info("process started", extra={"role": self.role, "pid": proc.pid, "epoch": epoch, "argv": argv})
+        log.info("process started", extra={"role": self.role, "pid": process.pid, "epoch": epoch, "argv": argv})
 
     def _reap(self) -> _Proc | None:
         run = self.running
-        if run is None or run.proc.poll() is None:
+        if run is None:
             return None
-        self.last_exit = run.proc.returncode
-        run.log_file.close()
+        code = run.process.poll()
+        if code is None:
+            return None
+        self.last_exit = code
         self.running = None
-        log.info("process exited", extra={"role": self.role, "returncode": self.last_exit, "epoch": run.epoch})
+        log.info("process exited", extra={"role": self.role, "returncode": code, "epoch": run.epoch})
         return run
 
     def _terminate(self) -> None:
         """SIGTERM to the process itself (torchrun forwards it to its ranks), once."""
-        run = self.running
-        if run is not None and run.term_sent is None:
-            run.term_sent, run.asked = self.clock(), True
-            try:
-                os.kill(run.proc.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-
-    def _kill_group(self) -> None:
-        """SIGKILL the process and everything under it: torchrun starts each rank in a session of
-        its own (torch's SubprocessHandler), so its process group alone would orphan the ranks."""
-        if self.running is not None:
-            for pid in [self.running.proc.pid, *descendants(self.running.proc.pid)]:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+        if self.running is not None and self.running.process.term_sent is None:
+            self.running.asked = True
+            self.running.process.stop(kill_after=None, group=False)
 
     def _stop_and_wait(self, grace_s: float) -> None:
-        """SIGTERM, wait up to ``grace_s`` for the exit, then SIGKILL the group."""
+        """SIGTERM, wait up to ``grace_s`` for the exit, then SIGKILL the process and everything under
+        it (torchrun starts each rank in a session of its own, so its group alone would orphan them)."""
         self._terminate()
         deadline = self.clock() + grace_s
         while self.running is not None and self._reap() is None:
+            process = self.running.process
             if self.clock() >= deadline:
-                log.warning("process did not stop after SIGTERM; SIGKILL", extra={"pid": self.running.proc.pid})
-                self._kill_group()
-                self.running.proc.wait()
+                log.warning("process did not stop after SIGTERM; SIGKILL", extra={"pid": process.pid})
+                process.kill_and_wait()
                 self._reap()
                 break
             self._heartbeat()
@@ -249,34 +205,8 @@ class _Base:
 
     def _cleanup(self) -> None:
         if self.running is not None:
-            self._kill_group()
-            self.running.proc.wait()
+            self.running.process.kill_and_wait()
             self._reap()
-
-
-def descendants(pid: int) -> list[int]:
-    """Every process below ``pid`` (children first seen in /proc; Linux). Empty when /proc is missing."""
-    children: dict[int, list[int]] = {}
-    try:
-        entries = os.listdir("/proc")
-    except OSError:
-        return []
-    for entry in entries:
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", encoding="ascii", errors="replace") as handle:
-                stat = handle.read()
-        except OSError:
-            continue
-        ppid = int(stat[stat.rindex(")") + 2:].split()[1])  # fields after "(comm)": state ppid ...
-        children.setdefault(ppid, []).append(int(entry))
-    out, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            out.append(child)
-            todo.append(child)
-    return out
 
 
 def _interface_of(netns: str, address: str) -> str | None:
@@ -304,8 +234,9 @@ class TorchCoordinator(_Base):
                  preexec_user: tuple[int, int, list[int]] | None = None, bind_host: str = "0.0.0.0",
                  clock: Callable[[], float] = time.time, sleep: Callable[[float], None] = time.sleep) -> None:
         super().__init__(settings, node_id=node_id, host=host, python=python, environ=environ, workdir=workdir,
-                         checkpoint_dir=checkpoint_dir, log_dir=log_dir, netns=netns, preexec_user=preexec_user,
-                         clock=clock, sleep=sleep)
+                         checkpoint_dir=checkpoint_dir, dataset_dir=None, log_dir=log_dir, monitors=(),
+                         monitor_interval_s=0.0, netns=netns, preexec_user=preexec_user, clock=clock, sleep=sleep)
+        self.data_ready = True
         self.bind_host = bind_host
         self._next_start = float("-inf")
         self._completed_since: float | None = None
@@ -353,15 +284,11 @@ class TorchCoordinator(_Base):
 
     def run(self) -> str:
         self._register()
-        interval = min(0.5, self.settings.heartbeat_interval_s / 2)
         try:
-            while True:
-                outcome = self.step()
-                if outcome is not None:
-                    self._stop_and_wait(self.settings.kill_grace_s)
-                    self._heartbeat()
-                    return outcome
-                self.sleep(interval)
+            outcome = self._loop(self.step)
+            self._stop_and_wait(self.settings.kill_grace_s)
+            self._heartbeat()
+            return outcome
         finally:
             self._cleanup()
 
@@ -378,30 +305,12 @@ class TorchWorker(_Base):
                  netns: str | None = None, preexec_user: tuple[int, int, list[int]] | None = None,
                  clock: Callable[[], float] = time.time, sleep: Callable[[float], None] = time.sleep) -> None:
         super().__init__(settings, node_id=node_id, host=host, python=python, environ=environ, workdir=workdir,
-                         checkpoint_dir=checkpoint_dir, log_dir=log_dir, netns=netns, preexec_user=preexec_user,
-                         clock=clock, sleep=sleep)
-        self.training_argv, self.run_id_prefix, self.dataset_dir = list(training_argv), run_id_prefix, dataset_dir
-        self.monitors, self.monitor_interval_s = list(monitors), monitor_interval_s
-        self._last_monitor = float("-inf")
+                         checkpoint_dir=checkpoint_dir, dataset_dir=dataset_dir, log_dir=log_dir, monitors=monitors,
+                         monitor_interval_s=monitor_interval_s, netns=netns, preexec_user=preexec_user, clock=clock,
+                         sleep=sleep)
+        self.training_argv, self.run_id_prefix = list(training_argv), run_id_prefix
         self._next_start = float("-inf")
-        self.data_ready = False
         self.launches = 0
-
-    def _data_is_ready(self) -> bool:
-        try:
-            return self.dataset_dir.is_dir() and any(self.dataset_dir.iterdir())
-        except OSError:
-            return False
-
-    def _poll_monitors(self) -> None:
-        now = self.clock()
-        if self.leaving or now - self._last_monitor < self.monitor_interval_s:
-            return
-        self._last_monitor = now
-        reason = poll_leave_reason(self.monitors)
-        if reason is not None:
-            self.leave_reason, self.leaving = reason, True
-            self._register()
 
     def _launch(self, rdzv: Mapping[str, Any]) -> None:
         endpoint = f"{rdzv['host']}:{int(rdzv['port'])}"
@@ -415,13 +324,7 @@ class TorchWorker(_Base):
 
     def step(self) -> str | None:
         now = self.clock()
-        if not self.data_ready and self._data_is_ready():
-            self.data_ready = True
-            self._register()
-        self._poll_monitors()
-        if self.stop_requested and not self.leaving:
-            self.leave_reason, self.leaving = "agent-stopped", True
-            self._register()
+        self._watch()
         exited = self._reap()
         if exited is not None:
             if self.completed():
@@ -450,15 +353,11 @@ class TorchWorker(_Base):
     def run(self) -> str:
         self.data_ready = self._data_is_ready()
         self._register()
-        interval = min(0.5, self.settings.heartbeat_interval_s / 2)
         try:
-            while True:
-                outcome = self.step()
-                if outcome is not None:
-                    self._heartbeat()
-                    self.state.deregister(self.node_id)
-                    return outcome
-                self.sleep(interval)
+            outcome = self._loop(self.step)
+            self._heartbeat()
+            self.state.deregister(self.node_id)
+            return outcome
         finally:
             self._cleanup()
 

@@ -39,7 +39,7 @@ def test_a_cluster_worker_polls_for_notices_at_the_configured_interval(tmp_path:
         def prepare_environment(self):
             return "/usr/bin/python3"
 
-        def _account(self):
+        def user(self):
             return None
 
         def trainer_environment(self):
