@@ -43,7 +43,7 @@ from spot_contract import (DEFAULT_SCHEDULER_PORT, DEFAULT_SERVER_PORT, DEFAULT_
 
 #: The membership state directory on EFS (``cluster.state_dir``).
 STATE_DIR = f"{EFS_MOUNT_POINT}/cluster"
-#: The agents' bounds (bootstrap.cluster.settings_from_config): servers 1..64, workers 1..1024.
+#: The agents' bounds (bootstrap.cluster_state.settings_from_config): servers 1..64, workers 1..1024.
 MAX_SERVERS = 64
 MAX_WORKERS = 1024
 #: systemd's ``TimeoutStopSec`` for cluster agents: a stopped worker leaves first (checkpoint and
@@ -344,7 +344,7 @@ class ParameterServerCluster(constructs.Construct):
         self.file_system.allow_from(self.connections)
         self.bootstrap_asset = bootstrap_asset or BootstrapAsset(self, "BootstrapAsset")
         # Workers get a role of their own: only they may lower the fleet's target and terminate
-        # themselves when asked to leave (bootstrap.cluster.leave_fleet).
+        # themselves when asked to leave (bootstrap.fleet_actions.leave_fleet).
         self.node_role, self.worker_role = (
             TrainingNodeRole(
                 self,
@@ -401,7 +401,7 @@ class ParameterServerCluster(constructs.Construct):
                 code=code,
                 efs=efs_config,
                 # Completion ends every agent (plan state ``completed``); workers then cancel their spot
-                # fleet (bootstrap.cluster.finish_node). Scheduler and servers are in Auto Scaling groups.
+                # fleet (bootstrap.fleet_actions.finish_node). Scheduler and servers are in Auto Scaling groups.
                 cancel_fleet_on_success=role == "worker",
                 imds_endpoint=imds_endpoint,
                 node_role=role,

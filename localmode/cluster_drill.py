@@ -57,7 +57,7 @@ from localmode.drill import EventLog, add_read_back, bootstrap_and_deploy, check
     fresh_work_dir, options_dict
 from localmode.moto_server import MotoServer
 from localmode.netns import Network
-from localmode.nodes import LocalNode, NodeError, NodeRunner, signal_group, launch_template_user_data
+from localmode.nodes import LocalNode, NodeError, NodeRunner, launch_template_user_data, signal_group
 
 from spot_contract import COMPLETED_FILE  # noqa: E402
 from spot_contract import STACK_TAG as STACK_TAG_KEY  # noqa: E402
