@@ -50,6 +50,7 @@ from typing import Any, Callable, Iterable, Mapping
 import spot_contract
 from bootstrap.cluster_member import ClusterMember
 from bootstrap.cluster_state import ClusterSettings, read_json, write_json_atomic
+from bootstrap.launch import NODE_ID_ENV
 from bootstrap.supervisor import ProcessGroup
 
 log = logging.getLogger("bootstrap.torch_elastic")
@@ -320,7 +321,10 @@ class TorchWorker(_Base):
                              training_argv=self.training_argv)
         self.epoch = epoch
         self.launches += 1
-        self._popen(argv, epoch, endpoint, f"torchrun-{self.node_id}.log", extra_env=TORCHRUN_ENV)
+        # The node id names each trainer's step log (steps-<node_id>.csv, docs/cluster.md), as the
+        # MXNet/TF agents' launch environment does.
+        self._popen(argv, epoch, endpoint, f"torchrun-{self.node_id}.log",
+                    extra_env={**TORCHRUN_ENV, NODE_ID_ENV: self.node_id})
 
     def step(self) -> str | None:
         now = self.clock()

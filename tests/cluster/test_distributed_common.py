@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
+from training.distributed import common
 from training.distributed.common import global_batch, worker_shard
 from training.distributed.lr import scaled_learning_rate
 
@@ -79,3 +82,19 @@ def test_the_cluster_trainers_cadence_is_the_agents_environment_else_the_contrac
     monkeypatch.setenv("SPOT_TRAINING_CHECKPOINT_EVERY_STEPS", "0")
     with pytest.raises(SystemExit):
         parse_args([], description="t")
+
+
+def test_node_id_names_the_instance_and_each_local_rank_when_a_node_runs_several(monkeypatch):
+    # Every trainer process appends its own steps-<node_id>.csv: two torchrun ranks on one node
+    # (--nproc-per-node 2) must not share a file, one process per node keeps the instance id alone.
+    monkeypatch.setenv("SPOT_TRAINING_NODE_ID", "i-0abc")
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    assert common.node_id() == "i-0abc"
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    assert common.node_id() == "i-0abc"
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    assert common.node_id() == "i-0abc-1"
+    monkeypatch.delenv("SPOT_TRAINING_NODE_ID")
+    assert common.node_id() == f"pid-{os.getpid()}-1"

@@ -105,9 +105,10 @@ def _worker(tmp_path, script: str, monitors=()) -> TorchWorker:
 
 def test_worker_waits_for_the_rendezvous_relaunches_and_reports_an_exit_it_did_not_ask_for(tmp_path):
     env_file = tmp_path / "env"
-    # The stand-in records what torchrun would see: the opt-out of torch's shared rendezvous store.
-    worker = _worker(tmp_path, "import os, sys; open(%r, 'w').write(os.environ.get('TORCH_DISABLE_SHARE_RDZV_TCP_STORE', '')); "
-                     "sys.exit(3)" % str(env_file))
+    # The stand-in records what torchrun would see: the opt-out of torch's shared rendezvous store, and
+    # the node id that names its trainers' step logs (steps-<node_id>.csv).
+    worker = _worker(tmp_path, "import os, sys; open(%r, 'w').write(os.environ.get('TORCH_DISABLE_SHARE_RDZV_TCP_STORE', '') "
+                     "+ ' ' + os.environ.get('SPOT_TRAINING_NODE_ID', '')); sys.exit(3)" % str(env_file))
     worker._register()
     for _ in range(3):
         assert worker.step() is None
@@ -116,7 +117,7 @@ def test_worker_waits_for_the_rendezvous_relaunches_and_reports_an_exit_it_did_n
     rdzv.publish(host="10.0.0.1", port=9000, epoch=2, node_id="i-c", since=0)
     _until(worker, lambda _: worker.launches >= 2, timeout=20)  # exits 3, relaunched after the back-off
     assert [r["epoch"] for r in rdzv.reports()] == [2]
-    assert env_file.read_text() == "1"
+    assert env_file.read_text() == "1 i-w1"
 
 
 def test_worker_restarts_torchrun_when_the_epoch_moves_and_finishes_on_completed(tmp_path):

@@ -107,8 +107,13 @@ def worker_shard(indices: np.ndarray, *, rank: int, num_workers: int) -> np.ndar
 
 
 def node_id() -> str:
-    """This node's id from ``SPOT_TRAINING_NODE_ID`` (set by the agent), else ``pid-<pid>``."""
-    return os.environ.get("SPOT_TRAINING_NODE_ID") or f"pid-{os.getpid()}"
+    """This process's id in the step logs: the node's ``SPOT_TRAINING_NODE_ID`` (the instance id, set by
+    the agent), else ``pid-<pid>``; with more than one process on a node (torchrun's
+    ``LOCAL_WORLD_SIZE`` > 1) ``-<LOCAL_RANK>`` is appended, so no two processes share a file."""
+    base = os.environ.get("SPOT_TRAINING_NODE_ID") or f"pid-{os.getpid()}"
+    if int(os.environ.get("LOCAL_WORLD_SIZE") or 1) > 1:
+        return f"{base}-{os.environ.get('LOCAL_RANK', '0')}"
+    return base
 
 
 def generation() -> int:
