@@ -24,7 +24,9 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from bootstrap.errors import ConfigError
-from spot_contract import CLUSTER_MEMBER_TAG, SETTINGS, write_json_atomic
+from spot_contract import (CLUSTER_MEMBER_TAG, DEFAULT_MAX_WORKERS, DEFAULT_MIN_WORKERS, DEFAULT_SCHEDULER_PORT,
+                            DEFAULT_SERVER_PORT, DEFAULT_TORCH_MAX_RESTARTS, DEFAULT_TORCH_NPROC_PER_NODE,
+                            DEFAULT_TORCH_SHUTDOWN_TIMEOUT_S, DEFAULT_WORKER_PORT, SETTINGS, write_json_atomic)
 
 __all__ = ["ClusterSettings", "ClusterState", "Plan", "make_plan", "settings_from_config", "read_json",
            "write_json_atomic", "RUNNING", "CHECKPOINT", "TEARDOWN", "WAITING", "COMPLETED", "PLAN_STATES",
@@ -63,20 +65,20 @@ class ClusterSettings:
 
     state_dir: Path
     num_servers: int
-    min_workers: int = 1
-    scheduler_port: int = 9000
-    server_port: int = 9001
-    worker_port: int = 9002
+    min_workers: int = DEFAULT_MIN_WORKERS
+    scheduler_port: int = DEFAULT_SCHEDULER_PORT
+    server_port: int = DEFAULT_SERVER_PORT
+    worker_port: int = DEFAULT_WORKER_PORT
     heartbeat_interval_s: float = 1.0
     heartbeat_timeout_s: float = 15.0
     debounce_s: float = 5.0
     stop_timeout_s: float = 120.0
     kill_grace_s: float = 5.0
     member_tag: str = DEFAULT_MEMBER_TAG
-    max_workers: int = 8
-    torch_max_restarts: int = 100
-    torch_shutdown_timeout_s: float = 90.0
-    torch_nproc_per_node: int = 1
+    max_workers: int = DEFAULT_MAX_WORKERS
+    torch_max_restarts: int = DEFAULT_TORCH_MAX_RESTARTS
+    torch_shutdown_timeout_s: float = float(DEFAULT_TORCH_SHUTDOWN_TIMEOUT_S)
+    torch_nproc_per_node: int = DEFAULT_TORCH_NPROC_PER_NODE
 
     def port_for(self, role: str) -> int:
         """The fixed port of a node with ``role``."""

@@ -37,9 +37,11 @@ from .roles import TrainingNodeRole, node_policy_statements
 from .tags import CLUSTER_MEMBER_TAG_KEY, CLUSTER_MEMBER_TAG_VALUE, PURPOSE_DATA_VOLUME, PURPOSE_TAG_KEY, STACK_TAG_KEY
 from .userdata import node_config
 # Where cluster nodes mount the shared file system (datasets/, checkpoints/, logs/ and cluster/ live
-# there) and the roles' default ports: the contract's.
-from spot_contract import (DEFAULT_SCHEDULER_PORT, DEFAULT_SERVER_PORT, DEFAULT_WORKER_PORT, EFS_MOUNT_POINT, SETTINGS,
-                           SettingError, check)
+# there), the roles' default ports, cluster sizes and torchrun defaults: the contract's.
+from spot_contract import (DEFAULT_MAX_WORKERS, DEFAULT_MIN_WORKERS, DEFAULT_SCHEDULER_PORT, DEFAULT_SERVER_PORT,
+                           DEFAULT_TORCH_MAX_RESTARTS, DEFAULT_TORCH_NPROC_PER_NODE, DEFAULT_TORCH_SHUTDOWN_TIMEOUT_S,
+                           DEFAULT_WORKER_PORT, EFS_MOUNT_POINT, MAX_TORCH_SHUTDOWN_TIMEOUT_S, SETTINGS, SettingError,
+                           check)
 
 #: The membership state directory on EFS (``cluster.state_dir``).
 STATE_DIR = f"{EFS_MOUNT_POINT}/cluster"
@@ -75,15 +77,6 @@ class Framework(enum.Enum):
     PYTORCH = "pytorch"
 
 
-#: torchrun defaults of a PyTorch cluster (context keys ``cluster_torch_*``, docs/contracts.md):
-#: worker-group restarts before torchrun gives up (every join and leave costs one; the agent then
-#: relaunches torchrun under a new rendezvous id), and the SIGTERM -> SIGKILL grace torchrun gives
-#: its workers (``--shutdown-timeout``): long enough to agree on a step and write the checkpoint,
-#: inside the 120 s of a spot interruption notice.
-DEFAULT_TORCH_MAX_RESTARTS = 100
-DEFAULT_TORCH_SHUTDOWN_TIMEOUT_S = 90
-MAX_TORCH_SHUTDOWN_TIMEOUT_S = 115
-DEFAULT_TORCH_NPROC_PER_NODE = 1
 #: Ports gloo and NCCL listen on between PyTorch workers: neither can be given a fixed port or range
 #: (each pair connects on ports the kernel picks), so the members' group opens the Linux default
 #: ephemeral range (``net.ipv4.ip_local_port_range``) between members only.
@@ -176,8 +169,8 @@ class ParameterServerCluster(constructs.Construct):
         framework: Framework = Framework.MXNET,
         num_servers: int = 2,
         desired_workers: int = 2,
-        min_workers: int = 1,
-        max_workers: int = 8,
+        min_workers: int = DEFAULT_MIN_WORKERS,
+        max_workers: int = DEFAULT_MAX_WORKERS,
         scheduler_instance_type: str = DEFAULT_SCHEDULER_INSTANCE_TYPE,
         server_instance_type: str = DEFAULT_SERVER_INSTANCE_TYPE,
         worker_instance_types: Sequence[str] = DEFAULT_INSTANCE_TYPES,

@@ -45,7 +45,7 @@ from .config import (
     training_requirements,
 )
 from .fleet import DEFAULT_INSTANCE_TYPES, validate_instance_type
-from spot_contract import DEFAULT_SCHEDULER_PORT, DEFAULT_SERVER_PORT, DEFAULT_WORKER_PORT, SETTINGS
+from spot_contract import DEFAULT_MAX_WORKERS, DEFAULT_MIN_WORKERS, DEFAULT_SCHEDULER_PORT, DEFAULT_SERVER_PORT, DEFAULT_WORKER_PORT, SETTINGS
 
 #: The TCP port range of every role (the contract's; the agents check the same).
 _PORTS = f"{SETTINGS['port'].minimum}..{SETTINGS['port'].maximum}"
@@ -65,8 +65,8 @@ CLUSTER_CONTEXT_KEYS: tuple[ContextKey, ...] = (
     ContextKey("cluster_framework", "mxnet", "-", "one of " + ", ".join(f.value for f in Framework)),
     ContextKey("cluster_num_servers", 2, "nodes", f"parameter-server nodes (on-demand, fixed-size Auto Scaling group), 1..{MAX_SERVERS}; ignored by pytorch (no parameter servers)"),
     ContextKey("cluster_workers", 2, "instances", "desired workers: the worker Spot Fleet's target capacity"),
-    ContextKey("cluster_min_workers", 1, "instances", "fewest workers a generation trains with (`cluster.min_workers`)"),
-    ContextKey("cluster_max_workers", 8, "instances", f"upper bound of `cluster_workers`, up to {MAX_WORKERS}"),
+    ContextKey("cluster_min_workers", DEFAULT_MIN_WORKERS, "instances", "fewest workers a generation trains with (`cluster.min_workers`)"),
+    ContextKey("cluster_max_workers", DEFAULT_MAX_WORKERS, "instances", f"upper bound of `cluster_workers`, up to {MAX_WORKERS}"),
     ContextKey("cluster_scheduler_instance_type", DEFAULT_SCHEDULER_INSTANCE_TYPE, "-", "on-demand type of the coordinator/scheduler node"),
     ContextKey("cluster_server_instance_type", DEFAULT_SERVER_INSTANCE_TYPE, "-", "on-demand type of each parameter server"),
     ContextKey("cluster_worker_instance_types", list(DEFAULT_INSTANCE_TYPES), "list", "spot types the worker fleet may launch"),
@@ -105,8 +105,8 @@ class ClusterSettings(ContextSettings):
     framework: Framework = Framework.MXNET
     num_servers: int = 2
     workers: int = 2
-    min_workers: int = 1
-    max_workers: int = 8
+    min_workers: int = DEFAULT_MIN_WORKERS
+    max_workers: int = DEFAULT_MAX_WORKERS
     scheduler_instance_type: str = DEFAULT_SCHEDULER_INSTANCE_TYPE
     server_instance_type: str = DEFAULT_SERVER_INSTANCE_TYPE
     worker_instance_types: tuple[str, ...] = DEFAULT_INSTANCE_TYPES

@@ -118,6 +118,20 @@ EXIT_PEER_STOPPED = EXIT_TEMPFAIL
 #: Default TCP ports of the parameter-server cluster's roles (ps-lite / TensorFlow gRPC).
 DEFAULT_SCHEDULER_PORT, DEFAULT_SERVER_PORT, DEFAULT_WORKER_PORT = 9000, 9001, 9002
 
+# ---- cluster sizes and torchrun (context keys ``cluster_*``, node config ``cluster.*``) -------------
+#: Fewest and most workers of a generation (``cluster_min_workers``/``cluster_max_workers``); the
+#: stack's upper bound for both is infra's ``MAX_WORKERS``.
+DEFAULT_MIN_WORKERS, DEFAULT_MAX_WORKERS = 1, 8
+#: torchrun defaults of a PyTorch cluster (context keys ``cluster_torch_*``, docs/contracts.md):
+#: worker-group restarts before torchrun gives up (every join and leave costs one; the agent then
+#: relaunches torchrun under a new rendezvous id), and the SIGTERM -> SIGKILL grace torchrun gives
+#: its workers (``--shutdown-timeout``, seconds): long enough to agree on a step and write the
+#: checkpoint, inside the 120 s of a spot interruption notice.
+DEFAULT_TORCH_MAX_RESTARTS = 100
+DEFAULT_TORCH_SHUTDOWN_TIMEOUT_S = 90
+MAX_TORCH_SHUTDOWN_TIMEOUT_S = 115
+DEFAULT_TORCH_NPROC_PER_NODE = 1
+
 
 # ---- settings: one default, one validator --------------------------------------------------------
 class SettingError(ValueError):
