@@ -269,7 +269,7 @@ def poll_leave_reason(monitors: Iterable[Any]) -> str | None:
                               "interruption notices", extra={"event": "node_unusable", "error": str(exc)})
             return IMDS_FORBIDDEN
         if event is not None:
-            if event.kind == "spot-interruption":
+            if event.kind == SPOT_INTERRUPTION:
                 cluster_log.warning("spot interruption notice: leaving the cluster", extra={
                     "event": "spot_interruption_notice", "event_id": event.id})
             cluster_log.info("worker leaving the cluster", extra={"kind": event.kind, "event_id": event.id})

@@ -180,7 +180,6 @@ class Supervisor:
         self._copier: threading.Thread | None = None
         self._clock, self._sleep, self._rng = clock, sleep, rng
         self._proc: subprocess.Popen | None = None
-        self._group: ProcessGroup | None = None
         self._stopped_by_us: str | None = None
         self._stop_requested = False
         self._account_cache: object = _UNSET
@@ -375,7 +374,6 @@ class Supervisor:
                                   "executable (training.python for '{python}')") from None
             raise TemporaryError(f"starting the trainer failed: {exc}") from exc
         proc = group.proc
-        self._group = group
         self.starts += 1
         if self.output is not None:
             self._copier = threading.Thread(target=_copy_output, args=(proc.stdout, self.output),

@@ -207,7 +207,7 @@ class DeployedCluster:
 
 
 def cluster_resources(aws: Clients, autoscaling: Any, stack: str, *,
-                      group_roles: tuple[str, ...] = ("scheduler", "server")) -> DeployedCluster:
+                      group_roles: tuple[str, ...] = CLUSTER_FRAMEWORKS["mxnet"].group_roles) -> DeployedCluster:
     """Read the deployed cluster ``stack`` with boto3; ``group_roles``: the roles that must have an
     Auto Scaling group (default: MXNet's scheduler and servers; PyTorch's coordinator only).
 
