@@ -28,8 +28,12 @@ PYTEST := $(BIN)/python -m pytest
 
 setup: system-deps $(STAMP) $(TORCH_STAMP) $(CHECKOV_STAMP) $(CDK)
 
+# A warning, not a stop: the environments take about 5 GiB (.venv 3.4, .venv-torch 1.2) and a test run
+# about 3 GiB more under /tmp; a full disk otherwise shows up only as pip's "No space left on device".
 system-deps:
 	@scripts/install-system-deps.sh $(DEB_PACKAGES)
+	@for dir in . $${TMPDIR:-/tmp}; do free=$$(df -Pk "$$dir" | awk 'NR==2 {print int($$4 / 1048576)}'); \
+	  [ "$${free:-0}" -ge 8 ] || echo "make setup: warning: $${free:-0} GiB free under $$dir; setup and the tests need about 8 GiB" >&2; done
 
 $(STAMP): requirements.txt requirements-agent.txt requirements-dev.txt requirements-train.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -38,7 +42,7 @@ $(STAMP): requirements.txt requirements-agent.txt requirements-dev.txt requireme
 	$(BIN)/python -m pip install -q --no-deps -e .
 	touch $@
 
-# The torch wheel from PyPI carries the CUDA libraries (several GB): installed once, pip's cache reused.
+# torch==2.13.0: its CPU build lies in the machine's local wheel directory (requirements-torch.txt says why).
 $(TORCH_STAMP): requirements-torch.txt pyproject.toml
 	test -x $(TORCH_VENV)/bin/python || $(PYTHON) -m venv $(TORCH_VENV)
 	$(TORCH_VENV)/bin/python -m pip install -q --upgrade pip
