@@ -26,7 +26,8 @@ from typing import Any, Iterable, Mapping
 from bootstrap.errors import ConfigError
 from spot_contract import (CLUSTER_MEMBER_TAG, DEFAULT_MAX_WORKERS, DEFAULT_MIN_WORKERS, DEFAULT_SCHEDULER_PORT,
                             DEFAULT_SERVER_PORT, DEFAULT_TORCH_MAX_RESTARTS, DEFAULT_TORCH_NPROC_PER_NODE,
-                            DEFAULT_TORCH_SHUTDOWN_TIMEOUT_S, DEFAULT_WORKER_PORT, SETTINGS, write_json_atomic)
+                            DEFAULT_TORCH_SHUTDOWN_TIMEOUT_S, DEFAULT_WORKER_PORT, MAX_SERVERS, MAX_TORCH_MAX_RESTARTS,
+                            MAX_TORCH_NPROC_PER_NODE, MAX_WORKERS, SETTINGS, write_json_atomic)
 
 __all__ = ["ClusterSettings", "ClusterState", "Plan", "make_plan", "settings_from_config", "read_json",
            "write_json_atomic", "RUNNING", "CHECKPOINT", "TEARDOWN", "WAITING", "COMPLETED", "PLAN_STATES",
@@ -88,7 +89,7 @@ class ClusterSettings:
 def settings_from_config(section: Mapping[str, Any] | None, *, framework: str | None = None) -> ClusterSettings:
     """Validate the ``cluster`` section (a dict); every problem is reported in one ConfigError (exit 78)
     naming ``cluster.<key>``, the value and what is allowed. ``framework`` ``pytorch`` allows
-    ``num_servers`` 0 (TorchElastic, no parameter servers); every other framework needs 1..64."""
+    ``num_servers`` 0 (TorchElastic, no parameter servers); every other framework needs 1..``MAX_SERVERS`` (64)."""
     if not isinstance(section, Mapping):
         raise ConfigError(f"cluster: got {section!r}; a cluster node (node_role scheduler/server/worker) needs a "
                           "'cluster' object with at least state_dir and num_servers")
@@ -103,10 +104,12 @@ def settings_from_config(section: Mapping[str, Any] | None, *, framework: str | 
         problems.append(f"cluster.state_dir: got {state_dir!r}; expected an absolute path on EFS, e.g. '/mnt/efs/cluster'")
     else:
         values["state_dir"] = Path(state_dir)
-    for key, minimum, maximum in (("num_servers", 0 if framework == "pytorch" else 1, 64), ("min_workers", 1, 1024),
+    for key, minimum, maximum in (("num_servers", 0 if framework == "pytorch" else 1, MAX_SERVERS),
+                                  ("min_workers", 1, MAX_WORKERS), ("max_workers", 1, MAX_WORKERS),
                                   ("scheduler_port", PORTS.minimum, PORTS.maximum),
                                   ("server_port", PORTS.minimum, PORTS.maximum), ("worker_port", PORTS.minimum, PORTS.maximum),
-                                  ("max_workers", 1, 1024), ("torch_max_restarts", 0, 10000), ("torch_nproc_per_node", 1, 64)):
+                                  ("torch_max_restarts", 0, MAX_TORCH_MAX_RESTARTS),
+                                  ("torch_nproc_per_node", 1, MAX_TORCH_NPROC_PER_NODE)):
         if key not in section and key != "num_servers":
             continue
         value = section.get(key)

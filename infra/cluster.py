@@ -40,14 +40,12 @@ from .userdata import node_config
 # there), the roles' default ports, cluster sizes and torchrun defaults: the contract's.
 from spot_contract import (DEFAULT_MAX_WORKERS, DEFAULT_MIN_WORKERS, DEFAULT_SCHEDULER_PORT, DEFAULT_SERVER_PORT,
                            DEFAULT_TORCH_MAX_RESTARTS, DEFAULT_TORCH_NPROC_PER_NODE, DEFAULT_TORCH_SHUTDOWN_TIMEOUT_S,
-                           DEFAULT_WORKER_PORT, EFS_MOUNT_POINT, MAX_TORCH_SHUTDOWN_TIMEOUT_S, SETTINGS, SettingError,
+                           DEFAULT_WORKER_PORT, EFS_MOUNT_POINT, MAX_SERVERS, MAX_TORCH_MAX_RESTARTS,
+                           MAX_TORCH_NPROC_PER_NODE, MAX_TORCH_SHUTDOWN_TIMEOUT_S, MAX_WORKERS, SETTINGS, SettingError,
                            check)
 
 #: The membership state directory on EFS (``cluster.state_dir``).
 STATE_DIR = f"{EFS_MOUNT_POINT}/cluster"
-#: The agents' bounds (bootstrap.cluster_state.settings_from_config): servers 1..64, workers 1..1024.
-MAX_SERVERS = 64
-MAX_WORKERS = 1024
 #: systemd's ``TimeoutStopSec`` for cluster agents: a stopped worker leaves first (checkpoint and
 #: teardown phases, each bounded by the agents' ``cluster.stop_timeout_s`` of 120 s, then its
 #: ``kill_grace_s`` of 5 s), so 2 x 120 + 5 s plus a margin.
@@ -266,10 +264,10 @@ class ParameterServerCluster(constructs.Construct):
             raise ValueError(f"framework must be a Framework ({', '.join(f.name for f in Framework)}), got {framework!r}")
         self.framework = framework
         self.num_servers = _count("num_servers", num_servers, 1, MAX_SERVERS, "parameter-server nodes")
-        self.torch_max_restarts = _count("torch_max_restarts", torch_max_restarts, 0, 10000, "restarts")
+        self.torch_max_restarts = _count("torch_max_restarts", torch_max_restarts, 0, MAX_TORCH_MAX_RESTARTS, "restarts")
         self.torch_shutdown_timeout_s = _count("torch_shutdown_timeout_s", torch_shutdown_timeout_s, 5,
                                                MAX_TORCH_SHUTDOWN_TIMEOUT_S, "seconds")
-        self.torch_nproc_per_node = _count("torch_nproc_per_node", torch_nproc_per_node, 1, 64, "processes")
+        self.torch_nproc_per_node = _count("torch_nproc_per_node", torch_nproc_per_node, 1, MAX_TORCH_NPROC_PER_NODE, "processes")
         is_torch = framework is Framework.PYTORCH
         roles = ("scheduler", "worker") if is_torch else ("scheduler", "server", "worker")
         self.min_workers = _count("min_workers", min_workers, 1, MAX_WORKERS, "instances")

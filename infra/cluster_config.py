@@ -27,6 +27,8 @@ from .cluster import (
     MAX_TORCH_SHUTDOWN_TIMEOUT_S,
     TORCH_COLLECTIVE_PORTS,
     MAX_WORKERS,
+    MAX_TORCH_MAX_RESTARTS,
+    MAX_TORCH_NPROC_PER_NODE,
     ClusterPorts,
     Framework,
 )
@@ -76,9 +78,9 @@ CLUSTER_CONTEXT_KEYS: tuple[ContextKey, ...] = (
     ContextKey("cluster_worker_port", DEFAULT_WORKER_PORT, "TCP port", f"ps-lite worker PORT (MXNet) / worker gRPC port (TensorFlow), {_PORTS}"),
     ContextKey("cluster_training_command", None, "list", "trainer command; default per framework: "
                + "; ".join(f"{f.value}: {' '.join(c)}" for f, c in DEFAULT_TRAINING_COMMANDS.items())),
-    ContextKey("cluster_torch_max_restarts", DEFAULT_TORCH_MAX_RESTARTS, "restarts", "pytorch: torchrun `--max-restarts` (each join or leave costs one), 0..10000"),
+    ContextKey("cluster_torch_max_restarts", DEFAULT_TORCH_MAX_RESTARTS, "restarts", f"pytorch: torchrun `--max-restarts` (each join or leave costs one), 0..{MAX_TORCH_MAX_RESTARTS}"),
     ContextKey("cluster_torch_shutdown_timeout_s", DEFAULT_TORCH_SHUTDOWN_TIMEOUT_S, "seconds", f"pytorch: torchrun `--shutdown-timeout`, the workers' SIGTERM -> SIGKILL grace to agree on a step and checkpoint, 5..{MAX_TORCH_SHUTDOWN_TIMEOUT_S} (a spot notice gives 120)"),
-    ContextKey("cluster_torch_nproc_per_node", DEFAULT_TORCH_NPROC_PER_NODE, "processes", "pytorch: torchrun `--nproc-per-node` (GPUs per worker), 1..64"),
+    ContextKey("cluster_torch_nproc_per_node", DEFAULT_TORCH_NPROC_PER_NODE, "processes", f"pytorch: torchrun `--nproc-per-node` (GPUs per worker), 1..{MAX_TORCH_NPROC_PER_NODE}"),
     ContextKey("cluster_training_python", None, "-", f"trainer's interpreter on every node; default: {DEFAULT_TRAINING_PYTHON}, with `cluster_training_requirements` in virtual environments built once on EFS"),
     ContextKey("cluster_training_requirements", None, "list", "pip requirements of the trainer's virtual environment on every node (built once per requirement set on EFS, reused); default when "
                "`cluster_training_python` is not set: the framework's GPU build on workers ("
@@ -151,9 +153,9 @@ class ClusterSettings(ContextSettings):
             ("cluster_workers", "workers", 1, MAX_WORKERS, "(instances)"),
             ("cluster_min_workers", "min_workers", 1, MAX_WORKERS, "(instances)"),
             ("cluster_max_workers", "max_workers", 1, MAX_WORKERS, "(instances)"),
-            ("cluster_torch_max_restarts", "torch_max_restarts", 0, 10000, "(restarts)"),
+            ("cluster_torch_max_restarts", "torch_max_restarts", 0, MAX_TORCH_MAX_RESTARTS, "(restarts)"),
             ("cluster_torch_shutdown_timeout_s", "torch_shutdown_timeout_s", 5, MAX_TORCH_SHUTDOWN_TIMEOUT_S, "(seconds)"),
-            ("cluster_torch_nproc_per_node", "torch_nproc_per_node", 1, 64, "(processes)"),
+            ("cluster_torch_nproc_per_node", "torch_nproc_per_node", 1, MAX_TORCH_NPROC_PER_NODE, "(processes)"),
         ):
             if v[key] is not None:
                 out[field] = context_int(key, v[key], lo, hi, unit)

@@ -119,9 +119,12 @@ EXIT_PEER_STOPPED = EXIT_TEMPFAIL
 DEFAULT_SCHEDULER_PORT, DEFAULT_SERVER_PORT, DEFAULT_WORKER_PORT = 9000, 9001, 9002
 
 # ---- cluster sizes and torchrun (context keys ``cluster_*``, node config ``cluster.*``) -------------
-#: Fewest and most workers of a generation (``cluster_min_workers``/``cluster_max_workers``); the
-#: stack's upper bound for both is infra's ``MAX_WORKERS``.
+#: Fewest and most workers of a generation (``cluster_min_workers``/``cluster_max_workers``).
 DEFAULT_MIN_WORKERS, DEFAULT_MAX_WORKERS = 1, 8
+#: The limits the stack (props and context keys) and the agents (``cluster.*``) both enforce:
+#: parameter-server nodes 1..MAX_SERVERS (0 for PyTorch, which has none), workers 1..MAX_WORKERS.
+MAX_SERVERS = 64
+MAX_WORKERS = 1024
 #: torchrun defaults of a PyTorch cluster (context keys ``cluster_torch_*``, docs/contracts.md):
 #: worker-group restarts before torchrun gives up (every join and leave costs one; the agent then
 #: relaunches torchrun under a new rendezvous id), and the SIGTERM -> SIGKILL grace torchrun gives
@@ -130,7 +133,11 @@ DEFAULT_MIN_WORKERS, DEFAULT_MAX_WORKERS = 1, 8
 DEFAULT_TORCH_MAX_RESTARTS = 100
 DEFAULT_TORCH_SHUTDOWN_TIMEOUT_S = 90
 MAX_TORCH_SHUTDOWN_TIMEOUT_S = 115
+#: torchrun's ``--max-restarts`` 0..MAX_TORCH_MAX_RESTARTS and ``--nproc-per-node``
+#: 1..MAX_TORCH_NPROC_PER_NODE (processes, one per GPU), as the stack and the agents check them.
+MAX_TORCH_MAX_RESTARTS = 10000
 DEFAULT_TORCH_NPROC_PER_NODE = 1
+MAX_TORCH_NPROC_PER_NODE = 64
 
 
 # ---- settings: one default, one validator --------------------------------------------------------
