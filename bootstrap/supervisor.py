@@ -263,7 +263,7 @@ class Supervisor:
         if venv.inherit_site_packages:
             argv.append("--inherit-site-packages")
         argv += ["--attempts", str(self.venv_attempts), "--backoff-s", str(self.venv_backoff_s)]
-        kwargs = _user_kwargs(user_ids(self._account()))
+        kwargs = _user_kwargs(self.user())
         env = self.trainer_environment()
         # The child imports bootstrap from the agent's code directory (the asset or a checkout).
         env["PYTHONPATH"] = str(Path(__file__).resolve().parent.parent)
@@ -574,12 +574,11 @@ class ProcessGroup:
     ``kill_after`` seconds; :meth:`kill` reaches every descendant too (torchrun starts each rank in a
     session of its own, so its group alone would orphan the ranks).
 
-    Attributes: ``proc`` (the Popen), ``started`` and ``term_sent`` (clock seconds), ``killed``.
+    Attributes: ``proc`` (the Popen), ``term_sent`` (clock seconds, when SIGTERM was sent), ``killed``.
     """
 
-    def __init__(self, proc: subprocess.Popen, *, started: float, log_file: Any = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        self.proc, self.started, self.log_file, self.clock = proc, started, log_file, clock
+    def __init__(self, proc: subprocess.Popen, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self.proc, self.clock = proc, clock
         self.term_sent: float | None = None
         self.killed = False
 
@@ -596,11 +595,10 @@ class ProcessGroup:
         try:
             proc = subprocess.Popen([*prefix, *argv], cwd=cwd, env=dict(env), start_new_session=True,
                                     stdin=subprocess.DEVNULL, **streams, **_user_kwargs(user))
-        except BaseException:
+        finally:
             if log_file is not None:
-                log_file.close()
-            raise
-        return cls(proc, started=clock(), log_file=log_file, clock=clock)
+                log_file.close()  # the child writes through its own copy of the descriptor
+        return cls(proc, clock=clock)
 
     @property
     def pid(self) -> int:
@@ -608,11 +606,8 @@ class ProcessGroup:
         return self.proc.pid
 
     def poll(self) -> int | None:
-        """The exit status once the process exited (its log file is then closed), else None."""
-        code = self.proc.poll()
-        if code is not None and self.log_file is not None:
-            self.log_file.close()
-        return code
+        """The exit status once the process exited, else None."""
+        return self.proc.poll()
 
     def signal(self, sig: int, *, group: bool = True) -> None:
         """Send ``sig`` to the process group (``group``) or the process alone; gone is fine."""
@@ -638,15 +633,18 @@ class ProcessGroup:
     def kill(self) -> None:
         """SIGKILL the group, the process and every descendant of it."""
         self.killed = True
+        # The descendants are listed before any signal: once the process dies, its children (torchrun's
+        # ranks, each in a session of its own) are reparented and no longer found under its pid.
+        pids = [self.proc.pid, *descendants(self.proc.pid)]
         signal_group(self.proc.pid, signal.SIGKILL)
-        for pid in [self.proc.pid, *descendants(self.proc.pid)]:
+        for pid in pids:
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
 
     def kill_and_wait(self) -> int:
-        """:meth:`kill`, then reap; returns the exit status (the log file is closed)."""
+        """:meth:`kill`, then reap; returns the exit status."""
         self.kill()
         self.proc.wait()
         return self.poll()

@@ -19,7 +19,7 @@ from git_helpers import two_version_repo
 from bootstrap.config import parse_config
 from bootstrap.errors import ConfigError, ExitCode
 from bootstrap.supervisor import (CHECKPOINT_REQUEST_FILE, CheckpointMismatchError, CheckpointStorageError,
-                                  Outcome, Supervisor, TrainerFailedError, VolumeNotMountedError)
+                                  Outcome, ProcessGroup, Supervisor, TrainerFailedError, VolumeNotMountedError)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -362,3 +362,35 @@ def test_a_command_that_cannot_run_is_a_config_error(tmp_path, program, reason):
     config["training"]["command"] = [program, "trainer.py"]
     with pytest.raises(ConfigError, match=rf"training.command\[0\]: '{program}' cannot be run \({reason}\)"):
         make_supervisor(tmp_path, config=config).run()
+
+
+def test_process_group_kill_reaches_children_in_sessions_of_their_own(tmp_path):
+    """torchrun starts each rank with start_new_session: SIGKILL of its group misses them, and once it
+    dies they are reparented, so ProcessGroup.kill must list the descendants before any signal."""
+    pid_file = tmp_path / "child.pid"
+    parent = ("import subprocess, sys, time\n"
+              "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)'], start_new_session=True)\n"
+              f"open({str(pid_file)!r}, 'w').write(str(child.pid))\n"
+              "time.sleep(300)\n")
+    group = ProcessGroup.start([sys.executable, "-c", parent], cwd=tmp_path, env=os.environ)
+    deadline = time.monotonic() + 30
+    while not pid_file.exists() or not pid_file.read_text():
+        assert time.monotonic() < deadline, "the parent never started its child"
+        time.sleep(0.05)
+    child = int(pid_file.read_text())
+    assert group.kill_and_wait() == -signal.SIGKILL
+    deadline = time.monotonic() + 10
+    while _alive(child):
+        if time.monotonic() > deadline:
+            os.kill(child, signal.SIGKILL)
+            pytest.fail(f"the child {child} in a session of its own outlived ProcessGroup.kill")
+        time.sleep(0.05)
+
+
+def _alive(pid: int) -> bool:
+    """True while ``pid`` exists and is not a zombie (an orphan's zombie is init's to reap)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
