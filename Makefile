@@ -24,7 +24,8 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 CDK_FLAGS := --no-notices --no-version-reporting
 PYTEST := $(BIN)/python -m pytest
 
-.PHONY: setup system-deps test test-fast demo synth bench-synth bench-checkpoint bench-agent bench-elastic bench-boot bench-move clean
+BENCHES := synth checkpoint agent elastic boot move
+.PHONY: setup system-deps test test-fast demo synth $(addprefix bench-,$(BENCHES)) clean
 
 setup: system-deps $(STAMP) $(TORCH_STAMP) $(CHECKOV_STAMP) $(CDK)
 
@@ -85,7 +86,6 @@ demo: setup
 # make bench-NAME runs bench/bench_NAME.py (one rule for all: each prints a LAST LINE of JSON).
 # bench-boot: boot -> first training step of a local node, trainer's environment cold (built) and warm (reused).
 # bench-move: the bytes a move across AZs copies, with and without a periodic snapshot (local EBS block model).
-BENCHES := synth checkpoint agent elastic boot move
 $(addprefix bench-,$(BENCHES)): bench-%: setup
 	$(BIN)/python bench/bench_$*.py
 

@@ -14,6 +14,7 @@ import signal
 from typing import Any, Callable
 
 from bootstrap import launch, torch_elastic
+from bootstrap.cleanup import ec2_client
 from bootstrap.cluster_state import settings_from_config
 from bootstrap.errors import ConfigError
 from bootstrap.fleet_actions import finish_node
@@ -88,8 +89,6 @@ def run_node(config: Any, imds: Any, *, instance_id: str, local_mode: bool,
                                 "checkpoint and hands itself back to the fleet")
     # Local mode has an EC2 API only when a moto server is named (AWS_ENDPOINT_URL).
     if not local_mode or os.environ.get("AWS_ENDPOINT_URL"):
-        from bootstrap.cleanup import ec2_client  # boto3 only when EC2 is needed
-
         finish_node(outcome, role=config.node_role, leave_reason=agent.leave_reason,
                     cancel_fleet_on_success=config.cleanup.cancel_fleet_on_success,
                     ec2_factory=lambda: ec2_client(config.region), instance_id=instance_id, stack_name=config.stack_name)

@@ -31,8 +31,7 @@ from pathlib import Path
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from training.datasets import default_data_dir, load_digits
-from training.distributed.common import StepLog, generation, global_batch, parse_args, write_result
+from training.distributed.common import StepLog, flat_digits, generation, global_batch, parse_args, write_result
 from training.distributed.lr import scaled_learning_rate
 
 #: Most closures scheduled before a join (bounds the work a SIGTERM waits for).
@@ -58,10 +57,7 @@ def main(argv=None) -> int:
     strategy = tf.distribute.ParameterServerStrategy(resolver)
     coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
 
-    data_dir = args.data_dir or default_data_dir()
-    x_train, y_train = load_digits(data_dir, "train", layout="NHWC")
-    x_test, y_test = load_digits(data_dir, "test", layout="NHWC")
-    x_train, x_test = x_train.reshape(len(x_train), -1), x_test.reshape(len(x_test), -1)
+    x_train, y_train, x_test, y_test = flat_digits(args.data_dir)
     n = len(x_train)
     batch = args.per_worker_batch or args.batch_size
 
