@@ -67,7 +67,7 @@ import numpy as np  # noqa: E402
 
 from paired import (BATCH, SAVE_EVERY, SEED, WARMUP_PAIRS, WINDOW,  # noqa: E402
                     dir_bytes, kill_trials, lost_steps_summary, paired_overhead, print_table_header,  # noqa: E402
-                    print_trials, quiet_notices, run_kill_trial, saving_window)  # (bench/paired.py)
+                    print_table_row, print_trials, quiet_notices, run_kill_trial, window_schedule)  # (bench/paired.py)
 
 EXAMPLES = 6400  # 100 steps per epoch
 GOAL_BACKGROUND_PCT = 2.0
@@ -180,7 +180,6 @@ def main() -> int:
     import tensorflow as tf
 
     from training.keras_adapter import KerasCheckpointer, ResumableFit, make_deterministic
-    from training.notice import SaveSchedule
     from training.store import CheckpointStore
 
     make_deterministic(SEED, intra_op_threads=args.threads)
@@ -225,17 +224,10 @@ def main() -> int:
                 if len(self.seconds) == windows_total:
                     self.model.stop_training = True
 
-        class WindowSchedule(SaveSchedule):
-            """One save at the first step of every saving window (the write overlaps the window's
-            other steps, as it overlaps the 49 steps after it in a run saving every 50 steps)."""
-
-            def due(self, step, now=None):
-                return (step - 1) % WINDOW == 0 and saving_window((step - 1) // WINDOW)
-
         def ours(mode: str) -> WindowClock:
             fitter = ResumableFit(model, scratch / mode, every_steps=SAVE_EVERY,
                                   background=(mode == "background"), notices=quiet_notices())
-            fitter.schedule = WindowSchedule(every_steps=SAVE_EVERY)
+            fitter.schedule = window_schedule(WINDOW, SAVE_EVERY)
             clock = WindowClock(fitter)
             fitter.fit(x, y, batch_size=BATCH, epochs=epochs, callbacks=[clock], verbose=0)
             shutil.rmtree(fitter.store.directory, ignore_errors=True)
@@ -350,10 +342,7 @@ def main() -> int:
                 ("background, a save every 50 steps", "background", result["save_s"]["background_blocking_mean"]),
                 ("article: ModelCheckpoint .h5/epoch", "article", result["save_s"]["article_h5_mean"])]
         for label, mode, block in rows:
-            st = stats[mode]
-            print(f"{label:<36}{st['step_s'] * 1000:>9.2f}{statistics.mean(st['extra_s']):>14.4f}"
-                  f"{st['overhead_pct']:>12.2f}{st['overhead_pct_ci95']:>11.2f}{st['overhead_pct_median']:>10.2f}"
-                  f"{block:>17.4f}")
+            print_table_row(label, stats[mode], block)
         print(f"  (overhead % = mean extra wall time of a window with one save over the window before it, "
               f"as a share of {SAVE_EVERY} steps (ours) or a {spe}-step epoch (article, baseline plain model.fit))")
         print(f"training thread held by saves: sync {blocked_pct['sync']:.2f} %, background "

@@ -209,6 +209,27 @@ def print_table_header() -> None:
           f"{'blocking s/save':>17}")
 
 
+def print_table_row(label: str, st: dict, blocking_s: float) -> None:
+    """One line of the per-mode overhead table under :func:`print_table_header`: ``st`` is one mode's
+    :func:`paired_overhead`, ``blocking_s`` the mean seconds the training thread spent in a save."""
+    print(f"{label:<36}{st['step_s'] * 1000:>9.2f}{statistics.mean(st['extra_s']):>14.4f}"
+          f"{st['overhead_pct']:>12.2f}{st['overhead_pct_ci95']:>11.2f}{st['overhead_pct_median']:>10.2f}"
+          f"{blocking_s:>17.4f}")
+
+
+def window_schedule(window: int, every_steps: int):
+    """A :class:`training.notice.SaveSchedule` with one save at the first step of every saving window
+    (:func:`saving_window`) of ``window`` steps; the write overlaps the window's other steps, as it
+    overlaps the steps after it in a run saving every ``every_steps`` steps."""
+    from training.notice import SaveSchedule
+
+    class WindowSchedule(SaveSchedule):
+        def due(self, step, now=None):
+            return (step - 1) % window == 0 and saving_window((step - 1) // window)
+
+    return WindowSchedule(every_steps=every_steps)
+
+
 def paired_modes(make_checkpointer, step, *, start: int, pairs: int, warmup_pairs: int, window: int,
                  save_every: int) -> dict:
     """Train one run per mode (``"background"``, then ``"sync"``) in ``window``-step windows that
@@ -224,19 +245,13 @@ def paired_modes(make_checkpointer, step, *, start: int, pairs: int, warmup_pair
     """
     import time
 
-    from training.notice import SaveSchedule
-
-    class WindowSchedule(SaveSchedule):
-        def due(self, step, now=None):
-            return (step - 1) % window == 0 and saving_window((step - 1) // window)
-
     windows_total = 2 * (warmup_pairs + pairs)
     first = 2 * warmup_pairs
     checkpointers, seconds, cpu_seconds, blocking = {}, {}, {}, {}
     index = start
     for mode in ("background", "sync"):
         ck = make_checkpointer(mode)
-        ck.schedule = WindowSchedule(every_steps=save_every)
+        ck.schedule = window_schedule(window, save_every)
         checkpointers[mode] = ck
         seconds[mode], cpu_seconds[mode], blocking[mode] = [], [], []
         for _k in range(windows_total):
@@ -353,9 +368,7 @@ def lost_steps_and_report(*, script, data_dir, scratch, args, n_examples: int, f
     print_table_header()
     for mode in ("sync", "background"):
         st = stats[mode]
-        print(f"{mode + ', a save every 50 steps':<36}{st['step_s'] * 1000:>9.2f}"
-              f"{statistics.mean(st['extra_s']):>14.4f}{st['overhead_pct']:>12.2f}{st['overhead_pct_ci95']:>11.2f}"
-              f"{st['overhead_pct_median']:>10.2f}{statistics.mean(st['blocking_s']):>17.4f}")
+        print_table_row(mode + ', a save every 50 steps', st, statistics.mean(st['blocking_s']))
     print(f"training thread held by saves: sync {blocked['sync']:.2f} %, background {blocked['background']:.2f} %; "
           f"extra CPU time of all threads: sync {cpu_overhead['sync']:.2f} %, background "
           f"{cpu_overhead['background']:.2f} %")
