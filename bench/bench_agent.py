@@ -2,11 +2,11 @@
 
 Two measurements, for a same-AZ reattach and a cross-AZ move of the data volume:
 
-1. **End to end**: ``python -m bootstrap run`` as a real process (IMDSv2 emulator for identity, the
+1. **End to end**: ``python -m spot_training.agent run`` as a real process (IMDSv2 emulator for identity, the
    moto server for EC2, volumes as directories), from process start to its "training started" log
    line (the supervisor has started the trainer on the mounted volume). Python start-up and imports
    included.
-2. **Volume step in process**: :func:`bootstrap.ebs.prepare_data_volume` alone, with the AWS API
+2. **Volume step in process**: :func:`spot_training.agent.ebs.prepare_data_volume` alone, with the AWS API
    calls it makes counted by a botocore ``before-call`` hook, beside the calls of the original
    article's user-data script (/work/shared/seeds/000_*.txt, counted from its text when present).
 
@@ -37,11 +37,11 @@ sys.path.insert(0, str(REPO))
 
 import boto3  # noqa: E402
 
-from bootstrap.blockdev import DirectoryBlockDevices  # noqa: E402
-from bootstrap.config import parse_config  # noqa: E402
-from bootstrap.ebs import prepare_data_volume  # noqa: E402
-from localmode.imds_emulator import ImdsEmulator  # noqa: E402
-from localmode.moto_server import MotoServer  # noqa: E402
+from spot_training.agent.blockdev import DirectoryBlockDevices  # noqa: E402
+from spot_training.agent.config import parse_config  # noqa: E402
+from spot_training.agent.ebs import prepare_data_volume  # noqa: E402
+from spot_training.local.imds_emulator import ImdsEmulator  # noqa: E402
+from spot_training.local.moto_server import MotoServer  # noqa: E402
 
 STACK = "SpotTraining"
 IMAGE_ID = "ami-0123456789abcdef0"
@@ -130,7 +130,7 @@ def _log_time(line: str) -> float:
 
 
 def end_to_end(server: MotoServer, work: Path, instance_az: str) -> tuple[float, float]:
-    """Seconds from starting ``python -m bootstrap run`` to its "training started" line, and seconds
+    """Seconds from starting ``python -m spot_training.agent run`` to its "training started" line, and seconds
     from the agent's first log line (interpreter up, modules imported) to that line."""
     ec2, instance_id = _setup(server, instance_az)
     run_dir = Path(tempfile.mkdtemp(dir=work))
@@ -140,7 +140,7 @@ def end_to_end(server: MotoServer, work: Path, instance_az: str) -> tuple[float,
         env = {**os.environ, **server.env("us-east-1"), "SPOT_TRAINING_BLOCKDEV_DIR": str(server.volumes_dir),
                "PYTHONPATH": str(REPO)}
         start = time.perf_counter()
-        process = subprocess.Popen([sys.executable, "-m", "bootstrap", "run", "--config", str(config_path)],
+        process = subprocess.Popen([sys.executable, "-m", "spot_training.agent", "run", "--config", str(config_path)],
                                    cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         started = threading.Event()
         lines: list[str] = []

@@ -32,11 +32,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from localmode.deploy import CdkCli, clients, local_context, stack_resources  # noqa: E402
-from localmode.drill import TRAINER, _put_dataset, bootstrap_and_deploy  # noqa: E402
-from localmode.injector import LOG_NAME, read_training_log  # noqa: E402
-from localmode.moto_server import MotoServer  # noqa: E402
-from localmode.nodes import LocalNode, NodeRunner  # noqa: E402
+from spot_training.local.deploy import CdkCli, clients, local_context, stack_resources  # noqa: E402
+from spot_training.local.drill import TRAINER, _put_dataset, bootstrap_and_deploy  # noqa: E402
+from spot_training.local.injector import LOG_NAME, read_training_log  # noqa: E402
+from spot_training.local.moto_server import MotoServer  # noqa: E402
+from spot_training.local.nodes import LocalNode, NodeRunner  # noqa: E402
 
 _USER_DATA_S = re.compile(r"local-init: user data exited with status 0 after ([0-9.]+) s")
 

@@ -8,7 +8,7 @@ part) trained with Adam, batch 64, on synthetic data of 6,400 examples (an epoch
 one TensorFlow intra-op thread (as the examples run; docs/architecture.md: fastest on small nodes).
 
 1. Overhead, by paired windows. A run trains in windows of WINDOW (10) steps that alternate
-   without and with one save: through :class:`training.keras_adapter.ResumableFit` with
+   without and with one save: through :class:`spot_training.training.keras_adapter.ResumableFit` with
    synchronous saves (``sync``) and with background saves (``background``, the default), the save
    at a window's first step (a background write then overlaps the window's other steps, as it
    overlaps the 49 steps after it in a run saving every 50 steps; the window's end waits for it);
@@ -99,7 +99,7 @@ def worker(args) -> int:
     """Train until signalled; print each completed step (the parent counts lost steps)."""
     import keras
 
-    from training.keras_adapter import ResumableFit, make_deterministic
+    from spot_training.training.keras_adapter import ResumableFit, make_deterministic
 
     make_deterministic(SEED, intra_op_threads=args.threads)
     x, y = make_data()
@@ -179,8 +179,8 @@ def main() -> int:
     import keras
     import tensorflow as tf
 
-    from training.keras_adapter import KerasCheckpointer, ResumableFit, make_deterministic
-    from training.store import CheckpointStore
+    from spot_training.training.keras_adapter import KerasCheckpointer, ResumableFit, make_deterministic
+    from spot_training.training.store import CheckpointStore
 
     make_deterministic(SEED, intra_op_threads=args.threads)
     scratch = Path(tempfile.mkdtemp(prefix="bench-ckpt-tf-"))

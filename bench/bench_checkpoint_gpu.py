@@ -80,8 +80,8 @@ def main(argv=None) -> int:
         log(json.dumps({"cuda": False, "skipped": "no CUDA device", "torch_version": torch.__version__}))
         return 0
 
-    from training.notice import NoticeHandler
-    from training.torch_adapter import TorchCheckpointer
+    from spot_training.training.notice import NoticeHandler
+    from spot_training.training.torch_adapter import TorchCheckpointer
 
     torch.backends.cuda.matmul.allow_tf32 = True
     device = torch.device("cuda", 0)

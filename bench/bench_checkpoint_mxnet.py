@@ -4,7 +4,7 @@
 
 Model: an MLP on the 8x8 digits (64 -> 2048 -> 2048 -> 512 -> 10, about 5.4 M parameters) trained
 with Adam, batch 64, one OpenMP thread (as the examples run), checkpoint every 50 steps with
-:class:`training.mxnet_adapter.GluonCheckpointer`.
+:class:`spot_training.training.mxnet_adapter.GluonCheckpointer`.
 
 1. Overhead, by paired windows, as in bench/bench_checkpoint.py (1.) and with bench/paired.py: one
    run per mode (synchronous, background) trains in windows of 10 steps that alternate without
@@ -44,7 +44,7 @@ from paired import (BATCH, HIDDEN, SAVE_EVERY, SEED, WARMUP_PAIRS, WINDOW,  # no
                     dir_bytes, lost_steps_and_report, paired_modes, parse_worker_bench_args,  # noqa: E402
                     digits_scratch, quiet_notices, time_restores, worker_steps)  # (bench/paired.py)
 
-from training.datasets import batch_indices, load_digits  # noqa: E402
+from spot_training.training.datasets import batch_indices, load_digits  # noqa: E402
 
 
 def build(mx, gluon):
@@ -85,8 +85,8 @@ def worker(args) -> int:
     import mxnet as mx
     from mxnet import autograd, gluon
 
-    from training.mxnet_adapter import GluonCheckpointer
-    from training.notice import NoticeHandler
+    from spot_training.training.mxnet_adapter import GluonCheckpointer
+    from spot_training.training.notice import NoticeHandler
 
     x, y = load_digits(args.data_dir, "train")
     x = x.reshape(len(x), -1)
@@ -105,8 +105,8 @@ def main() -> int:
     import mxnet as mx
     from mxnet import autograd, gluon
 
-    from training.mxnet_adapter import PARAMS_FILE, GluonCheckpointer, capture_state
-    from training.store import CheckpointStore
+    from spot_training.training.mxnet_adapter import PARAMS_FILE, GluonCheckpointer, capture_state
+    from spot_training.training.store import CheckpointStore
 
     with digits_scratch("bench-ckpt-mxnet-") as (scratch, data_dir, x, y):
         net, trainer = build(mx, gluon)

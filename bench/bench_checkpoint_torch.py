@@ -4,7 +4,7 @@
 
 Model: an MLP on the 8x8 digits (64 -> 2048 -> 2048 -> 512 -> 10, about 5.4 M parameters, the same
 as the Keras and Gluon parts) trained with Adam, batch 64, one intra-op thread (as the examples
-run), on CPU, checkpoint every 50 steps with :class:`training.torch_adapter.TorchCheckpointer`.
+run), on CPU, checkpoint every 50 steps with :class:`spot_training.training.torch_adapter.TorchCheckpointer`.
 
 1. Overhead, by paired windows, as in bench/bench_checkpoint.py (1.) and with bench/paired.py: one
    run per mode (synchronous, background) trains in windows of 10 steps that alternate without
@@ -40,7 +40,7 @@ from paired import (BATCH, HIDDEN, SAVE_EVERY, SEED, WARMUP_PAIRS, WINDOW,  # no
                     dir_bytes, lost_steps_and_report, paired_modes, parse_worker_bench_args,  # noqa: E402
                     digits_scratch, quiet_notices, time_restores, worker_steps)  # (bench/paired.py)
 
-from training.datasets import batch_indices, load_digits  # noqa: E402
+from spot_training.training.datasets import batch_indices, load_digits  # noqa: E402
 
 
 def build(torch):
@@ -72,8 +72,8 @@ def worker(args) -> int:
     """Train until signalled; print each completed step (the parent counts lost steps)."""
     import torch
 
-    from training.notice import NoticeHandler
-    from training.torch_adapter import TorchCheckpointer
+    from spot_training.training.notice import NoticeHandler
+    from spot_training.training.torch_adapter import TorchCheckpointer
 
     torch.set_num_threads(1)
     x, y = load_digits(args.data_dir, "train")
@@ -92,8 +92,8 @@ def main() -> int:
 
     import torch
 
-    from training.store import CheckpointStore
-    from training.torch_adapter import TENSORS_FILE, TorchAdapter, TorchCheckpointer
+    from spot_training.training.store import CheckpointStore
+    from spot_training.training.torch_adapter import TENSORS_FILE, TorchAdapter, TorchCheckpointer
 
     torch.set_num_threads(1)
     with digits_scratch("bench-ckpt-torch-") as (scratch, data_dir, x, y):

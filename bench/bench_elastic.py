@@ -2,14 +2,14 @@
 
     python bench/bench_elastic.py [--window-s 12] [--framework mxnet|tensorflow|pytorch|all]   (make bench-elastic)
 
-Real agents (``python -m bootstrap run``) and real ps-lite processes, each node in its own network
+Real agents (``python -m spot_training.agent run``) and real ps-lite processes, each node in its own network
 namespace (tests/cluster/cluster_harness.py; loopback fallback), EFS as a shared directory, the 8x8
-digits, the MLP of ``training.distributed.mxnet_dist`` with 64 examples per worker per step
+digits, the MLP of ``spot_training.training.distributed.mxnet_dist`` with 64 examples per worker per step
 (``--per-worker-batch 64``: the global batch grows with the workers, as in the P3 article), and the
-same MLP under TensorFlow ``ParameterServerStrategy`` (``training.distributed.tf_pss``, asynchronous:
+same MLP under TensorFlow ``ParameterServerStrategy`` (``spot_training.training.distributed.tf_pss``, asynchronous:
 one 64-example closure per step on whichever worker is free), and the same MLP under PyTorch DDP on
-TorchElastic (``training.distributed.torch_ddp`` run by ``torchrun``, gloo, 64 examples per worker per
-step; the coordinator's c10d store, no servers; bootstrap/torch_elastic.py).
+TorchElastic (``spot_training.training.distributed.torch_ddp`` run by ``torchrun``, gloo, 64 examples per worker per
+step; the coordinator's c10d store, no servers; spot_training/agent/torch_elastic.py).
 
 - join: a new worker's agent starts -> its first training step (registration, debounce, the
   checkpoint-and-restart of the generation and ``import mxnet`` included; PyTorch: the first step
@@ -43,7 +43,7 @@ sys.path.insert(0, str(REPO / "tests" / "cluster"))
 from cluster_harness import Cluster, Network  # noqa: E402
 from torch_harness import TORCH_PYTHON, TorchCluster  # noqa: E402
 
-from training.examples.prepare_data import prepare_digits  # noqa: E402
+from spot_training.training.examples.prepare_data import prepare_digits  # noqa: E402
 
 PER_WORKER_BATCH = 64
 
@@ -69,7 +69,7 @@ def single_process(data: Path, work: Path, steps: int) -> float:
     return _rate(rows) * PER_WORKER_BATCH
 
 
-TRAINERS = {"mxnet": "training.distributed.mxnet_dist", "tensorflow": "training.distributed.tf_pss"}
+TRAINERS = {"mxnet": "spot_training.training.distributed.mxnet_dist", "tensorflow": "spot_training.training.distributed.tf_pss"}
 
 
 def bench_cluster(framework: str, data: Path, root: Path, network: Network, window_s: float) -> dict:
@@ -124,7 +124,7 @@ def bench_cluster(framework: str, data: Path, root: Path, network: Network, wind
 
 def bench_torch(data: Path, root: Path, network: Network, window_s: float) -> dict:
     """Join, leave and throughput figures of a PyTorch TorchElastic cluster (module docstring)."""
-    cluster = TorchCluster(root, network, framework="pytorch", data_dir=data, trainer_module="training.distributed.torch_ddp",
+    cluster = TorchCluster(root, network, framework="pytorch", data_dir=data, trainer_module="spot_training.training.distributed.torch_ddp",
                            trainer_args=["--steps", "10000000", "--save-every-steps", "50", "--per-worker-batch",
                                          str(PER_WORKER_BATCH)],
                            num_servers=0, heartbeat_timeout_s=10.0, kill_grace_s=3.0, base_port=9400)

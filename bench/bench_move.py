@@ -1,14 +1,14 @@
 """Benchmark: the bytes a move across Availability Zones copies, with and without periodic snapshots (``make bench-move``).
 
-A move (bootstrap/ebs.py) snapshots the data volume once the interrupted node let go of it and creates
+A move (spot_training/agent/ebs.py) snapshots the data volume once the interrupted node let go of it and creates
 the copy in the new node's Availability Zone from that migration snapshot. EBS snapshots are
 incremental (the first snapshot of a volume holds every written block, each later one only the blocks
 changed since the previous snapshot of the same volume: EBS user guide, "How Amazon EBS snapshots
-work"), so with periodic snapshots (``-c snapshot_interval_s=...``, bootstrap/snapshots.py) the
+work"), so with periodic snapshots (``-c snapshot_interval_s=...``, spot_training/agent/snapshots.py) the
 migration snapshot holds only what the trainer wrote since the newest periodic one.
 
 In local mode (docs/localmode.md) the moto server's EBS data plane records, per snapshot, the 512 KiB
-blocks changed against the volume's lineage (localmode/moto_compat.py, ``snapshot_blocks``). The real
+blocks changed against the volume's lineage (spot_training/local/moto_compat.py, ``snapshot_blocks``). The real
 agent code runs against it over HTTP:
 
 1. a node in us-east-1a mounts the stack's data volume (``prepare_data_volume``); a dataset of
@@ -40,12 +40,12 @@ sys.path.insert(0, str(REPO))
 
 import boto3  # noqa: E402
 
-from bootstrap.blockdev import DirectoryBlockDevices  # noqa: E402
-from bootstrap.config import parse_config  # noqa: E402
-from bootstrap.ebs import prepare_data_volume  # noqa: E402
-from bootstrap.snapshots import PeriodicSnapshots  # noqa: E402
-from localmode.moto_compat import snapshot_blocks  # noqa: E402
-from localmode.moto_server import MotoServer  # noqa: E402
+from spot_training.agent.blockdev import DirectoryBlockDevices  # noqa: E402
+from spot_training.agent.config import parse_config  # noqa: E402
+from spot_training.agent.ebs import prepare_data_volume  # noqa: E402
+from spot_training.agent.snapshots import PeriodicSnapshots  # noqa: E402
+from spot_training.local.moto_compat import snapshot_blocks  # noqa: E402
+from spot_training.local.moto_server import MotoServer  # noqa: E402
 
 STACK = "BenchMove"
 IMAGE_ID = "ami-12c6146b"  # one of moto's built-in AMIs

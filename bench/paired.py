@@ -71,7 +71,7 @@ def dir_bytes(path) -> int:
 
 def quiet_notices():
     """A notice handler that installs no signal handler and reads no request file (measuring runs)."""
-    from training.notice import NoticeHandler
+    from spot_training.training.notice import NoticeHandler
 
     return NoticeHandler(request_file=None, stop_signals=(), checkpoint_signals=())
 
@@ -137,7 +137,7 @@ def run_kill_trial(argv: list, *, env: dict, checkpoint_dir, framework: str, sig
     import signal
     import subprocess
 
-    from training.store import CheckpointStore
+    from spot_training.training.store import CheckpointStore
 
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
                             start_new_session=True)
@@ -218,10 +218,10 @@ def print_table_row(label: str, st: dict, blocking_s: float) -> None:
 
 
 def window_schedule(window: int, every_steps: int):
-    """A :class:`training.notice.SaveSchedule` with one save at the first step of every saving window
+    """A :class:`spot_training.training.notice.SaveSchedule` with one save at the first step of every saving window
     (:func:`saving_window`) of ``window`` steps; the write overlaps the window's other steps, as it
     overlaps the steps after it in a run saving every ``every_steps`` steps."""
-    from training.notice import SaveSchedule
+    from spot_training.training.notice import SaveSchedule
 
     class WindowSchedule(SaveSchedule):
         def due(self, step, now=None):
@@ -284,8 +284,8 @@ def digits_scratch(prefix: str):
     import tempfile
     from pathlib import Path
 
-    from training.datasets import load_digits
-    from training.examples.prepare_data import prepare_digits
+    from spot_training.training.datasets import load_digits
+    from spot_training.training.examples.prepare_data import prepare_digits
 
     scratch = Path(tempfile.mkdtemp(prefix=prefix))
     try:
@@ -327,7 +327,7 @@ def lost_steps_and_report(*, script, data_dir, scratch, args, n_examples: int, f
     def trial(sig: int, at: int) -> dict:
         return data_worker_trial(script, data_dir=data_dir, scratch=scratch, framework=framework, sig=sig, at=at)
 
-    from training.datasets import steps_per_epoch
+    from spot_training.training.datasets import steps_per_epoch
 
     pairs, spe = args.pairs, steps_per_epoch(n_examples, batch)
     trials = kill_trials(trial, kills=args.kills, steps=range(55, 110), spe=spe)

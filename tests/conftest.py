@@ -1,7 +1,7 @@
 """Shared fixtures: a real moto server over HTTP on loopback, reset between tests.
 
-- ``moto_server_session``: one :class:`localmode.moto_server.MotoServer` process for the session
-  (with :mod:`localmode.moto_compat` applied inside it; its EBS data plane under the session's tmp dir).
+- ``moto_server_session``: one :class:`spot_training.local.moto_server.MotoServer` process for the session
+  (with :mod:`spot_training.local.moto_compat` applied inside it; its EBS data plane under the session's tmp dir).
 - ``moto_server``: the same server, emptied with moto's reset API before the test, and the
   environment (fake credentials, ``AWS_ENDPOINT_URL``, region us-east-1) pointed at it for the test.
 - ``ec2``: a boto3 EC2 client for that server (standard retry mode); ``image_id``: an AMI id for it.
@@ -17,7 +17,7 @@ import boto3
 import pytest
 from botocore.config import Config
 
-from localmode.moto_server import MotoServer
+from spot_training.local.moto_server import MotoServer
 
 REGION = "us-east-1"
 #: Any AMI id works: the server does not load moto's AMI catalogue and moto does not validate ids.

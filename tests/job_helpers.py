@@ -186,7 +186,7 @@ def job_fixtures(job_class, *, total_steps: int, reference_name: str, final_file
 
     @pytest.fixture(scope="session", name="digits_dir")
     def digits_dir(tmp_path_factory) -> Path:
-        from training.examples.prepare_data import prepare_digits
+        from spot_training.training.examples.prepare_data import prepare_digits
 
         out = tmp_path_factory.mktemp("datasets")
         prepare_digits(out)

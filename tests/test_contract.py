@@ -1,4 +1,4 @@
-"""The contract between the layers (spot_contract, issue 14): the layers import only it from each
+"""The contract between the layers (spot_training.contract, issue 14): the layers import only it from each
 other's domain, it needs nothing but the standard library, and the stack (at synth) and the agent (at
 boot) accept and refuse the same values because they run its one validator."""
 
@@ -11,18 +11,18 @@ from pathlib import Path
 
 import pytest
 
-import spot_contract
-from bootstrap.config import parse_config
-from bootstrap.errors import ConfigError
-from infra.cluster_config import ClusterSettings
-from infra.config import StackSettings
+from spot_training import contract
+from spot_training.agent.config import parse_config
+from spot_training.agent.errors import ConfigError
+from spot_training.infra.cluster_config import ClusterSettings
+from spot_training.infra.config import StackSettings
 
 REPO = Path(__file__).resolve().parent.parent
 #: The ground-floor layers: none may import another's package; each may import the contract.
-LAYERS = ("infra", "bootstrap", "training")
-#: Local mode sits on top and may import every layer (docs/architecture.md, "Layers"); nothing imports it.
-TOP = "localmode"
-CONTRACT = "spot_contract"
+LAYERS = ("spot_training.infra", "spot_training.agent", "spot_training.training")
+#: Local mode, the operations and the command line sit on top and may import every layer; no layer imports them.
+TOPS = ("spot_training.local", "spot_training.ops", "spot_training.cli")
+CONTRACT = "spot_training.contract"
 
 
 def _imports(path: Path) -> list[tuple[int, str]]:
@@ -31,16 +31,30 @@ def _imports(path: Path) -> list[tuple[int, str]]:
     found = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            found += [(node.lineno, alias.name.split(".")[0]) for alias in node.names]
+            found += [(node.lineno, _package(alias.name)) for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            found.append((node.lineno, node.module.split(".")[0]))
+            found.append((node.lineno, _package(node.module)))
     return found
 
 
+def _package(module: str) -> str:
+    """The layer a module belongs to: ``spot_training.agent`` for ``spot_training.agent.config``."""
+    parts = module.split(".")
+    return ".".join(parts[:2]) if parts[0] == "spot_training" else parts[0]
+
+
+def _files(package: str) -> list[Path]:
+    """The Python files of a package (a directory) or a module (``spot_training.cli``), sorted."""
+    base = REPO.joinpath(*package.split("."))
+    if base.is_dir():
+        return sorted(base.rglob("*.py"))
+    return [base.with_suffix(".py")] if base.with_suffix(".py").is_file() else []
+
+
 def _violations(package: str, allowed: set[str]) -> list[str]:
-    forbidden = (set(LAYERS) | {TOP, CONTRACT}) - allowed - {package}
+    forbidden = (set(LAYERS) | set(TOPS) | {CONTRACT}) - allowed - {package}
     return [f"{path.relative_to(REPO)}:{line} imports {name}"
-            for path in sorted((REPO / package).rglob("*.py"))
+            for path in _files(package)
             for line, name in _imports(path) if name in forbidden]
 
 
@@ -50,23 +64,23 @@ def test_a_layer_imports_only_the_contract_of_the_other_layers(layer: str) -> No
 
 
 def test_the_contract_imports_only_the_standard_library() -> None:
-    names = {name for path in (REPO / CONTRACT).rglob("*.py") for _, name in _imports(path)}
+    names = {name for path in _files(CONTRACT) for _, name in _imports(path)}
     assert names - set(sys.stdlib_module_names) - {"__future__"} == set()
 
 
 def test_the_import_rule_catches_a_layer_that_reaches_into_another(tmp_path: Path, monkeypatch) -> None:
     # The check itself can fail: a training module importing the agent is reported with its line.
-    (tmp_path / "training").mkdir()
-    (tmp_path / "training" / "bad.py").write_text("import os\n\ndef f():\n    from bootstrap.config import STACK_TAG\n")
+    (tmp_path / "spot_training" / "training").mkdir(parents=True)
+    (tmp_path / "spot_training" / "training" / "bad.py").write_text("import os\n\ndef f():\n    from spot_training.agent.config import STACK_TAG\n")
     monkeypatch.setattr(sys.modules[__name__], "REPO", tmp_path)
-    assert _violations("training", {CONTRACT}) == ["training/bad.py:4 imports bootstrap"]
+    assert _violations("spot_training.training", {CONTRACT}) == ["spot_training/training/bad.py:4 imports spot_training.agent"]
 
 
 def _node_config(**changes) -> dict:
     """A valid single-node config, with ``changes`` as ``section.key`` -> value."""
     config = {
         "schema_version": 1, "region": "us-east-1", "stack_name": "SpotTraining", "node_role": "single",
-        "volume": {"tags": {spot_contract.STACK_TAG: "SpotTraining", spot_contract.PURPOSE_TAG: "data-volume"},
+        "volume": {"tags": {contract.STACK_TAG: "SpotTraining", contract.PURPOSE_TAG: "data-volume"},
                    "device_name": "/dev/sdf", "mount_point": "/dltraining", "fs_type": "xfs", "keep_snapshots": 2},
         "efs": None,
         "training": {"framework": "tensorflow", "python": "/usr/bin/python3", "command": ["{python}", "t.py"],
@@ -130,7 +144,7 @@ def test_a_value_the_stack_accepts_the_agent_accepts(key: str, value: float) -> 
 
 @pytest.mark.parametrize("port, ok", [(1023, False), (1024, True), (9000, True), (65535, True), (65536, False)])
 def test_cluster_ports_agree_between_stack_and_agent(port: int, ok: bool) -> None:
-    from bootstrap.cluster_state import settings_from_config
+    from spot_training.agent.cluster_state import settings_from_config
 
     section = {"state_dir": "/mnt/efs/cluster", "num_servers": 1, "min_workers": 1, "scheduler_port": port}
     if ok:
@@ -154,23 +168,23 @@ def test_true_and_text_are_not_numbers_in_the_node_config() -> None:
 def test_one_write_json_atomic_with_the_directory_fsync(tmp_path: Path, monkeypatch) -> None:
     import os
 
-    import training.store
+    import spot_training.training.store
 
     synced = []
     real_fsync = os.fsync
     monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(os.path.realpath(f"/proc/self/fd/{fd}")), real_fsync(fd)))
-    spot_contract.write_json_atomic(tmp_path / "plan.json", {"generation": 3})
+    contract.write_json_atomic(tmp_path / "plan.json", {"generation": 3})
     assert (tmp_path / "plan.json").read_text().strip().startswith("{")
     assert str(tmp_path) in synced  # the directory, so the rename survives a power cut
     assert [p.name for p in tmp_path.iterdir()] == ["plan.json"]
-    import bootstrap.cluster_state
+    import spot_training.agent.cluster_state
 
-    assert bootstrap.cluster_state.write_json_atomic is spot_contract.write_json_atomic
-    assert training.store.write_json_atomic.__module__ == "training.store"  # keeps the store's temp prefix
+    assert spot_training.agent.cluster_state.write_json_atomic is contract.write_json_atomic
+    assert spot_training.training.store.write_json_atomic.__module__ == "spot_training.training.store"  # keeps the store's temp prefix
 
 
 # ---- no module reaches into another's private names (issue 14, item 4) --------------------------------
-OURS = (*LAYERS, TOP, CONTRACT)
+OURS = (*LAYERS, *TOPS, CONTRACT)
 
 
 def _is_private(name: str) -> bool:
@@ -183,8 +197,8 @@ def _module_of(path: Path) -> str:
 
 
 def _is_our_module(dotted: str) -> bool:
-    """True for a module of this repository (``localmode.nodes``, ``bootstrap``), by its file."""
-    if dotted.split(".")[0] not in OURS:
+    """True for a module of this repository (``spot_training.local.nodes``, ``spot_training.agent``), by its file."""
+    if not any(dotted == ours or dotted.startswith(ours + ".") for ours in OURS):
         return False
     base = REPO.joinpath(*dotted.split("."))
     return base.with_suffix(".py").is_file() or (base / "__init__.py").is_file()
@@ -228,7 +242,7 @@ def _private_uses(path: Path) -> list[str]:
 
 
 def _all_private_uses() -> list[str]:
-    return [use for package in OURS for path in sorted((REPO / package).rglob("*.py")) for use in _private_uses(path)]
+    return [use for package in OURS for path in _files(package) for use in _private_uses(path)]
 
 
 def test_no_module_uses_another_modules_private_names() -> None:
@@ -237,14 +251,15 @@ def test_no_module_uses_another_modules_private_names() -> None:
 
 def test_the_private_name_rule_catches_both_forms(tmp_path: Path, monkeypatch) -> None:
     # The check itself can fail: both an import of a private name and an attribute through a module.
-    (tmp_path / "localmode").mkdir()
-    (tmp_path / "localmode" / "__init__.py").write_text("")
-    (tmp_path / "localmode" / "nodes.py").write_text("def _rewrite():\n    pass\n")
-    (tmp_path / "localmode" / "bad.py").write_text(
-        "from localmode.nodes import _rewrite\nfrom localmode import nodes as n\nimport localmode.nodes\n\n"
-        "def f():\n    return n._rewrite, localmode.nodes._rewrite, n.__name__\n")
-    (tmp_path / "localmode" / "nodes_ok.py").write_text("def _own():\n    pass\n\n_own()\n")
+    (tmp_path / "spot_training" / "local").mkdir(parents=True)
+    (tmp_path / "spot_training" / "__init__.py").write_text("")
+    (tmp_path / "spot_training" / "local" / "__init__.py").write_text("")
+    (tmp_path / "spot_training" / "local" / "nodes.py").write_text("def _rewrite():\n    pass\n")
+    (tmp_path / "spot_training" / "local" / "bad.py").write_text(
+        "from spot_training.local.nodes import _rewrite\nfrom spot_training.local import nodes as n\nimport spot_training.local.nodes\n\n"
+        "def f():\n    return n._rewrite, spot_training.local.nodes._rewrite, n.__name__\n")
+    (tmp_path / "spot_training" / "local" / "nodes_ok.py").write_text("def _own():\n    pass\n\n_own()\n")
     monkeypatch.setattr(sys.modules[__name__], "REPO", tmp_path)
-    assert _all_private_uses() == ["localmode/bad.py:1 from localmode.nodes import _rewrite",
-                                   "localmode/bad.py:6 localmode.nodes._rewrite",
-                                   "localmode/bad.py:6 localmode.nodes._rewrite"]
+    assert _all_private_uses() == ["spot_training/local/bad.py:1 from spot_training.local.nodes import _rewrite",
+                                   "spot_training/local/bad.py:6 spot_training.local.nodes._rewrite",
+                                   "spot_training/local/bad.py:6 spot_training.local.nodes._rewrite"]

@@ -1,7 +1,7 @@
 """The node code runs on the Deep Learning AMI's Python 3.10 (its release notes: ``/usr/bin/python3.10``).
 
 ``vermin`` (a static analyser of the minimum Python version a file needs) checks every module that runs
-on a node: the contract between the layers (``spot_contract/``), the agent (``bootstrap/``), the training library (``training/``, run by the AMI's interpreter
+on a node: the contract between the layers (``spot_training/contract/``), the agent (``spot_training/agent/``), the training library (``spot_training/training/``, run by the AMI's interpreter
 or a venv of it), and the local wheel writer local mode's nodes use.
 """
 
@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-NODE_CODE = ("spot_contract", "bootstrap", "training")
+NODE_CODE = ("spot_training/contract", "spot_training/agent", "spot_training/training")
 #: The oldest Python the node code must run on.
 TARGET = "3.10"
 

@@ -62,28 +62,28 @@ def test_the_two_commands_and_the_ci_entry_point_agree() -> None:
 
 
 def test_every_local_link_and_image_in_the_readme_exists() -> None:
-    targets = re.findall(r"\]\(((?:docs|bench|training|infra|bootstrap|localmode)/[^)#]+)\)", README)
+    targets = re.findall(r"\]\(((?:docs|bench|spot_training)/[^)#]+)\)", README)
     assert targets, "README.md links to nothing under docs/"
     absent = [target for target in targets if not (ROOT / target).exists()]
     assert not absent, f"README.md links to missing files: {absent}"
 
 
 def test_context_key_tables_agree_with_the_contract() -> None:
-    """Every context key whose default and limits the contract owns (spot_contract, issue 14): the
+    """Every context key whose default and limits the contract owns (spot_training.contract, issue 14): the
     README row shows the contract's range, cdk.json holds the contract's default (or null, and the row
     names the default the agent or trainer then applies); the mount points are the contract's."""
-    import spot_contract
-    from infra.cluster_config import CLUSTER_CONTRACT_SETTINGS, CLUSTER_CONTEXT_KEYS
-    from infra.config import CONTEXT_KEYS, CONTRACT_SETTINGS
+    from spot_training import contract
+    from spot_training.infra.cluster_config import CLUSTER_CONTRACT_SETTINGS, CLUSTER_CONTEXT_KEYS
+    from spot_training.infra.config import CONTEXT_KEYS, CONTRACT_SETTINGS
 
     rows, keys = _readme_rows(), _context_keys()
     owned = {**CONTRACT_SETTINGS, **CLUSTER_CONTRACT_SETTINGS}
     infra_defaults = {k.name: k.default for k in CONTEXT_KEYS + CLUSTER_CONTEXT_KEYS}
-    port_defaults = {"cluster_scheduler_port": spot_contract.DEFAULT_SCHEDULER_PORT,
-                     "cluster_server_port": spot_contract.DEFAULT_SERVER_PORT,
-                     "cluster_worker_port": spot_contract.DEFAULT_WORKER_PORT}
+    port_defaults = {"cluster_scheduler_port": contract.DEFAULT_SCHEDULER_PORT,
+                     "cluster_server_port": contract.DEFAULT_SERVER_PORT,
+                     "cluster_worker_port": contract.DEFAULT_WORKER_PORT}
     for key, name in owned.items():
-        setting = spot_contract.SETTINGS[name]
+        setting = contract.SETTINGS[name]
         text = " | ".join(rows[key])
         shown = f"{setting.minimum:g}.." + (f"{setting.maximum:g}" if setting.maximum is not None else "")
         assert shown in text, f"README row of {key!r} does not show the contract's range {shown}: {text}"
@@ -94,14 +94,14 @@ def test_context_key_tables_agree_with_the_contract() -> None:
         elif default is not None:
             assert re.search(rf"default: the \w+'s \(?{default:g}\b", text), \
                 f"README row of {key!r} does not name the default {default:g}: {text}"
-    assert keys["mount_point"] == spot_contract.DEFAULT_MOUNT_POINT
-    assert spot_contract.EFS_MOUNT_POINT in " ".join(rows["efs"])
+    assert keys["mount_point"] == contract.DEFAULT_MOUNT_POINT
+    assert contract.EFS_MOUNT_POINT in " ".join(rows["efs"])
 
 
 def test_the_contract_check_of_the_readme_can_fail(monkeypatch) -> None:
-    import spot_contract
+    from spot_training import contract
 
-    monkeypatch.setattr(spot_contract, "SETTINGS", {**spot_contract.SETTINGS, "keep_snapshots": spot_contract.Setting(
+    monkeypatch.setattr(contract, "SETTINGS", {**contract.SETTINGS, "keep_snapshots": contract.Setting(
         "keep_snapshots", int, 2, 1, 50, "snapshots")})
     try:
         test_context_key_tables_agree_with_the_contract()

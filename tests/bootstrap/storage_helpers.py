@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bootstrap.config import AgentConfig, parse_config
+from spot_training.agent.config import AgentConfig, parse_config
 
 STACK = "SpotTraining"
 IMAGE_ID = "ami-0123456789abcdef0"  # moto does not validate AMI ids

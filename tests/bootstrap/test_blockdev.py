@@ -1,4 +1,4 @@
-"""bootstrap.blockdev: device by volume id against a fake /dev and /sys tree, the Linux commands
+"""spot_training.agent.blockdev: device by volume id against a fake /dev and /sys tree, the Linux commands
 built (runner injected), and the directory implementation used in local mode."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from bootstrap.blockdev import BlockDeviceError, DirectoryBlockDevices, LinuxBlockDevices, is_mounted
+from spot_training.agent.blockdev import BlockDeviceError, DirectoryBlockDevices, LinuxBlockDevices, is_mounted
 
 VOLUME = "vol-0123456789abcdef0"
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bootstrap.cleanup import FLEET_REQUEST_TAG, cancel_own_fleet, find_fleet_request_id
+from spot_training.agent.cleanup import FLEET_REQUEST_TAG, cancel_own_fleet, find_fleet_request_id
 
 STACK = "SpotTraining"
 

@@ -1,4 +1,4 @@
-"""``python -m bootstrap`` as a real subprocess against the moto server and the IMDS emulator."""
+"""``python -m spot_training.agent`` as a real subprocess against the moto server and the IMDS emulator."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from pathlib import Path
 import boto3
 import pytest
 
-from bootstrap.errors import ExitCode
-from localmode.imds_emulator import ImdsEmulator
+from spot_training.agent.errors import ExitCode
+from spot_training.local.imds_emulator import ImdsEmulator
 from test_supervisor import base_config
 
 REPO = Path(__file__).resolve().parents[2]
@@ -22,7 +22,7 @@ STACK_TAGS = [{"Key": "spot-training:stack", "Value": STACK}, {"Key": "spot-trai
 
 
 def agent(command: str, config_path: Path, *, timeout: float = 120, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "bootstrap", command, "--config", str(config_path)], cwd=REPO,
+    return subprocess.run([sys.executable, "-m", "spot_training.agent", command, "--config", str(config_path)], cwd=REPO,
                           env=dict(os.environ, PYTHONPATH=str(REPO), **(env or {})), capture_output=True, text=True,
                           timeout=timeout)
 
@@ -198,7 +198,7 @@ def test_cleanup_command_cancels_our_fleet(ec2, node):
 import signal  # noqa: E402
 import time  # noqa: E402
 
-from bootstrap.blockdev import DirectoryBlockDevices  # noqa: E402
+from spot_training.agent.blockdev import DirectoryBlockDevices  # noqa: E402
 from test_supervisor import events  # noqa: E402
 
 
@@ -211,7 +211,7 @@ def _mounted_volume(root: Path) -> dict:
 
 
 def _start_agent(command: str, config_path: Path, env: dict) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "bootstrap", command, "--config", str(config_path)], cwd=REPO,
+    return subprocess.Popen([sys.executable, "-m", "spot_training.agent", command, "--config", str(config_path)], cwd=REPO,
                             env=dict(os.environ, PYTHONPATH=str(REPO), **env), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
 
@@ -421,11 +421,11 @@ def test_imds_403_in_local_mode_without_a_poweroff_command_only_exits_69(node):
 
 
 # ---- boot failures (docs/agent.md, "Boot failures") -------------------------------------------------
-STANDINS = REPO / "localmode" / "standins"
+STANDINS = REPO / "spot_training" / "local" / "standins"
 
 
 def _boot_failed_script(tmp_path: Path) -> Path:
-    from infra.userdata import boot_failed_script
+    from spot_training.infra.userdata import boot_failed_script
 
     script = tmp_path / "boot-failed"
     script.write_text(boot_failed_script(region="us-east-1", stack_name=STACK,
@@ -542,7 +542,7 @@ def test_a_cluster_nodes_successful_boot_clears_the_count_on_its_fleet_or_group(
     group is cleared once a boot succeeds, so only failed boots IN A ROW reach the bound."""
     from types import SimpleNamespace
 
-    from bootstrap.cli import Identity, _reset_failed_boots
+    from spot_training.agent.cli import Identity, _reset_failed_boots
 
     autoscaling = boto3.client("autoscaling", region_name="us-east-1", endpoint_url=moto_server.endpoint_url,
                                aws_access_key_id="testing", aws_secret_access_key="testing")
@@ -573,7 +573,7 @@ def test_a_cluster_nodes_successful_boot_clears_the_count_on_its_fleet_or_group(
 def test_run_reports_boot_failures_through_the_units_script_and_exits_69(tmp_path, monkeypatch, error, step, mode):
     """A failed boot step of ``run`` calls $SPOT_TRAINING_ON_BOOT_FAILURE and exits 69 (no systemd restart);
     an error worth a retry (75) does not."""
-    from bootstrap import cli, errors, supervisor
+    from spot_training.agent import cli, errors, supervisor
 
     record = tmp_path / "calls"
     script = tmp_path / "fake-boot-failed"
@@ -593,8 +593,8 @@ def test_run_reports_boot_failures_through_the_units_script_and_exits_69(tmp_pat
 
 
 def test_without_the_units_script_a_failure_keeps_its_exit_code(monkeypatch):
-    from bootstrap import cli
-    from bootstrap.supervisor import TrainerFailedError
+    from spot_training.agent import cli
+    from spot_training.agent.supervisor import TrainerFailedError
 
     monkeypatch.delenv(cli.ON_BOOT_FAILURE_ENV, raising=False)
     assert cli._fail(TrainerFailedError("x"), ExitCode.TEMPFAIL, boot_step="trainer") == ExitCode.TEMPFAIL

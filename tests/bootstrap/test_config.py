@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from bootstrap.config import AgentConfig, load_config, parse_config
-from bootstrap.errors import ConfigError, ExitCode
+from spot_training.agent.config import AgentConfig, load_config, parse_config
+from spot_training.agent.errors import ConfigError, ExitCode
 
 # The example of docs/contracts.md, verbatim.
 CONTRACT_EXAMPLE = json.loads(r'''{
@@ -30,7 +30,7 @@ CONTRACT_EXAMPLE = json.loads(r'''{
   "training": {
     "framework": "tensorflow",
     "python": "/opt/conda/envs/tensorflow/bin/python",
-    "command": ["{python}", "training/examples/keras_resnet.py"],
+    "command": ["{python}", "spot_training/training/examples/keras_resnet.py"],
     "user": "ubuntu",
     "dataset_dir": "/dltraining/datasets",
     "checkpoint_dir": "/dltraining/checkpoints",
@@ -70,7 +70,7 @@ def test_the_contract_example_is_valid():
     assert isinstance(config, AgentConfig)
     assert config.volume.mount_point == Path("/dltraining") and config.volume.keep_snapshots == 2
     assert (config.volume.snapshot_interval_s, config.volume.initialization_rate_mibps) == (3600, 300)
-    assert config.training.argv() == ["/opt/conda/envs/tensorflow/bin/python", "training/examples/keras_resnet.py"]
+    assert config.training.argv() == ["/opt/conda/envs/tensorflow/bin/python", "spot_training/training/examples/keras_resnet.py"]
     assert config.training.code.type == "asset" and config.training.code.path == Path("/opt/spot-training/code")
     assert config.efs is None and config.imds_endpoint is None and config.cleanup.cancel_fleet_on_success is True
     with pytest.raises(AttributeError):
@@ -167,7 +167,7 @@ def test_all_problems_are_reported_together():
 
 
 def test_pytorch_runs_on_single_nodes_and_on_cluster_nodes():
-    # Issue 11: PyTorch clusters run on TorchElastic (bootstrap/torch_elastic.py).
+    # Issue 11: PyTorch clusters run on TorchElastic (spot_training/agent/torch_elastic.py).
     config = parse_config(_set("training.framework", "pytorch"))
     assert config.training.framework == "pytorch"
     for role in ("scheduler", "worker"):

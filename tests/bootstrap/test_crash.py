@@ -20,11 +20,11 @@ from storage_helpers import (
     start_agent,
 )
 
-from bootstrap.blockdev import DirectoryBlockDevices
-from bootstrap.lease import LEASE_TAG
-from localmode.moto_compat import volume_dir
+from spot_training.agent.blockdev import DirectoryBlockDevices
+from spot_training.agent.lease import LEASE_TAG
+from spot_training.local.moto_compat import volume_dir
 
-#: The move's steps in the order the agent logs them (bootstrap/ebs.py).
+#: The move's steps in the order the agent logs them (spot_training/agent/ebs.py).
 MOVE_STEPS = ["lease_acquired", "snapshot_created", "snapshot_completed", "volume_created", "volume_available",
               "volume_attached", "device_verified", "copy_verified", "old_volume_retired", "snapshots_pruned",
               "lease_released", "volume_mounted"]

@@ -10,7 +10,7 @@ import pytest
 
 IMAGE_ID = "ami-0123456789abcdef0"  # moto does not validate AMI ids
 
-HANDLER_PATH = Path(__file__).resolve().parents[2] / "infra" / "handlers" / "data_cleanup" / "index.py"
+HANDLER_PATH = Path(__file__).resolve().parents[2] / "spot_training" / "infra" / "handlers" / "data_cleanup" / "index.py"
 STACK = "SpotTraining"
 
 

@@ -13,15 +13,15 @@ from pathlib import Path
 import pytest
 from storage_helpers import FAST, STACK, config_dict, create_data_volume, data_volumes, run_instance
 
-from bootstrap.blockdev import DirectoryBlockDevices
-from bootstrap.config import DEPLOYMENT_TAG, MIGRATION_SNAPSHOT_PURPOSE, PERIODIC_SNAPSHOT_PURPOSE, parse_config
-from bootstrap.ebs import VolumeTimeouts, prepare_data_volume
-from bootstrap.errors import ConfigError
-from bootstrap.snapshots import PeriodicSnapshots
+from spot_training.agent.blockdev import DirectoryBlockDevices
+from spot_training.agent.config import DEPLOYMENT_TAG, MIGRATION_SNAPSHOT_PURPOSE, PERIODIC_SNAPSHOT_PURPOSE, parse_config
+from spot_training.agent.ebs import VolumeTimeouts, prepare_data_volume
+from spot_training.agent.errors import ConfigError
+from spot_training.agent.snapshots import PeriodicSnapshots
 
 LOG = logging.getLogger("test.deployment")
 OLD, NEW = "11111111-aaaa-4bbb-8ccc-000000000001", "22222222-aaaa-4bbb-8ccc-000000000002"
-HANDLER_PATH = Path(__file__).resolve().parents[2] / "infra" / "handlers" / "data_cleanup" / "index.py"
+HANDLER_PATH = Path(__file__).resolve().parents[2] / "spot_training" / "infra" / "handlers" / "data_cleanup" / "index.py"
 
 
 def _config(tmp_path, deployment: str | None = NEW, keep: int = 1):
@@ -83,7 +83,7 @@ def test_a_move_tags_its_snapshot_and_copy_and_prunes_only_this_deployments(ec2,
     old_volume = create_data_volume(ec2, "us-east-1a", extra_tags={DEPLOYMENT_TAG: OLD})
     old_migration = _snapshot(ec2, old_volume, MIGRATION_SNAPSHOT_PURPOSE, OLD)
     new_volume = create_data_volume(ec2, "us-east-1a", extra_tags={DEPLOYMENT_TAG: NEW})
-    from localmode.moto_compat import volume_dir
+    from spot_training.local.moto_compat import volume_dir
     (volume_dir(moto_server.ebs_dir, new_volume) / DirectoryBlockDevices.FS_MARKER).write_text("xfs")
     config = _config(tmp_path, keep=1)
     instance_id = run_instance(ec2, "us-east-1b")

@@ -1,4 +1,4 @@
-"""bootstrap.ebs.prepare_data_volume in-process against the moto server over HTTP, volumes as directories."""
+"""spot_training.agent.ebs.prepare_data_volume in-process against the moto server over HTTP, volumes as directories."""
 
 from __future__ import annotations
 
@@ -16,11 +16,11 @@ from storage_helpers import (
     run_instance,
 )
 
-from bootstrap.blockdev import DirectoryBlockDevices
-from bootstrap.ebs import MOVE_STATE_TAG, SOURCE_VOLUME_TAG, VolumeTimeouts, prepare_data_volume, verify_mounted
-from bootstrap.errors import ConfigError, TemporaryError
-from bootstrap.lease import LEASE_TAG
-from localmode.moto_compat import volume_dir
+from spot_training.agent.blockdev import DirectoryBlockDevices
+from spot_training.agent.ebs import MOVE_STATE_TAG, SOURCE_VOLUME_TAG, VolumeTimeouts, prepare_data_volume, verify_mounted
+from spot_training.agent.errors import ConfigError, TemporaryError
+from spot_training.agent.lease import LEASE_TAG
+from spot_training.local.moto_compat import volume_dir
 
 LOG = logging.getLogger("tests.ebs")
 

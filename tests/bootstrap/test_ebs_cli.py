@@ -1,4 +1,4 @@
-"""The volume step through the agent's real command line (``python -m bootstrap attach-volume``), with
+"""The volume step through the agent's real command line (``python -m spot_training.agent attach-volume``), with
 identity from the IMDSv2 emulator and EC2 from the moto server: the exit codes systemd sees."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import sys
 
 from storage_helpers import REPO, aws_state, config_dict, create_data_volume, data_volumes, run_instance
 
-from localmode.imds_emulator import ImdsEmulator
-from localmode.moto_compat import volume_dir
+from spot_training.local.imds_emulator import ImdsEmulator
+from spot_training.local.moto_compat import volume_dir
 
 
 def _attach_volume(moto_server, tmp_path, ec2, instance_id):
@@ -21,7 +21,7 @@ def _attach_volume(moto_server, tmp_path, ec2, instance_id):
         path = tmp_path / "config.json"
         path.write_text(json.dumps(config))
         env = {**os.environ, "SPOT_TRAINING_BLOCKDEV_DIR": str(moto_server.volumes_dir), "PYTHONPATH": str(REPO)}
-        return subprocess.run([sys.executable, "-m", "bootstrap", "attach-volume", "--config", str(path)],
+        return subprocess.run([sys.executable, "-m", "spot_training.agent", "attach-volume", "--config", str(path)],
                               cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
 
 

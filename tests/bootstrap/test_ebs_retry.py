@@ -1,12 +1,12 @@
-"""bootstrap.retry: what is retried, how long, and what is raised in the end."""
+"""spot_training.agent.retry: what is retried, how long, and what is raised in the end."""
 
 from __future__ import annotations
 
 import pytest
 from botocore.exceptions import ClientError, EndpointConnectionError
 
-from bootstrap.errors import TemporaryError
-from bootstrap.retry import Deadline, RetryPolicy, call_with_retry, client_config, is_retryable
+from spot_training.agent.errors import TemporaryError
+from spot_training.agent.retry import Deadline, RetryPolicy, call_with_retry, client_config, is_retryable
 
 
 def _error(code: str) -> ClientError:

@@ -1,4 +1,4 @@
-"""bootstrap.efs: the one mount command (efs-utils, TLS + IAM + access point), no anonymous NFS fallback
+"""spot_training.agent.efs: the one mount command (efs-utils, TLS + IAM + access point), no anonymous NFS fallback
 (exit 78 without efs-utils, before any resource is touched), idempotence, failures."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ import subprocess
 
 import pytest
 
-from bootstrap.config import EfsConfig
-from bootstrap.efs import efs_dns_name, mount_efs
-from bootstrap.errors import ConfigError, ExitCode, TemporaryError
+from spot_training.agent.config import EfsConfig
+from spot_training.agent.efs import efs_dns_name, mount_efs
+from spot_training.agent.errors import ConfigError, ExitCode, TemporaryError
 
 FS = "fs-0123456789abcdef0"
 AP = "fsap-0123456789abcdef0"

@@ -13,11 +13,11 @@ import urllib.request
 
 import pytest
 
-from bootstrap.errors import ExitCode
-from bootstrap.imds import (ImdsClient, ImdsForbiddenError, ImdsUnavailableError, RebalanceRecommendation,
+from spot_training.agent.errors import ExitCode
+from spot_training.agent.imds import (ImdsClient, ImdsForbiddenError, ImdsUnavailableError, RebalanceRecommendation,
                             SpotInstanceAction, resolve_endpoint)
-from bootstrap.logs import setup_logging
-from localmode.imds_emulator import ImdsEmulator
+from spot_training.agent.logs import setup_logging
+from spot_training.local.imds_emulator import ImdsEmulator
 
 REPO = __import__("pathlib").Path(__file__).resolve().parents[2]
 
@@ -96,7 +96,7 @@ def test_identity_from_moto_instance(ec2):
 def test_emulator_command_line_serves_moto_identity(ec2, moto_server):
     instance_id = ec2.run_instances(ImageId="ami-12c6146b", MinCount=1, MaxCount=1,
                                     Placement={"AvailabilityZone": "us-east-1d"})["Instances"][0]["InstanceId"]
-    proc = subprocess.Popen([sys.executable, "-m", "localmode.imds_emulator", "--instance-id", instance_id,
+    proc = subprocess.Popen([sys.executable, "-m", "spot_training.local.imds_emulator", "--instance-id", instance_id,
                              "--endpoint-url", moto_server.endpoint_url], cwd=REPO, stdout=subprocess.PIPE, text=True)
     try:
         line = json.loads(proc.stdout.readline())
@@ -213,7 +213,7 @@ def test_endpoint_from_config_then_environment_then_default(monkeypatch):
 
 def test_token_never_reaches_the_log(imds):
     stream = io.StringIO()
-    logger = logging.getLogger("bootstrap")
+    logger = logging.getLogger("spot_training.agent")
     saved = (list(logger.handlers), logger.propagate, logger.level)
     setup_logging(stream=stream, level=logging.DEBUG)
     try:

@@ -10,13 +10,13 @@ import urllib.request
 
 import pytest
 
-from bootstrap.imds import ImdsClient
-from bootstrap.interruption import (MIN_STOP_WAIT_S, REBALANCE_RECOMMENDATION, SPOT_INTERRUPTION, Event,
+from spot_training.agent.imds import ImdsClient
+from spot_training.agent.interruption import (MIN_STOP_WAIT_S, REBALANCE_RECOMMENDATION, SPOT_INTERRUPTION, Event,
                                     InterruptionWatcher, RebalanceMonitor, SpotInterruptionMonitor, imds_monitors)
-from bootstrap.errors import ExitCode
-from bootstrap.imds import ImdsForbiddenError
-from bootstrap.supervisor import Outcome
-from localmode.imds_emulator import ImdsEmulator
+from spot_training.agent.errors import ExitCode
+from spot_training.agent.imds import ImdsForbiddenError
+from spot_training.agent.supervisor import Outcome
+from spot_training.local.imds_emulator import ImdsEmulator
 from test_supervisor import events, make_supervisor
 
 

@@ -1,12 +1,12 @@
-"""bootstrap.lease against the moto server: one holder at a time, expiry, conditional release."""
+"""spot_training.agent.lease against the moto server: one holder at a time, expiry, conditional release."""
 
 from __future__ import annotations
 
 import pytest
 from storage_helpers import DATA_TAGS, create_data_volume
 
-from bootstrap.errors import TemporaryError
-from bootstrap.lease import LEASE_TAG, VolumeLease, lease_of, parse_lease
+from spot_training.agent.errors import TemporaryError
+from spot_training.agent.lease import LEASE_TAG, VolumeLease, lease_of, parse_lease
 
 
 class _Clock:

@@ -1,4 +1,4 @@
-"""localmode.moto_compat's bridges, observed over HTTP through a real moto server process."""
+"""spot_training.local.moto_compat's bridges, observed over HTTP through a real moto server process."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import boto3
 import pytest
 from botocore.exceptions import ClientError
 
-from localmode.moto_compat import FLEET_TAG, snapshot_dir, volume_dir
+from spot_training.local.moto_compat import FLEET_TAG, snapshot_dir, volume_dir
 
 IMAGE_ID = "ami-0123456789abcdef0"  # moto does not validate AMI ids
 

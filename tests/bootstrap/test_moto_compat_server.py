@@ -1,4 +1,4 @@
-"""localmode.moto_server: a real server process on loopback, started, answering, stopped by PID."""
+"""spot_training.local.moto_server: a real server process on loopback, started, answering, stopped by PID."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 import boto3
 import pytest
 
-from localmode.moto_server import MotoServer
+from spot_training.local.moto_server import MotoServer
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -50,7 +50,7 @@ def test_context_manager_serves_on_loopback_keeps_a_log_and_stops_by_pid(tmp_pat
 
 
 def test_command_line_prints_the_endpoint_and_stops_on_sigterm(tmp_path):
-    process = subprocess.Popen([sys.executable, "-m", "localmode.moto_server", "--work-dir", str(tmp_path / "w")],
+    process = subprocess.Popen([sys.executable, "-m", "spot_training.local.moto_server", "--work-dir", str(tmp_path / "w")],
                                cwd=REPO, stdout=subprocess.PIPE, text=True)
     try:
         info = json.loads(process.stdout.readline())

@@ -21,10 +21,10 @@ import pytest
 from git_helpers import git as _git
 from git_helpers import two_version_repo
 
-from bootstrap.config import parse_config
-from bootstrap.errors import ExitCode
-from bootstrap.logs import LOGGER_NAME, add_file_handler, close_file_handlers
-from bootstrap.supervisor import CHECKPOINT_REQUEST_FILE, Supervisor
+from spot_training.agent.config import parse_config
+from spot_training.agent.errors import ExitCode
+from spot_training.agent.logs import LOGGER_NAME, add_file_handler, close_file_handlers
+from spot_training.agent.supervisor import CHECKPOINT_REQUEST_FILE, Supervisor
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root: the agent's privilege drop")
 
@@ -35,7 +35,7 @@ USER = "nobody"
 @pytest.fixture()
 def root():
     """A directory 'nobody' can traverse (pytest's tmp_path is 0700): ``volume/`` (the mount point,
-    owned by the training user as bootstrap.ebs leaves it) and ``secret/`` (root only)."""
+    owned by the training user as spot_training.agent.ebs leaves it) and ``secret/`` (root only)."""
     base = Path(tempfile.mkdtemp(prefix="spot-priv-", dir="/tmp"))
     os.chmod(base, 0o755)
     account = pwd.getpwnam(USER)

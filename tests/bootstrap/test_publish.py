@@ -1,4 +1,4 @@
-"""The agent's CloudWatch publisher (bootstrap.publish) against the moto server over HTTP, real
+"""The agent's CloudWatch publisher (spot_training.agent.publish) against the moto server over HTTP, real
 trainer processes, and endpoints that refuse or swallow connections."""
 
 from __future__ import annotations
@@ -15,16 +15,16 @@ import boto3
 import pytest
 from botocore.config import Config
 
-from bootstrap.config import MonitoringConfig, parse_config
-from bootstrap.errors import ConfigError
-from bootstrap.publish import Publisher, cloudwatch_clients
+from spot_training.agent.config import MonitoringConfig, parse_config
+from spot_training.agent.errors import ConfigError
+from spot_training.agent.publish import Publisher, cloudwatch_clients
 from test_supervisor import base_config, make_supervisor
 
 NAMESPACE = "SpotTraining"
 GROUP = "/spot-training/SpotTraining"
 MONITORING = {"enabled": True, "log_group": GROUP, "namespace": NAMESPACE, "interval_s": 1}
 
-# A trainer that honours docs/contracts.md the way training/examples do: a training_log.csv row per
+# A trainer that honours docs/contracts.md the way spot_training/training/examples do: a training_log.csv row per
 # step, progress.json with steps_total, LATEST after each checkpoint, COMPLETED at the end.
 TRAINER = r'''
 import csv, json, os, sys, time
@@ -71,7 +71,7 @@ def _publisher(root: Path, logs, cloudwatch, **kwargs) -> Publisher:
 @pytest.fixture(autouse=True)
 def _agent_log_level():
     """The agent's logger at INFO, as ``setup_logging`` leaves it in the agent."""
-    logger = logging.getLogger("bootstrap")
+    logger = logging.getLogger("spot_training.agent")
     before = logger.level
     logger.setLevel(logging.INFO)
     yield
@@ -118,8 +118,8 @@ def test_agent_lines_trainer_lines_and_progress_metrics_reach_cloudwatch(moto_se
     logs, cloudwatch = _client("logs", moto_server.endpoint_url), _client("cloudwatch", moto_server.endpoint_url)
     logs.create_log_group(logGroupName=GROUP)
     publisher = _publisher(tmp_path, logs, cloudwatch)
-    agent_log = logging.getLogger("bootstrap.test_publish")
-    logging.getLogger("bootstrap").addHandler(publisher.log_handler())
+    agent_log = logging.getLogger("spot_training.agent.test_publish")
+    logging.getLogger("spot_training.agent").addHandler(publisher.log_handler())
     try:
         supervisor = make_supervisor(tmp_path, config=_config(tmp_path), output=publisher.add_line)
         assert supervisor.run().value == "completed"
@@ -131,12 +131,12 @@ def test_agent_lines_trainer_lines_and_progress_metrics_reach_cloudwatch(moto_se
         latest.write_text(json.dumps({"step": 40}))  # ... then the trainer's last one, before the node goes
         publisher.round(final=True)
     finally:
-        logging.getLogger("bootstrap").removeHandler(publisher.log_handler())
+        logging.getLogger("spot_training.agent").removeHandler(publisher.log_handler())
     assert publisher.failures == 0 and publisher.dropped_lines == 0
     messages = _stream_messages(logs)
     trainer = [m["message"] for m in messages if m["logger"] == "trainer"]
     assert trainer[:2] == ["trainer step 1", "trainer step 2"] and trainer[-1] == "done: 40 steps, test accuracy 0.5"
-    agent = [m for m in messages if m["logger"].startswith("bootstrap")]
+    agent = [m for m in messages if m["logger"].startswith("spot_training.agent")]
     assert {"training started", "training completed", "new volume attached"} <= {m["message"] for m in agent}
     assert [m["checkpoint_step"] for m in agent if m.get("event") == "checkpoint_after_notice"] == [40]
     stamps = [e["timestamp"] for e in logs.get_log_events(logGroupName=GROUP, logStreamName="i-0123456789abcdef0",
@@ -169,9 +169,9 @@ def test_a_checkpoint_after_the_notice_counts_even_when_the_coarse_file_clock_st
     latest.parent.mkdir(parents=True, exist_ok=True)
     latest.write_text(json.dumps({"step": 10}))
     os.utime(latest, (time.time() - 60, time.time() - 60))
-    agent_log = logging.getLogger("bootstrap.test_publish")
+    agent_log = logging.getLogger("spot_training.agent.test_publish")
     handler = publisher.log_handler()
-    logging.getLogger("bootstrap").addHandler(handler)
+    logging.getLogger("spot_training.agent").addHandler(handler)
     try:
         # 1. A notice with no new commit after it: no notice->checkpoint figure, even in the final round.
         agent_log.warning("spot interruption notice: stopping the trainer", extra={"event": "spot_interruption_notice"})
@@ -183,7 +183,7 @@ def test_a_checkpoint_after_the_notice_counts_even_when_the_coarse_file_clock_st
         os.utime(latest, (notice - 0.004, notice - 0.004))
         publisher.round(final=True)
     finally:
-        logging.getLogger("bootstrap").removeHandler(handler)
+        logging.getLogger("spot_training.agent").removeHandler(handler)
     after = [m for m in _stream_messages(logs) if m.get("event") == "checkpoint_after_notice"]
     assert [m["checkpoint_step"] for m in after] == [20]
     assert after[0]["notice_to_checkpoint_s"] == 0.0
@@ -242,7 +242,7 @@ def test_unreachable_cloudwatch_neither_stops_nor_holds_up_training(tmp_path, mo
     logs, cloudwatch = cloudwatch_clients("us-east-1")  # the agent's own clients: standard retries, timeouts
     publisher = _publisher(tmp_path, logs, cloudwatch, max_buffered_lines=20)
     publisher.monitoring = MonitoringConfig(enabled=True, log_group=GROUP, namespace=NAMESPACE, interval_s=1.0)
-    logging.getLogger("bootstrap").addHandler(publisher.log_handler())
+    logging.getLogger("spot_training.agent").addHandler(publisher.log_handler())
     publisher.start()
     try:
         supervisor = make_supervisor(tmp_path, config=_config(tmp_path), output=publisher.add_line,
@@ -266,16 +266,16 @@ def test_unreachable_cloudwatch_neither_stops_nor_holds_up_training(tmp_path, mo
             assert publisher.failures >= 1  # refused, logged, retried next round
         assert publisher.dropped_lines > 0  # 60+ trainer lines into a buffer of 20: oldest dropped, counted
     finally:
-        logging.getLogger("bootstrap").removeHandler(publisher.log_handler())
+        logging.getLogger("spot_training.agent").removeHandler(publisher.log_handler())
         publisher.close(timeout_s=0.1)
         if hole is not None:
             hole.close()
 
 
 def test_run_command_publishes_under_the_instance_id_stream(ec2, moto_server, tmp_path):
-    """``python -m bootstrap run`` with ``monitoring`` in the config: the stream of the instance holds
+    """``python -m spot_training.agent run`` with ``monitoring`` in the config: the stream of the instance holds
     the agent's lines from boot to cleanup and the trainer's output."""
-    from localmode.imds_emulator import ImdsEmulator
+    from spot_training.local.imds_emulator import ImdsEmulator
     from test_cli import STACK_TAGS, _write, agent, our_fleet
 
     fleet_id, instance_id = our_fleet(ec2)

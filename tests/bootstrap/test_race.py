@@ -15,9 +15,9 @@ from storage_helpers import (
     start_agent,
 )
 
-from bootstrap.blockdev import DirectoryBlockDevices
-from bootstrap.lease import LEASE_TAG
-from localmode.moto_compat import volume_dir
+from spot_training.agent.blockdev import DirectoryBlockDevices
+from spot_training.agent.lease import LEASE_TAG
+from spot_training.local.moto_compat import volume_dir
 
 PAYLOAD = b"dataset shard 0"
 

@@ -1,5 +1,5 @@
-"""Periodic snapshots (bootstrap/snapshots.py) and the provisioned initialization rate of a moved volume
-(bootstrap/ebs.py), against the moto server over HTTP; the node config fields that drive them."""
+"""Periodic snapshots (spot_training/agent/snapshots.py) and the provisioned initialization rate of a moved volume
+(spot_training/agent/ebs.py), against the moto server over HTTP; the node config fields that drive them."""
 
 from __future__ import annotations
 
@@ -11,12 +11,12 @@ import pytest
 from botocore.stub import Stubber
 from storage_helpers import FAST, config_dict, create_data_volume, data_volumes, make_config, run_instance
 
-from bootstrap.blockdev import DirectoryBlockDevices
-from bootstrap.config import PERIODIC_SNAPSHOT_PURPOSE, parse_config
-from bootstrap.ebs import VolumeTimeouts, prepare_data_volume
-from bootstrap.errors import ConfigError
-from bootstrap.snapshots import PeriodicSnapshots
-from localmode.moto_compat import volume_dir
+from spot_training.agent.blockdev import DirectoryBlockDevices
+from spot_training.agent.config import PERIODIC_SNAPSHOT_PURPOSE, parse_config
+from spot_training.agent.ebs import VolumeTimeouts, prepare_data_volume
+from spot_training.agent.errors import ConfigError
+from spot_training.agent.snapshots import PeriodicSnapshots
+from spot_training.local.moto_compat import volume_dir
 
 LOG = logging.getLogger("test.snapshots")
 

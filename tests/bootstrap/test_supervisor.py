@@ -1,4 +1,4 @@
-"""Supervisor against real trainer processes (a tiny Python script using training.notice)."""
+"""Supervisor against real trainer processes (a tiny Python script using spot_training.training.notice)."""
 
 from __future__ import annotations
 
@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 from git_helpers import two_version_repo
 
-from bootstrap.config import parse_config
-from bootstrap.errors import ConfigError, ExitCode
-from bootstrap.supervisor import (CHECKPOINT_REQUEST_FILE, CheckpointMismatchError, CheckpointStorageError,
+from spot_training.agent.config import parse_config
+from spot_training.agent.errors import ConfigError, ExitCode
+from spot_training.agent.supervisor import (CHECKPOINT_REQUEST_FILE, CheckpointMismatchError, CheckpointStorageError,
                                   Outcome, ProcessGroup, Supervisor, TrainerFailedError, VolumeNotMountedError)
 
 REPO = Path(__file__).resolve().parents[2]
@@ -28,7 +28,7 @@ REPO = Path(__file__).resolve().parents[2]
 TRAINER = r'''
 import json, os, sys, time
 from pathlib import Path
-from training.notice import NoticeHandler
+from spot_training.training.notice import NoticeHandler
 
 ckpt = Path(os.environ["SPOT_TRAINING_CHECKPOINT_DIR"])
 events = ckpt / "events.log"

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from bootstrap import trainer_env
-from bootstrap.config import parse_config
-from bootstrap.supervisor import EnvironmentBuildFailed, Outcome, Supervisor
-from localmode.wheels import PROBE_DISTRIBUTION, write_probe_wheel
+from spot_training.agent import trainer_env
+from spot_training.agent.config import parse_config
+from spot_training.agent.supervisor import EnvironmentBuildFailed, Outcome, Supervisor
+from spot_training.local.wheels import PROBE_DISTRIBUTION, write_probe_wheel
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -96,7 +96,7 @@ def test_inherit_site_packages_sees_the_base_interpreters_packages(tmp_path: Pat
 
 
 def test_command_line_prints_json_and_exits_69_on_failure(tmp_path: Path, offline_pip: Path) -> None:
-    argv = [sys.executable, "-m", "bootstrap.trainer_env", "ensure", "--python", sys.executable, "--root",
+    argv = [sys.executable, "-m", "spot_training.agent.trainer_env", "ensure", "--python", sys.executable, "--root",
             str(tmp_path / "envs"), "--requirement", "no-such-package-xyz", "--attempts", "1"]
     done = subprocess.run(argv, capture_output=True, text=True, cwd=REPO)
     assert done.returncode == trainer_env.EXIT_INSTALL_FAILED == 69
@@ -122,7 +122,7 @@ def test_supervisor_runs_the_trainer_with_the_environments_python(tmp_path: Path
                "(d / 'prefix').write_text(sys.prefix); (d / 'COMPLETED').write_text('{}')")
     config = parse_config(_config(tmp_path, ["{python}", "-c", trainer],
                                   {"requirements": [PROBE_DISTRIBUTION], "root": str(tmp_path / "mnt" / "envs")}))
-    caplog.set_level("INFO", logger="bootstrap")
+    caplog.set_level("INFO", logger="spot_training.agent")
     outcome = Supervisor(config, is_mounted=lambda: True, run_as_current_user_if_missing=True).run()
     assert outcome is Outcome.COMPLETED
     prefix = (tmp_path / "mnt" / "checkpoints" / "prefix").read_text()
@@ -154,7 +154,7 @@ def test_supervisor_reports_a_failed_build(tmp_path: Path, offline_pip: Path, mo
 
 def test_a_symlinked_environment_root_is_refused(tmp_path: Path) -> None:
     """Root never follows a link the training user could have planted."""
-    from bootstrap.errors import ConfigError
+    from spot_training.agent.errors import ConfigError
 
     (tmp_path / "mnt").mkdir()
     (tmp_path / "elsewhere").mkdir()
@@ -166,7 +166,7 @@ def test_a_symlinked_environment_root_is_refused(tmp_path: Path) -> None:
 
 
 def test_config_rejects_bad_venv_sections() -> None:
-    from bootstrap.errors import ConfigError
+    from spot_training.agent.errors import ConfigError
 
     base = _config(Path("/tmp/x"), ["{python}"], None)
     for venv, problem in [({"requirements": "torch", "root": "/x"}, "training.venv.requirements"),

@@ -1,6 +1,6 @@
 """Test driver: the agent's volume step as a real process (``python tests/bootstrap/volume_agent.py``).
 
-Like ``python -m bootstrap attach-volume`` but with the identity given on the command line (no IMDS)
+Like ``python -m spot_training.agent attach-volume`` but with the identity given on the command line (no IMDS)
 and the timeouts adjustable, so tests can race two agents and kill one at an exact step:
 
     volume_agent.py --config CFG --instance-id i-1 --az us-east-1b --blockdev-dir DIR \
@@ -25,12 +25,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import boto3  # noqa: E402
 from botocore.exceptions import ClientError  # noqa: E402
 
-from bootstrap.blockdev import DirectoryBlockDevices  # noqa: E402
-from bootstrap.config import load_config  # noqa: E402
-from bootstrap.ebs import VolumeTimeouts, prepare_data_volume  # noqa: E402
-from bootstrap.errors import AgentError, ExitCode  # noqa: E402
-from bootstrap.logs import flush_logs, setup_logging  # noqa: E402
-from bootstrap.retry import client_config  # noqa: E402
+from spot_training.agent.blockdev import DirectoryBlockDevices  # noqa: E402
+from spot_training.agent.config import load_config  # noqa: E402
+from spot_training.agent.ebs import VolumeTimeouts, prepare_data_volume  # noqa: E402
+from spot_training.agent.errors import AgentError, ExitCode  # noqa: E402
+from spot_training.agent.logs import flush_logs, setup_logging  # noqa: E402
+from spot_training.agent.retry import client_config  # noqa: E402
 
 
 class _PauseAfter(logging.Handler):
@@ -59,7 +59,7 @@ def main() -> int:
     logger = setup_logging()
     if args.pause_after:
         logger.addHandler(_PauseAfter(args.pause_after))
-    log = logging.getLogger("bootstrap.ebs")
+    log = logging.getLogger("spot_training.agent.ebs")
     try:
         config = load_config(args.config)
         ec2 = boto3.client("ec2", region_name=config.region, config=client_config())

@@ -1,8 +1,8 @@
-"""A parameter-server cluster on one machine: every node a real agent process (``python -m bootstrap run``),
+"""A parameter-server cluster on one machine: every node a real agent process (``python -m spot_training.agent run``),
 every node's framework process in its own network namespace with its own address.
 
 - EFS is a shared temporary directory (dataset, checkpoints, logs, cluster state).
-- Each node has its own IMDS emulator (localmode.imds_emulator) giving its instance id, its private
+- Each node has its own IMDS emulator (spot_training.local.imds_emulator) giving its instance id, its private
   address and its tags; a spot interruption is posted there.
 - Network: a bridge and one namespace + veth pair per node in a private /24 we create
   (10.213.X.0/24, X random so that parallel runs do not meet), all removed on teardown even after a
@@ -26,9 +26,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from bootstrap.cluster_state import ClusterState
-from localmode.imds_emulator import ImdsEmulator
-from localmode.netns import Network  # noqa: F401 - shared with local mode's cluster drill; the stories import it from here
+from spot_training.agent.cluster_state import ClusterState
+from spot_training.local.imds_emulator import ImdsEmulator
+from spot_training.local.netns import Network  # noqa: F401 - shared with local mode's cluster drill; the stories import it from here
 
 REPO = Path(__file__).resolve().parents[2]
 MEMBER_TAG = "spot-training:cluster-member"
@@ -121,7 +121,7 @@ class Cluster:
             env["SPOT_TRAINING_NETNS"] = node.netns
         log = open(node.log_path, "ab")
         node.started_at = time.time()
-        node.agent = subprocess.Popen([sys.executable, "-m", "bootstrap", "run", "--config", str(node.config_path)],
+        node.agent = subprocess.Popen([sys.executable, "-m", "spot_training.agent", "run", "--config", str(node.config_path)],
                                       cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
                                       start_new_session=True)
         log.close()

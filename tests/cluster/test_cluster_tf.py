@@ -17,7 +17,7 @@ import pytest
 from cluster_fixtures import network  # noqa: F401 - a fixture
 from cluster_harness import Cluster
 
-from training.examples.prepare_data import prepare_digits
+from spot_training.training.examples.prepare_data import prepare_digits
 
 TOTAL_STEPS = 600
 SAVE_EVERY = 20
@@ -32,7 +32,7 @@ def cluster(tmp_path_factory, network):
     data = tmp_path_factory.mktemp("tf-digits")
     prepare_digits(data)
     c = Cluster(tmp_path_factory.mktemp("tf-cluster"), network, framework="tensorflow", data_dir=data,
-                trainer_module="training.distributed.tf_pss",
+                trainer_module="spot_training.training.distributed.tf_pss",
                 trainer_args=["--steps", str(TOTAL_STEPS), "--batch-size", "64", "--save-every-steps",
                               str(SAVE_EVERY), "--min-step-seconds", "0.05"],
                 heartbeat_timeout_s=HEARTBEAT_TIMEOUT_S, debounce_s=2.0, kill_grace_s=3.0, base_port=9100)

@@ -1,6 +1,6 @@
 """An elastic PyTorch cluster on TorchElastic on one machine (issue 11): real agents
-(``python -m bootstrap run``), the coordinator's c10d store (training.distributed.torch_rendezvous),
-``torchrun`` + the DDP digits trainer (training.distributed.torch_ddp, gloo) on every worker, each node in
+(``python -m spot_training.agent run``), the coordinator's c10d store (spot_training.training.distributed.torch_rendezvous),
+``torchrun`` + the DDP digits trainer (spot_training.training.distributed.torch_ddp, gloo) on every worker, each node in
 its own network namespace (cluster_harness.py), EFS as a shared directory.
 
 One cluster runs through the story in order (each test needs the one before): 2 workers train; a third
@@ -23,7 +23,7 @@ import pytest
 from cluster_fixtures import network  # noqa: F401 - a fixture
 from torch_harness import TORCH_PYTHON, TorchCluster
 
-from training.examples.prepare_data import prepare_digits
+from spot_training.training.examples.prepare_data import prepare_digits
 
 TOTAL_STEPS = 500
 SAVE_EVERY = 20
@@ -47,7 +47,7 @@ def cluster(tmp_path_factory, network):
     data = tmp_path_factory.mktemp("torch-digits")
     prepare_digits(data)
     c = TorchCluster(tmp_path_factory.mktemp("torch-cluster"), network, framework="pytorch", data_dir=data,
-                     trainer_module="training.distributed.torch_ddp",
+                     trainer_module="spot_training.training.distributed.torch_ddp",
                      trainer_args=["--steps", str(TOTAL_STEPS), "--batch-size", "64", "--save-every-steps",
                                    str(SAVE_EVERY), "--min-step-seconds", "0.05"],
                      num_servers=0, heartbeat_timeout_s=8.0, kill_grace_s=3.0, base_port=9300)

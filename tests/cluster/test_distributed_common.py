@@ -1,4 +1,4 @@
-"""training.distributed.lr and .common: learning-rate scaling with warm-up, global batches and shards."""
+"""spot_training.training.distributed.lr and .common: learning-rate scaling with warm-up, global batches and shards."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import os
 import numpy as np
 import pytest
 
-from training.distributed import common
-from training.distributed.common import global_batch, worker_shard
-from training.distributed.lr import scaled_learning_rate
+from spot_training.training.distributed import common
+from spot_training.training.distributed.common import global_batch, worker_shard
+from spot_training.training.distributed.lr import scaled_learning_rate
 
 
 def test_linear_scaling_ramps_from_base_to_workers_times_base():
@@ -50,7 +50,7 @@ def test_rank_zero_also_writes_the_progress_the_agent_publishes(tmp_path, monkey
     import csv
     import json
 
-    from training.distributed.common import StepLog
+    from spot_training.training.distributed.common import StepLog
 
     monkeypatch.setenv("SPOT_TRAINING_NODE_ID", "node-b")
     worker = StepLog(tmp_path, steps_total=800)
@@ -71,11 +71,11 @@ def test_rank_zero_also_writes_the_progress_the_agent_publishes(tmp_path, monkey
 
 def test_the_cluster_trainers_cadence_is_the_agents_environment_else_the_contracts(monkeypatch) -> None:
     # No cadence of their own (issue 14): the node config's, exported by the agent, else the contract's one default.
-    import spot_contract
-    from training.distributed.common import parse_args
+    from spot_training import contract
+    from spot_training.training.distributed.common import parse_args
 
     monkeypatch.delenv("SPOT_TRAINING_CHECKPOINT_EVERY_STEPS", raising=False)
-    assert parse_args([], description="t").save_every_steps == spot_contract.default("checkpoint_every_steps")
+    assert parse_args([], description="t").save_every_steps == contract.default("checkpoint_every_steps")
     monkeypatch.setenv("SPOT_TRAINING_CHECKPOINT_EVERY_STEPS", "7")
     assert parse_args([], description="t").save_every_steps == 7
     assert parse_args(["--save-every-steps", "3"], description="t").save_every_steps == 3

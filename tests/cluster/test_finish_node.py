@@ -1,4 +1,4 @@
-"""bootstrap.fleet_actions.finish_node against a moto server over HTTP: on COMPLETED a worker cancels its
+"""spot_training.agent.fleet_actions.finish_node against a moto server over HTTP: on COMPLETED a worker cancels its
 stack's spot fleet with its instances (docs/architecture.md, "The user's story", step 4); scheduler/server nodes and other stacks'
 fleets are never touched."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from test_leave_fleet import STACK, _fleet, _state
 
-from bootstrap.fleet_actions import finish_node
+from spot_training.agent.fleet_actions import finish_node
 
 
 def _fleet_state(ec2, fleet_id: str) -> str:

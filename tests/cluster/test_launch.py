@@ -1,4 +1,4 @@
-"""bootstrap.launch: the DMLC_* environment, TF_CONFIG, the process of each role and the port check."""
+"""spot_training.agent.launch: the DMLC_* environment, TF_CONFIG, the process of each role and the port check."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from bootstrap import launch
-from bootstrap.cluster_state import make_plan
+from spot_training.agent import launch
+from spot_training.agent.cluster_state import make_plan
 
 SCHED = {"node_id": "i-s", "host": "10.0.0.2", "port": 9000}
 SERVERS = [{"node_id": "i-p1", "host": "10.0.0.3", "port": 9001}, {"node_id": "i-p2", "host": "10.0.0.4", "port": 9001}]
@@ -61,7 +61,7 @@ def test_process_for_tensorflow_runs_the_trainer_on_the_chief(plan):
     ps = launch.process_for(plan, "i-p1", framework="tensorflow", training_argv=["py", "train.py"], python="py")
     assert chief.argv == ["py", "train.py"] and chief.checkpoints
     assert json.loads(chief.env["TF_CONFIG"])["task"] == {"type": "chief", "index": 0}
-    assert ps.argv == ["py", "-m", "training.distributed.tf_server"] and not ps.checkpoints
+    assert ps.argv == ["py", "-m", "spot_training.training.distributed.tf_server"] and not ps.checkpoints
 
 
 def test_fails_when_node_is_not_in_the_plan_or_framework_unknown(plan):

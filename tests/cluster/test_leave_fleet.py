@@ -1,9 +1,9 @@
-"""bootstrap.fleet_actions.leave_fleet against a moto server over HTTP: a worker whose member tag was removed
+"""spot_training.agent.fleet_actions.leave_fleet against a moto server over HTTP: a worker whose member tag was removed
 lowers its own fleet's target and terminates itself; another stack's fleet is never touched."""
 
 from __future__ import annotations
 
-from bootstrap.fleet_actions import leave_fleet
+from spot_training.agent.fleet_actions import leave_fleet
 
 STACK = "DistributedTraining"
 

@@ -1,4 +1,4 @@
-"""bootstrap.cluster_coordinator: the coordinator's generations with a fake clock over real files (tmp dir = EFS)."""
+"""spot_training.agent.cluster_coordinator: the coordinator's generations with a fake clock over real files (tmp dir = EFS)."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from bootstrap.cluster_coordinator import Coordinator
-from bootstrap.cluster_state import (CHECKPOINT, COMPLETED, RUNNING, TEARDOWN, WAITING, ClusterSettings, ClusterState,
+from spot_training.agent.cluster_coordinator import Coordinator
+from spot_training.agent.cluster_state import (CHECKPOINT, COMPLETED, RUNNING, TEARDOWN, WAITING, ClusterSettings, ClusterState,
                                      settings_from_config)
-from bootstrap.interruption import MemberTagMonitor
-from bootstrap.errors import ConfigError
+from spot_training.agent.interruption import MemberTagMonitor
+from spot_training.agent.errors import ConfigError
 
 
 class Clock:
@@ -231,7 +231,7 @@ def test_agent_with_a_bad_cluster_section_exits_78_and_registers_nothing(tmp_pat
     import subprocess
     import sys
 
-    from localmode.imds_emulator import ImdsEmulator
+    from spot_training.local.imds_emulator import ImdsEmulator
 
     repo = Path(__file__).resolve().parents[2]
     state_dir = tmp_path / "efs" / "cluster"
@@ -251,7 +251,7 @@ def test_agent_with_a_bad_cluster_section_exits_78_and_registers_nothing(tmp_pat
         }
         path = tmp_path / "config.json"
         path.write_text(json.dumps(config))
-        done = subprocess.run([sys.executable, "-m", "bootstrap", "run", "--config", str(path)], cwd=repo,
+        done = subprocess.run([sys.executable, "-m", "spot_training.agent", "run", "--config", str(path)], cwd=repo,
                               env=dict(os.environ, PYTHONPATH=str(repo), SPOT_TRAINING_BLOCKDEV_DIR=str(tmp_path / "b")),
                               capture_output=True, text=True, timeout=60)
     assert done.returncode == 78, done.stderr
@@ -268,7 +268,7 @@ def _stop_loop(seconds: float) -> None:
 
 
 def test_agent_restarted_inside_a_running_generation_reports_its_process_lost(world, tmp_path):
-    from bootstrap.ps_node import NodeAgent
+    from spot_training.agent.ps_node import NodeAgent
 
     _start(world)
     _running(world, 1)
@@ -287,9 +287,9 @@ def test_agent_restarted_inside_a_running_generation_reports_its_process_lost(wo
 def test_a_worker_whose_imds_turns_403_leaves_through_a_checkpoint_and_is_handed_back(world, tmp_path):
     """Issue 15 item 8 on cluster workers: IMDS answering 403 means no more interruption notices. The
     worker leaves like a noticed one (the coordinator checkpoints without it) instead of exiting 78."""
-    from bootstrap.interruption import IMDS_FORBIDDEN
-    from bootstrap.ps_node import NodeAgent
-    from bootstrap.imds import ImdsForbiddenError
+    from spot_training.agent.interruption import IMDS_FORBIDDEN
+    from spot_training.agent.ps_node import NodeAgent
+    from spot_training.agent.imds import ImdsForbiddenError
 
     class Forbidden:
         def poll(self):

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import bootstrap.cluster
-import bootstrap.supervisor
-from bootstrap.config import parse_config
+import spot_training.agent.cluster
+import spot_training.agent.supervisor
+from spot_training.agent.config import parse_config
 
 
 def _worker_config(root: Path, poll: float) -> dict:
@@ -61,9 +61,9 @@ def test_a_cluster_worker_polls_for_notices_at_the_configured_interval(tmp_path:
         def private_ipv4(self):
             return "10.0.0.5"
 
-    monkeypatch.setattr(bootstrap.supervisor, "Supervisor", FakeSupervisor)
-    monkeypatch.setattr(bootstrap.cluster, "NodeAgent", FakeAgent)
+    monkeypatch.setattr(spot_training.agent.supervisor, "Supervisor", FakeSupervisor)
+    monkeypatch.setattr(spot_training.agent.cluster, "NodeAgent", FakeAgent)
     monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
     config = parse_config(_worker_config(tmp_path, 2.5))
-    assert bootstrap.cluster.run_node(config, FakeImds(), instance_id="i-1", local_mode=True) == "completed"
+    assert spot_training.agent.cluster.run_node(config, FakeImds(), instance_id="i-1", local_mode=True) == "completed"
     assert seen["monitor_interval_s"] == 2.5

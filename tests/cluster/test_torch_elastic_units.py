@@ -1,4 +1,4 @@
-"""The TorchElastic agents (bootstrap/torch_elastic.py) with real stand-in processes: the coordinator's
+"""The TorchElastic agents (spot_training/agent/torch_elastic.py) with real stand-in processes: the coordinator's
 store supervision and epochs, a worker's torchrun supervision, relaunch, report, and leave with notice."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from bootstrap.cluster_state import ClusterSettings, settings_from_config
-from bootstrap.errors import ConfigError
-from bootstrap.torch_elastic import RendezvousState, TorchCoordinator, TorchWorker, torchrun_argv
+from spot_training.agent.cluster_state import ClusterSettings, settings_from_config
+from spot_training.agent.errors import ConfigError
+from spot_training.agent.torch_elastic import RendezvousState, TorchCoordinator, TorchWorker, torchrun_argv
 
 
 def _settings(tmp_path: Path, **kw) -> ClusterSettings:
@@ -45,7 +45,7 @@ def test_settings_accept_zero_servers_only_for_pytorch(tmp_path):
 
 
 def _coordinator(tmp_path, store_code: str) -> TorchCoordinator:
-    # The stand-in store: ``python -m training.distributed.torch_rendezvous`` is replaced through a
+    # The stand-in store: ``python -m spot_training.training.distributed.torch_rendezvous`` is replaced through a
     # python that runs ``store_code`` whatever its arguments.
     shim = tmp_path / "python"
     shim.write_text(f"#!/bin/sh\nexec {sys.executable} -c {shlex.quote(store_code)}\n")
@@ -140,7 +140,7 @@ class _Notice:
         self.fired = False
 
     def poll(self):
-        from bootstrap.interruption import Event
+        from spot_training.agent.interruption import Event
 
         return Event(kind="spot-interruption", id="n1", detail={}) if self.fired else None
 

@@ -11,8 +11,8 @@ import signal
 
 from cluster_harness import REPO, Cluster
 
-from bootstrap.supervisor import descendants
-from bootstrap.torch_elastic import RendezvousState
+from spot_training.agent.supervisor import descendants
+from spot_training.agent.torch_elastic import RendezvousState
 
 TORCH_PYTHON = REPO / ".venv-torch" / "bin" / "python"
 BUDGET_S = 180.0

@@ -12,15 +12,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from training import datasets
-from training.datasets import (
+from spot_training.training import datasets
+from spot_training.training.datasets import (
     DatasetError,
     batch_indices,
     epoch_of_step,
     load_digits,
     steps_per_epoch,
 )
-from training.examples import prepare_data
+from spot_training.training.examples import prepare_data
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -73,7 +73,7 @@ def test_fails_when_dataset_is_missing_naming_path_and_fix(tmp_path):
         load_digits(tmp_path, "train")
     message = str(info.value)
     assert str(tmp_path / "digits" / "train.npz") in message
-    assert "python -m training.examples.prepare_data" in message
+    assert "python -m spot_training.training.examples.prepare_data" in message
 
 
 def test_fails_when_file_is_not_a_dataset(tmp_path):
@@ -155,7 +155,7 @@ def test_default_dirs_follow_the_contract_environment(monkeypatch, tmp_path):
 def test_cli_writes_to_the_env_data_dir(tmp_path):
     env = {"SPOT_TRAINING_DATA_DIR": str(tmp_path), "PATH": "/usr/bin:/bin"}
     result = subprocess.run(
-        [sys.executable, "-m", "training.examples.prepare_data"],
+        [sys.executable, "-m", "spot_training.training.examples.prepare_data"],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=120,
     )
     assert result.returncode == 0, result.stderr

@@ -10,8 +10,8 @@ import aws_cdk as cdk
 import pytest
 from infra_helpers import Synth, synth_cluster, synth_stack
 
-from infra.cluster_config import ClusterSettings
-from infra.config import StackSettings
+from spot_training.infra.cluster_config import ClusterSettings
+from spot_training.infra.config import StackSettings
 
 
 @pytest.fixture(scope="session")

@@ -14,11 +14,11 @@ os.environ.setdefault("JSII_SILENCE_WARNING_UNTESTED_NODE_VERSION", "1")
 import aws_cdk as cdk  # noqa: E402
 from aws_cdk import assertions  # noqa: E402
 
-from infra.cluster_config import ClusterSettings  # noqa: E402
-from infra.cluster_stack import DistributedTrainingStack  # noqa: E402
-from infra.config import StackSettings  # noqa: E402
-from infra.nag import apply_nag  # noqa: E402
-from infra.stack import SpotTrainingStack  # noqa: E402
+from spot_training.infra.cluster_config import ClusterSettings  # noqa: E402
+from spot_training.infra.cluster_stack import DistributedTrainingStack  # noqa: E402
+from spot_training.infra.config import StackSettings  # noqa: E402
+from spot_training.infra.nag import apply_nag  # noqa: E402
+from spot_training.infra.stack import SpotTrainingStack  # noqa: E402
 
 
 @dataclasses.dataclass
@@ -132,7 +132,7 @@ def launch_templates_by_role(synth: Synth) -> dict[str, dict[str, Any]]:
 def assert_resource_star_only_where_no_resource_level_permissions(statements: list[dict[str, Any]]) -> None:
     """Every statement on Resource "*" is Describe*, CloudWatch PutMetricData scoped to our namespace,
     or Session Manager's channels: the actions with no resource-level permissions."""
-    from infra.roles import SESSION_MANAGER_ACTIONS
+    from spot_training.infra.roles import SESSION_MANAGER_ACTIONS
 
     for st in statements:
         if "*" in as_list(st["Resource"]):
@@ -141,6 +141,6 @@ def assert_resource_star_only_where_no_resource_level_permissions(statements: li
                 assert st["Condition"] == {"StringEquals": {"cloudwatch:namespace": "SpotTraining"}}, st
                 continue
             if sorted(as_list(st["Action"])) == sorted(a for a in SESSION_MANAGER_ACTIONS if a.startswith("ssmmessages:")):
-                # Session Manager's channels: no resource-level permissions exist (infra.roles).
+                # Session Manager's channels: no resource-level permissions exist (spot_training.infra.roles).
                 continue
             assert all(a.split(":")[1].startswith("Describe") for a in as_list(st["Action"])), st

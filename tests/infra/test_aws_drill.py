@@ -1,4 +1,4 @@
-"""``spot-train drill --aws`` (localmode/aws_drill.py): the orchestration against the moto server over HTTP.
+"""``spot-train drill --aws`` (spot_training/ops/aws_drill.py): the orchestration against the moto server over HTTP.
 
 What moto cannot be here stands in for it, and only that: the cdk CLI (a fake that creates what the
 stack's deploy would, the fleet, its volume, and removes them on destroy), the node's checkpoint pointer
@@ -17,9 +17,9 @@ from pathlib import Path
 import boto3
 import pytest
 
-from infra import preflight
-from localmode.aws_drill import FLEET_TAG, AwsDrill, AwsDrillOptions
-from localmode.cli import main
+from spot_training.infra import preflight
+from spot_training.ops.aws_drill import FLEET_TAG, AwsDrill, AwsDrillOptions
+from spot_training.cli import main
 
 REGION = "us-east-1"
 STACK = "SpotTraining"
@@ -70,7 +70,7 @@ class World:
                                                         "DataVolumeId": self.volume_id}}))
         elif argv[1] == "destroy":
             # Cancelling with TerminateInstances also ends the replacement tagged with the fleet id
-            # (localmode.moto_compat, as on AWS).
+            # (spot_training.local.moto_compat, as on AWS).
             self.ec2.cancel_spot_fleet_requests(SpotFleetRequestIds=[self.fleet_id], TerminateInstances=True)
             self.ec2.delete_volume(VolumeId=self.volume_id)
         return subprocess.CompletedProcess(argv, 0)

@@ -1,5 +1,5 @@
 """checkov over every synthesized template variant (issue 15 item 9): each failed check is fixed or
-acknowledged with a reason in infra/checkov.py, and the gate fails on a new finding."""
+acknowledged with a reason in spot_training/infra/checkov.py, and the gate fails on a new finding."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from infra_helpers import Synth, synth_stack
 
-from infra.checkov import ACKNOWLEDGEMENTS, Finding, run_checkov, unacknowledged, unused
-from infra.config import StackSettings
+from spot_training.infra.checkov import ACKNOWLEDGEMENTS, Finding, run_checkov, unacknowledged, unused
+from spot_training.infra.config import StackSettings
 
 
 @pytest.fixture(scope="module")
@@ -26,11 +26,11 @@ def findings(default_synth: Synth, efs_synth: Synth, pinned_synth: Synth, cluste
 
 def test_checkov_finds_nothing_unacknowledged(findings: list[Finding]) -> None:
     left = unacknowledged(findings)
-    assert not left, "checkov findings neither fixed nor acknowledged in infra/checkov.py:\n" + "\n".join(map(str, left))
+    assert not left, "checkov findings neither fixed nor acknowledged in spot_training/infra/checkov.py:\n" + "\n".join(map(str, left))
 
 
 def test_every_checkov_acknowledgement_still_matches_and_has_a_reason(findings: list[Finding]) -> None:
-    assert not unused(findings), f"stale acknowledgements in infra/checkov.py: {unused(findings)}"
+    assert not unused(findings), f"stale acknowledgements in spot_training/infra/checkov.py: {unused(findings)}"
     for ack in ACKNOWLEDGEMENTS:
         assert len(ack.reason) > 40, ack
 

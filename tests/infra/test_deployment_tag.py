@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from infra_helpers import Synth, launch_template_user_data
 
-from infra.tags import DEPLOYMENT_TAG_KEY
-from infra.userdata import extract_config
+from spot_training.infra.tags import DEPLOYMENT_TAG_KEY
+from spot_training.infra.userdata import extract_config
 
 #: The stack id's UUID part, as the template spells it.
 STACK_UUID = {"Fn::Select": [2, {"Fn::Split": ["/", {"Ref": "AWS::StackId"}]}]}
@@ -28,7 +28,7 @@ def test_adopting_a_retained_volume_creates_none_and_tells_the_agent(tmp_path) -
     import pytest
     from infra_helpers import cfn_lint_errors, synth_stack
 
-    from infra.config import StackSettings
+    from spot_training.infra.config import StackSettings
 
     synth = synth_stack(tmp_path, StackSettings.from_mapping({"adopt_volume_id": "vol-0123456789abcdef0"}))
     synth.template.resource_count_is("AWS::EC2::Volume", 0)

@@ -57,7 +57,7 @@ def test_cli_synth_writes_the_must_show_template(cli_synth: Path) -> None:
     assert sum("spotfleet.amazonaws.com" in p for p in principals) == 1
     assets = json.loads((tmp_path / "SpotTraining.assets.json").read_text())["files"]
     staged = [tmp_path / a["source"]["path"] for a in assets.values() if a["source"].get("packaging") == "zip"]
-    assert any((p / "bootstrap" / "__init__.py").is_file() and (p / "training" / "__init__.py").is_file() for p in staged)
+    assert any((p / "spot_training" / "agent" / "__init__.py").is_file() and (p / "spot_training" / "training" / "__init__.py").is_file() for p in staged)
     assert cfn_lint_errors(template_file) == []
 
 
@@ -105,13 +105,13 @@ def test_cli_synth_with_framework_mxnet_runs_the_gluon_example(tmp_path: Path) -
     from aws_cdk import assertions
     from infra_helpers import launch_template_user_data
 
-    from infra.userdata import extract_config
+    from spot_training.infra.userdata import extract_config
 
     result = _cdk_synth(tmp_path, "framework=mxnet")
     assert result.returncode == 0, result.stderr[-3000:]
     template = assertions.Template.from_json(json.loads((tmp_path / "SpotTraining.template.json").read_text()))
     training = extract_config(launch_template_user_data(template))["training"]
-    assert (training["framework"], training["command"]) == ("mxnet", ["{python}", "training/examples/gluon_resnet.py"])
+    assert (training["framework"], training["command"]) == ("mxnet", ["{python}", "spot_training/training/examples/gluon_resnet.py"])
 
 
 @pytest.mark.slow
@@ -154,7 +154,7 @@ def _node_configs(template_file: Path) -> list[dict]:
     from aws_cdk import assertions
     from infra_helpers import render_intrinsics
 
-    from infra.userdata import extract_config
+    from spot_training.infra.userdata import extract_config
 
     template = assertions.Template.from_json(json.loads(template_file.read_text()))
     found = template.find_resources("AWS::EC2::LaunchTemplate")
@@ -167,7 +167,7 @@ def test_cli_synth_carries_the_checkpoint_cadence_and_poll_interval_to_every_nod
     """`-c checkpoint_every_steps=7` (issue 14, item 2) reaches the node config of the single node and of
     every cluster role; `-c notice_poll_interval_s=2` reaches the cluster nodes too (item 3). The agent
     accepts each config (region as a deploy resolves it)."""
-    from bootstrap.config import parse_config
+    from spot_training.agent.config import parse_config
 
     result = _cdk_synth(tmp_path, "checkpoint_every_steps=7", "checkpoint_every_seconds=600", "notice_poll_interval_s=2")
     assert result.returncode == 0, result.stderr[-3000:]

@@ -14,10 +14,10 @@ from aws_cdk import aws_ec2 as ec2
 from infra_helpers import (Synth, as_list, assert_resource_star_only_where_no_resource_level_permissions, cfn_lint_errors,
                            launch_templates_by_role, render_intrinsics)
 
-from infra.cluster import AGENT_STOP_TIMEOUT_S, ClusterPorts, Framework, ParameterServerCluster
-from infra.cluster_config import CLUSTER_CONTEXT_KEYS, ClusterSettings
-from infra.tags import CLUSTER_MEMBER_TAG_KEY, STACK_TAG_KEY
-from infra.userdata import extract_config
+from spot_training.infra.cluster import AGENT_STOP_TIMEOUT_S, ClusterPorts, Framework, ParameterServerCluster
+from spot_training.infra.cluster_config import CLUSTER_CONTEXT_KEYS, ClusterSettings
+from spot_training.infra.tags import CLUSTER_MEMBER_TAG_KEY, STACK_TAG_KEY
+from spot_training.infra.userdata import extract_config
 
 Match = assertions.Match
 #: Logical ids of the stateful resources: a change here replaces the file system and loses its data.
@@ -245,7 +245,7 @@ def test_cluster_nodes_get_efs_but_no_data_volume_permissions(cluster_synth: Syn
 
 
 def test_only_workers_may_leave_their_fleet_and_only_within_the_stack(cluster_synth: Synth) -> None:
-    """bootstrap.fleet_actions.leave_fleet: ModifySpotFleetRequest + TerminateInstances, tag- and profile-scoped."""
+    """spot_training.agent.fleet_actions.leave_fleet: ModifySpotFleetRequest + TerminateInstances, tag- and profile-scoped."""
     mutating = [s for s in _statements(cluster_synth, "ClusterWorkerRole")
                 if any(a in ("ec2:ModifySpotFleetRequest", "ec2:TerminateInstances") for a in _as_list(s["Action"]))]
     by_action = {a: s for s in mutating for a in _as_list(s["Action"])}
@@ -253,7 +253,7 @@ def test_only_workers_may_leave_their_fleet_and_only_within_the_stack(cluster_sy
     for action, st in by_action.items():
         equals = dict(st["Condition"]["StringEquals"])
         if action == "ec2:TerminateInstances":
-            # ... and only the caller's own instance (infra.roles.TrainingNodeRole.allow_leaving_fleet)
+            # ... and only the caller's own instance (spot_training.infra.roles.TrainingNodeRole.allow_leaving_fleet)
             source = equals.pop("ec2:SourceInstanceARN")
             assert source["Fn::Join"][1][-1].endswith(":instance/${ec2:InstanceID}"), source
         assert equals == {f"aws:ResourceTag/{STACK_TAG_KEY}": "DistributedTraining"}, action
@@ -273,7 +273,7 @@ def test_only_workers_may_leave_their_fleet_and_only_within_the_stack(cluster_sy
 
 
 def test_failed_boots_of_cluster_nodes_are_counted_and_bounded_within_the_stack(cluster_synth: Synth) -> None:
-    """infra/userdata.py boot_failed_script on cluster nodes (issue 12): workers count on their fleet
+    """spot_training/infra/userdata.py boot_failed_script on cluster nodes (issue 12): workers count on their fleet
     request, the scheduler and servers on their Auto Scaling group; at the bound the group's launches are
     suspended and the stack's fleets cancelled. Every write is scoped to the stack's resources and keys."""
     tagged = {f"aws:ResourceTag/{STACK_TAG_KEY}": "DistributedTraining"}
@@ -302,7 +302,7 @@ def test_failed_boots_of_cluster_nodes_are_counted_and_bounded_within_the_stack(
 
 
 def test_only_workers_may_cancel_the_fleet_on_completion_and_only_the_stacks(cluster_synth: Synth) -> None:
-    """bootstrap.fleet_actions.finish_node: a worker cancels its fleet when training completed."""
+    """spot_training.agent.fleet_actions.finish_node: a worker cancels its fleet when training completed."""
     (cancel,) = [s for s in _statements(cluster_synth, "ClusterWorkerRole") if "ec2:CancelSpotFleetRequests" in _as_list(s["Action"])]
     assert cancel["Condition"]["StringEquals"] == {f"aws:ResourceTag/{STACK_TAG_KEY}": "DistributedTraining"}
     assert "spot-fleet-request/*" in json.dumps(cancel["Resource"])
@@ -328,14 +328,14 @@ def test_each_role_gets_its_node_config_with_the_cluster_section(cluster_synth: 
         assert (training["dataset_dir"], training["checkpoint_dir"], training["log_dir"]) == (
             "/mnt/efs/datasets", "/mnt/efs/checkpoints", "/mnt/efs/logs")
         assert training["framework"] == "mxnet"
-        assert training["command"] == ["{python}", "-m", "training.distributed.mxnet_dist"]
+        assert training["command"] == ["{python}", "-m", "spot_training.training.distributed.mxnet_dist"]
         assert training["python"] == "/usr/bin/python3"
 
 
 def test_the_agents_accept_every_role_config(cluster_synth: Synth, cluster_tf_synth: Synth) -> None:
-    """The other side of the contract: bootstrap.config and bootstrap.cluster_state parse what the stack writes."""
-    from bootstrap.cluster_state import settings_from_config
-    from bootstrap.config import parse_config
+    """The other side of the contract: spot_training.agent.config and spot_training.agent.cluster_state parse what the stack writes."""
+    from spot_training.agent.cluster_state import settings_from_config
+    from spot_training.agent.config import parse_config
 
     for synth, region, servers, min_workers, ports in ((cluster_synth, "us-east-1", 2, 1, (9000, 9001, 9002)),
                                                        (cluster_tf_synth, "eu-west-1", 3, 2, (7000, 7100, 7101))):
@@ -356,7 +356,7 @@ def test_tensorflow_cluster_runs_the_pss_chief_with_its_own_python(cluster_tf_sy
         text = _user_data(lt, {**PSEUDO, "AWS::Region": "eu-west-1"})
         config = extract_config(text)
         assert config["training"]["framework"] == "tensorflow"
-        assert config["training"]["command"] == ["{python}", "-m", "training.distributed.tf_pss"]
+        assert config["training"]["command"] == ["{python}", "-m", "spot_training.training.distributed.tf_pss"]
         assert config["training"]["python"] == "/opt/tensorflow/bin/python"
         assert config["stack_name"] == "TfCluster"
         # An interpreter of the user's own: nothing is pip-installed into it.
@@ -440,7 +440,7 @@ def test_ports_collapse_into_contiguous_ranges() -> None:
 
 
 def test_construct_with_an_existing_file_system_and_tensorflow(stack: cdk.Stack) -> None:
-    from infra.filesystem import SharedFileSystem
+    from spot_training.infra.filesystem import SharedFileSystem
 
     vpc = _vpc(stack)
     shared = SharedFileSystem(stack, "Shared", vpc=vpc)
@@ -451,7 +451,7 @@ def test_construct_with_an_existing_file_system_and_tensorflow(stack: cdk.Stack)
     template = assertions.Template.from_stack(stack)
     template.resource_count_is("AWS::EFS::FileSystem", 1)
     template.has_resource_properties("AWS::EC2::SpotFleet", {"SpotFleetRequestConfigData": Match.object_like({"TargetCapacity": 1})})
-    assert cluster.node_configs["scheduler"]["training"]["command"] == ["{python}", "-m", "training.distributed.tf_pss"]
+    assert cluster.node_configs["scheduler"]["training"]["command"] == ["{python}", "-m", "spot_training.training.distributed.tf_pss"]
     assert cluster.node_configs["worker"]["cluster"]["num_servers"] == 1
     text = json.dumps(template.to_json())
     # training_requirements=[]: only the agent's own boto3 fallback install remains.
@@ -473,10 +473,10 @@ def test_cluster_defaults() -> None:
         "DistributedTraining", Framework.MXNET, 2, 2, 1, 8)
     assert (s.scheduler_instance_type, s.server_instance_type) == ("m5.large", "m5.xlarge")
     assert s.ports == ClusterPorts(9000, 9001, 9002)
-    assert s.training_command == ("{python}", "-m", "training.distributed.mxnet_dist")
+    assert s.training_command == ("{python}", "-m", "spot_training.training.distributed.mxnet_dist")
     assert s.training_requirements is None  # the framework's builds per role
     tf = cluster_settings(cluster_framework="tensorflow")
-    assert tf.training_command == ("{python}", "-m", "training.distributed.tf_pss")
+    assert tf.training_command == ("{python}", "-m", "spot_training.training.distributed.tf_pss")
     assert cluster_settings(cluster_training_python="/opt/x/bin/python").training_requirements == ()
     assert cluster_settings(cluster_training_requirements='["mxnet==1.9.1"]').training_requirements == ("mxnet==1.9.1",)
     assert cluster_settings(cluster_training_requirements="[]").training_requirements == ()

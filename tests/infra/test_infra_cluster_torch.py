@@ -11,9 +11,9 @@ import pytest
 from infra_helpers import Synth, cfn_lint_errors, launch_templates_by_role, synth_cluster
 from test_infra_cluster import PSEUDO, _ingress_rules, _render
 
-from infra.cluster import TORCH_COLLECTIVE_PORTS, Framework
-from infra.cluster_config import ClusterSettings
-from infra.userdata import extract_config
+from spot_training.infra.cluster import TORCH_COLLECTIVE_PORTS, Framework
+from spot_training.infra.cluster_config import ClusterSettings
+from spot_training.infra.userdata import extract_config
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +30,7 @@ _templates = launch_templates_by_role
 
 
 def _config(lt: dict[str, Any]):
-    from bootstrap.config import parse_config
+    from spot_training.agent.config import parse_config
 
     return parse_config(extract_config(_render(lt["Properties"]["LaunchTemplateData"]["UserData"]["Fn::Base64"], PSEUDO)))
 
@@ -65,7 +65,7 @@ def test_members_reach_each_other_only_on_the_rendezvous_and_collective_ports(to
 
 
 def test_node_configs_carry_torchrun_settings_the_agents_accept(torch_synth: Synth) -> None:
-    from bootstrap.cluster_state import settings_from_config
+    from spot_training.agent.cluster_state import settings_from_config
 
     for role, lt in _templates(torch_synth).items():
         config = _config(lt)
@@ -74,7 +74,7 @@ def test_node_configs_carry_torchrun_settings_the_agents_accept(torch_synth: Syn
         assert (cluster.num_servers, cluster.min_workers, cluster.max_workers) == (0, 1, 4)
         assert (cluster.scheduler_port, cluster.torch_max_restarts, cluster.torch_shutdown_timeout_s,
                 cluster.torch_nproc_per_node) == (29400, 7, 60.0, 1)
-        assert tuple(config.training.command[-2:]) == ("-m", "training.distributed.torch_ddp")
+        assert tuple(config.training.command[-2:]) == ("-m", "spot_training.training.distributed.torch_ddp")
         # The coordinator's interpreter needs torch for the c10d store; workers get torch too.
         requirements = config.training.venv.requirements
         assert any(r.startswith("torch") for r in requirements), requirements

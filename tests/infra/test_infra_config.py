@@ -1,4 +1,4 @@
-"""Context-key validation (infra.config): every bad value fails with the key, the value and what is allowed."""
+"""Context-key validation (spot_training.infra.config): every bad value fails with the key, the value and what is allowed."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from pathlib import Path
 import aws_cdk as cdk
 import pytest
 
-from infra.config import CONTEXT_KEYS, StackSettings
-from infra.fleet import AllocationStrategy
+from spot_training.infra.config import CONTEXT_KEYS, StackSettings
+from spot_training.infra.fleet import AllocationStrategy
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "infra.md"
 
@@ -158,7 +158,7 @@ def test_docs_list_every_context_key_with_its_default() -> None:
 def test_cdk_json_holds_every_context_key_at_its_default() -> None:
     import json
 
-    from infra.cluster_config import CLUSTER_CONTEXT_KEYS, SHARED_KEYS, ClusterSettings
+    from spot_training.infra.cluster_config import CLUSTER_CONTEXT_KEYS, SHARED_KEYS, ClusterSettings
 
     context = json.loads((DOCS.parents[1] / "cdk.json").read_text())["context"]
     ours = {k: v for k, v in context.items() if not k.startswith("@aws-cdk/")}
@@ -172,8 +172,8 @@ def test_cdk_json_holds_every_context_key_at_its_default() -> None:
 def test_default_instance_types_are_all_supported_by_the_current_deep_learning_base_ami() -> None:
     """No default type may be outside the DLAMI release notes' supported_ec2_instances (docs/infra.md):
     p3 (Volta) fell out with the 580 driver branch, and TensorFlow would train on the CPU there."""
-    from infra.cluster_config import CLUSTER_CONTEXT_KEYS
-    from infra.fleet import DEFAULT_INSTANCE_TYPES, DLAMI_SUPPORTED_FAMILIES, instance_family
+    from spot_training.infra.cluster_config import CLUSTER_CONTEXT_KEYS
+    from spot_training.infra.fleet import DEFAULT_INSTANCE_TYPES, DLAMI_SUPPORTED_FAMILIES, instance_family
 
     worker_defaults = next(k.default for k in CLUSTER_CONTEXT_KEYS if k.name == "cluster_worker_instance_types")
     single_defaults = next(k.default for k in CONTEXT_KEYS if k.name == "instance_types")

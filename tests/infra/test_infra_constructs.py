@@ -9,8 +9,8 @@ from aws_cdk import assertions
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_iam as iam
 
-from infra import AllocationStrategy, SharedFileSystem, SpotFleetRole, SpotTrainingFleet, TrainingNodeRole, TrainingVolume
-from infra.nag import apply_nag
+from spot_training.infra import AllocationStrategy, SharedFileSystem, SpotFleetRole, SpotTrainingFleet, TrainingNodeRole, TrainingVolume
+from spot_training.infra.nag import apply_nag
 
 Match = assertions.Match
 

@@ -3,7 +3,7 @@
 Each stack here is built as app.py builds it, from cdk.json's context plus the `-c` value under test,
 so a default that cdk.json pins (the bug of issue 14: `-c framework=mxnet` kept the Keras command)
 shows. The node config is read back out of the launch template's user data (aws_cdk.assertions finds
-the launch template; infra.userdata.extract_config reads the config as local mode and the agent do).
+the launch template; spot_training.infra.userdata.extract_config reads the config as local mode and the agent do).
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ import aws_cdk as cdk
 import pytest
 from infra_helpers import Synth, launch_template_user_data, synth_stack
 
-from bootstrap.config import parse_config
-from infra.config import FRAMEWORKS, StackSettings
-from infra.userdata import extract_config
+from spot_training.agent.config import parse_config
+from spot_training.infra.config import FRAMEWORKS, StackSettings
+from spot_training.infra.userdata import extract_config
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -48,7 +48,7 @@ def test_framework_mxnet_synthesizes_the_gluon_command_and_installs_mxnet(mxnet_
     text = launch_template_user_data(mxnet_synth.template)
     training = extract_config(text)["training"]
     assert training["framework"] == "mxnet"
-    assert training["command"] == ["{python}", "training/examples/gluon_resnet.py"]
+    assert training["command"] == ["{python}", "spot_training/training/examples/gluon_resnet.py"]
     assert training["python"] == "/usr/bin/python3"
     # The agent builds the framework into a venv on the data volume once (not a pip install at every boot).
     assert training["venv"] == {"requirements": ["mxnet-cu112==1.9.1", "numpy<1.24"], "root": "/dltraining/envs",
@@ -63,7 +63,7 @@ def test_framework_pytorch_synthesizes_the_torch_command_and_installs_the_cuda_b
     config = extract_config(text)
     training = config["training"]
     assert training["framework"] == "pytorch"
-    assert training["command"] == ["{python}", "training/examples/torch_resnet.py"]
+    assert training["command"] == ["{python}", "spot_training/training/examples/torch_resnet.py"]
     assert training["python"] == "/usr/bin/python3"
     # PyPI's Linux x86_64 torch wheel is the CUDA build: no CPU-only index, no TensorFlow, no MXNet.
     assert training["venv"]["requirements"] == ["torch>=2.5,<3", "numpy>=1.26"]
@@ -84,9 +84,9 @@ def test_the_example_each_framework_runs_by_default_is_in_the_repository() -> No
 
 
 @pytest.mark.parametrize("framework,command,requirements", [
-    ("tensorflow", ("{python}", "training/examples/keras_resnet.py"), ("tensorflow[and-cuda]>=2.17,<2.18",)),
-    ("mxnet", ("{python}", "training/examples/gluon_resnet.py"), ("mxnet-cu112==1.9.1", "numpy<1.24")),
-    ("pytorch", ("{python}", "training/examples/torch_resnet.py"), ("torch>=2.5,<3", "numpy>=1.26")),
+    ("tensorflow", ("{python}", "spot_training/training/examples/keras_resnet.py"), ("tensorflow[and-cuda]>=2.17,<2.18",)),
+    ("mxnet", ("{python}", "spot_training/training/examples/gluon_resnet.py"), ("mxnet-cu112==1.9.1", "numpy<1.24")),
+    ("pytorch", ("{python}", "spot_training/training/examples/torch_resnet.py"), ("torch>=2.5,<3", "numpy>=1.26")),
 ])
 def test_each_framework_brings_its_command_and_requirements(framework: str, command: tuple[str, ...],
                                                               requirements: tuple[str, ...]) -> None:

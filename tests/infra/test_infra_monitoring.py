@@ -1,4 +1,4 @@
-"""The SpotTraining stack's monitoring (infra.monitoring.TrainingMonitoring) in synthesized CloudFormation:
+"""The SpotTraining stack's monitoring (spot_training.infra.monitoring.TrainingMonitoring) in synthesized CloudFormation:
 log group, dashboard, alarms, optional SNS topic, scoped IAM; cfn-lint and cdk-nag clean."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import pytest
 from aws_cdk import assertions  # noqa: F401 - Synth.template is an assertions.Template
 from infra_helpers import Synth, cfn_lint_errors, synth_stack
 
-from bootstrap.config import parse_config
-from infra.config import StackSettings
-from infra.userdata import extract_config
+from spot_training.agent.config import parse_config
+from spot_training.infra.config import StackSettings
+from spot_training.infra.userdata import extract_config
 from test_infra_stack import PSEUDO, _user_data
 
 

@@ -11,8 +11,8 @@ from aws_cdk import assertions
 from infra_helpers import (Synth, as_list, assert_resource_star_only_where_no_resource_level_permissions, cfn_lint_errors,
                            render_intrinsics)
 
-from infra.tags import STACK_TAG_KEY
-from infra.userdata import extract_config
+from spot_training.infra.tags import STACK_TAG_KEY
+from spot_training.infra.userdata import extract_config
 
 Match = assertions.Match
 #: Logical ids of the stateful resources: a change here replaces the resource and loses its data.
@@ -197,9 +197,9 @@ def test_bootstrap_asset_holds_agent_and_training_code_only(default_synth: Synth
     assert asset_hash in manifest["files"]
     source = default_synth.outdir / manifest["files"][asset_hash]["source"]["path"]
     files = {p.relative_to(source).as_posix() for p in source.rglob("*") if p.is_file()}
-    assert "bootstrap/__init__.py" in files and "training/__init__.py" in files
+    assert "spot_training/agent/__init__.py" in files and "spot_training/training/__init__.py" in files
     assert not [f for f in files if "__pycache__" in f or f.endswith(".pyc") or "/tests/" in f or f.startswith("tests/")]
-    assert {f.split("/")[0] for f in files} == {"spot_contract", "bootstrap", "training"}
+    assert {"/".join(f.split("/")[:2]) for f in files} == {"spot_training/__init__.py", "spot_training/contract", "spot_training/agent", "spot_training/training"}
 
 
 def test_outputs(default_synth: Synth) -> None:
@@ -304,7 +304,7 @@ def test_extract_config_reads_the_contract_config_from_user_data(default_synth: 
         "training": {
             "framework": "tensorflow",
             "python": "/usr/bin/python3",
-            "command": ["{python}", "training/examples/keras_resnet.py"],
+            "command": ["{python}", "spot_training/training/examples/keras_resnet.py"],
             "user": "ubuntu",
             "dataset_dir": "/dltraining/datasets",
             "checkpoint_dir": "/dltraining/checkpoints",
@@ -329,7 +329,7 @@ def test_user_data_fetches_the_asset_and_starts_the_agent_under_systemd(default_
     assert 'AGENT_PYTHON="${SPOT_TRAINING_AGENT_PYTHON:-/usr/bin/python3}"' in text
     assert 'CODE="$ST_ROOT/opt/spot-training/code"' in text
     assert '"$AGENT_PYTHON" -m zipfile -e "$ST_ROOT/opt/spot-training/bootstrap.zip" "$CODE"' in text
-    assert "ExecStart=${AGENT_PYTHON} -m bootstrap run --config ${ST_ROOT}/etc/spot-training/config.json" in text
+    assert "ExecStart=${AGENT_PYTHON} -m spot_training.agent run --config ${ST_ROOT}/etc/spot-training/config.json" in text
     assert "WorkingDirectory=${CODE}" in text
     assert "Restart=on-failure" in text and "RestartPreventExitStatus=78 74 69" in text
     assert "Environment=SPOT_TRAINING_ON_BOOT_FAILURE=${BOOT_FAILED}" in text
@@ -369,7 +369,7 @@ def test_user_data_runs_and_unpacks_a_real_asset_zip(default_synth: Synth, tmp_p
     out = tmp_path / "code"
     out.mkdir()
     subprocess.run([sys.executable, "-m", "zipfile", "-e", str(archive), str(out)], check=True)
-    assert (out / "bootstrap" / "__init__.py").is_file() and (out / "training" / "__init__.py").is_file()
+    assert (out / "spot_training" / "agent" / "__init__.py").is_file() and (out / "spot_training" / "training" / "__init__.py").is_file()
 
 
 def test_pinned_environment_config_and_capacity(pinned_synth: Synth) -> None:
@@ -452,8 +452,8 @@ def test_efs_utils_is_installed_before_the_agent_starts_only_when_efs_is_on(defa
 
 
 def test_the_agents_config_loader_accepts_every_variant(default_synth: Synth, efs_synth: Synth, pinned_synth: Synth) -> None:
-    """The other side of the contract: bootstrap.config parses what the stack writes."""
-    from bootstrap.config import parse_config
+    """The other side of the contract: spot_training.agent.config parses what the stack writes."""
+    from spot_training.agent.config import parse_config
 
     for synth, region in ((default_synth, "us-east-1"), (efs_synth, "us-east-1"), (pinned_synth, "eu-west-1")):
         config = extract_config(_user_data(synth, {**PSEUDO, "AWS::Region": region}))
@@ -467,7 +467,7 @@ def test_existing_vpc_by_id_and_fixed_image(tmp_path: Path) -> None:
     """vpc_id uses Vpc.from_lookup (CDK's dummy VPC until the CLI fills the lookup cache); image_id skips SSM."""
     from infra_helpers import synth_stack
 
-    from infra.config import StackSettings
+    from spot_training.infra.config import StackSettings
 
     synth = synth_stack(tmp_path, StackSettings.from_mapping({
         "vpc_id": "vpc-0123456789abcdef0", "account": "123456789012", "region": "us-east-1",
@@ -487,7 +487,7 @@ def test_existing_vpc_by_id_and_fixed_image(tmp_path: Path) -> None:
 
 
 def test_move_settings_reach_the_node_config(default_synth: Synth) -> None:
-    from bootstrap.config import parse_config
+    from spot_training.agent.config import parse_config
 
     config = extract_config(_user_data(default_synth, PSEUDO))
     assert (config["volume"]["snapshot_interval_s"], config["volume"]["initialization_rate_mibps"]) == (3600, 300)
@@ -498,7 +498,7 @@ def test_move_settings_reach_the_node_config(default_synth: Synth) -> None:
 def test_pin_to_volume_az_keeps_the_fleet_in_the_volume_az(tmp_path: Path) -> None:
     from infra_helpers import synth_stack
 
-    from infra.config import StackSettings
+    from spot_training.infra.config import StackSettings
 
     synth = synth_stack(tmp_path, StackSettings.from_mapping({"pin_to_volume_az": True,
                                                                "availability_zones": ["us-east-1a", "us-east-1b"]}))
@@ -517,7 +517,7 @@ def test_pin_to_volume_az_keeps_the_fleet_in_the_volume_az(tmp_path: Path) -> No
 def test_fis_experiment_template_only_with_fis_drill(default_synth: Synth, tmp_path: Path) -> None:
     from infra_helpers import synth_stack
 
-    from infra.config import StackSettings
+    from spot_training.infra.config import StackSettings
 
     default_synth.template.resource_count_is("AWS::FIS::ExperimentTemplate", 0)
     assert "FisExperimentTemplateId" not in default_synth.data["Outputs"]
@@ -551,9 +551,9 @@ def test_fis_experiment_template_only_with_fis_drill(default_synth: Synth, tmp_p
 def test_nodes_delete_only_the_agents_bookkeeping_tags(default_synth: Synth) -> None:
     """DeleteTags with no tag list strips every tag, the stack tag included: nodes may delete only the
     agent's bookkeeping tags, and only by naming them."""
-    from bootstrap.config import FAILED_BOOTS_TAG
-    from bootstrap.ebs import CREATED_BY_TAG, MOVE_STATE_TAG, SOURCE_SNAPSHOT_TAG, SOURCE_VOLUME_TAG
-    from bootstrap.lease import LEASE_TAG
+    from spot_training.agent.config import FAILED_BOOTS_TAG
+    from spot_training.agent.ebs import CREATED_BY_TAG, MOVE_STATE_TAG, SOURCE_SNAPSHOT_TAG, SOURCE_VOLUME_TAG
+    from spot_training.agent.lease import LEASE_TAG
 
     delete = [s for s in _policy_statements(default_synth, "NodeRole") if "ec2:DeleteTags" in _as_list(s["Action"])]
     assert delete

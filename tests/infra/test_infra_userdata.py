@@ -1,4 +1,4 @@
-"""infra.userdata.extract_config: pure Python, reads back exactly what the stack wrote."""
+"""spot_training.infra.userdata.extract_config: pure Python, reads back exactly what the stack wrote."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from infra.userdata import CONFIG_BEGIN, CONFIG_END, boot_script, config_block, extract_config, node_config
+from spot_training.infra.userdata import CONFIG_BEGIN, CONFIG_END, boot_script, config_block, extract_config, node_config
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -75,12 +75,12 @@ def test_user_data_is_valid_bash_and_writes_the_config(tmp_path: Path) -> None:
 
 
 def test_importing_extract_config_does_not_load_the_cdk() -> None:
-    code = "import sys, infra.userdata; sys.exit(1 if 'aws_cdk' in sys.modules or 'jsii' in sys.modules else 0)"
+    code = "import sys, spot_training.infra.userdata; sys.exit(1 if 'aws_cdk' in sys.modules or 'jsii' in sys.modules else 0)"
     assert subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT).returncode == 0
 
 
 def test_boto3_requirement_matches_requirements_agent() -> None:
-    from infra.stack import BOTO3_REQUIREMENT
+    from spot_training.infra.stack import BOTO3_REQUIREMENT
 
     lines = [ln.split("#")[0].strip() for ln in (REPO_ROOT / "requirements-agent.txt").read_text().splitlines()]
     assert BOTO3_REQUIREMENT in lines
@@ -90,7 +90,7 @@ def _efs_utils_script(tmp_path: Path, *, helper_present: bool, apt_fails: bool,
                       local_mode: bool = False) -> tuple[subprocess.CompletedProcess, list[str]]:
     """Run the efs-utils step with real bash under set -euo pipefail; apt-get, git, sleep are stubs
     that log their calls (nothing is installed or downloaded)."""
-    from infra.userdata import efs_utils_install_commands
+    from spot_training.infra.userdata import efs_utils_install_commands
 
     bin_dir, log = tmp_path / "bin", tmp_path / "calls.log"
     bin_dir.mkdir()
@@ -125,7 +125,7 @@ def test_efs_utils_step_is_retried_then_lets_the_agent_report_exit_78(tmp_path: 
 
 
 def test_efs_utils_step_builds_the_pinned_release_as_the_readme_says(tmp_path: Path) -> None:
-    from infra.userdata import EFS_UTILS_REF, efs_utils_install_commands
+    from spot_training.infra.userdata import EFS_UTILS_REF, efs_utils_install_commands
 
     result, calls = _efs_utils_script(tmp_path, helper_present=False, apt_fails=False)
     assert result.returncode == 0

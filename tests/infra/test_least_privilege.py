@@ -13,8 +13,8 @@ from typing import Any
 import boto3
 from infra_helpers import Synth
 
-from infra.roles import SESSION_MANAGER_ACTIONS
-from infra.userdata import boot_failed_script
+from spot_training.infra.roles import SESSION_MANAGER_ACTIONS
+from spot_training.infra.userdata import boot_failed_script
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -46,10 +46,10 @@ def _operation_names(service: str) -> dict[str, str]:
 
 def used_ec2_actions() -> set[str]:
     """``ec2:<Operation>`` for every EC2 call the node code makes: boto3 client methods, waiters and
-    paginators in bootstrap/ (found with ast), and ``aws ec2 <command>`` in the boot-failure script."""
+    paginators in spot_training/agent/ (found with ast), and ``aws ec2 <command>`` in the boot-failure script."""
     methods, client = _operation_names("ec2")
     used: set[str] = set()
-    for path in (ROOT / "bootstrap").rglob("*.py"):
+    for path in (ROOT / "spot_training" / "agent").rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
                 continue
@@ -58,12 +58,12 @@ def used_ec2_actions() -> set[str]:
                 arg = node.args[0].value
                 used.add(client.get_waiter(arg).config.operation if name == "get_waiter" else methods[arg])
             elif name == "get_waiter" or name == "get_paginator":
-                # bootstrap.ebs.Ebs.wait(waiter_name, ...): the names come from its callers.
+                # spot_training.agent.ebs.Ebs.wait(waiter_name, ...): the names come from its callers.
                 pass
             elif name in methods and name not in ("get_waiter", "get_paginator", "close", "can_paginate"):
                 used.add(methods[name])
-    # The waiter names passed to bootstrap.ebs.Ebs.wait
-    source = (ROOT / "bootstrap" / "ebs.py").read_text()
+    # The waiter names passed to spot_training.agent.ebs.Ebs.wait
+    source = (ROOT / "spot_training" / "agent" / "ebs.py").read_text()
     for waiter in set(re.findall(r'self\.wait\(\s*"([a-z_]+)"', source)):
         used.add(client.get_waiter(waiter).config.operation)
     script = boot_failed_script(region="us-east-1", stack_name="S", volume_tags={"spot-training:stack": "S"},

@@ -1,4 +1,4 @@
-"""``spot-train preflight`` (infra/preflight.py) against a real moto server over HTTP, and, for the two
+"""``spot-train preflight`` (spot_training/infra/preflight.py) against a real moto server over HTTP, and, for the two
 APIs moto 5.2 does not answer for EC2 (Service Quotas' ec2 codes, GetSpotPlacementScores), against
 botocore's Stubber with AWS's documented response shapes. What moto cannot answer must come out
 ``unknown`` with exit code 3, never as a pass."""
@@ -12,8 +12,8 @@ import boto3
 import pytest
 from botocore.stub import Stubber
 
-from infra import preflight
-from localmode.cli import main
+from spot_training.infra import preflight
+from spot_training.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
 REGION = "us-east-1"

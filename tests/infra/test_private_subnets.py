@@ -8,8 +8,8 @@ import json
 import pytest
 from infra_helpers import Synth, cfn_lint_errors, synth_cluster, synth_stack
 
-from infra.cluster_config import ClusterSettings
-from infra.config import StackSettings
+from spot_training.infra.cluster_config import ClusterSettings
+from spot_training.infra.config import StackSettings
 
 #: The interface endpoints' service name suffixes (com.amazonaws.<region>.<suffix>).
 INTERFACE_SERVICES = {"ec2", "ssm", "ssmmessages", "ec2messages", "logs", "monitoring", "elasticfilesystem"}

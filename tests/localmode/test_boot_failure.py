@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from infra.userdata import BOOT_ERROR_TAG, DEFAULT_MAX_FAILED_BOOTS, FAILED_BOOTS_TAG
-from localmode.deploy import CdkCli, clients, local_context, stack_resources
-from localmode.drill import bootstrap_and_deploy
-from localmode.moto_server import MotoServer
-from localmode.nodes import NodeRunner
+from spot_training.infra.userdata import BOOT_ERROR_TAG, DEFAULT_MAX_FAILED_BOOTS, FAILED_BOOTS_TAG
+from spot_training.local.deploy import CdkCli, clients, local_context, stack_resources
+from spot_training.local.drill import bootstrap_and_deploy
+from spot_training.local.moto_server import MotoServer
+from spot_training.local.nodes import NodeRunner
 
 BROKEN = "no-such-package-xyz==1.0"
 

@@ -1,4 +1,4 @@
-"""localmode.cfn_compat against a real moto server over HTTP (the session server of tests/conftest.py).
+"""spot_training.local.cfn_compat against a real moto server over HTTP (the session server of tests/conftest.py).
 
 Each test deploys a small CloudFormation template with boto3 ``create_stack`` and checks with boto3
 what exists, then deletes the stack and checks what is gone.
@@ -12,7 +12,7 @@ import boto3
 import pytest
 from botocore.config import Config
 
-from localmode.cfn_compat import deletion_order, references
+from spot_training.local.cfn_compat import deletion_order, references
 
 REGION = "us-east-1"
 IMAGE_ID = "ami-0123456789abcdef0"  # moto does not validate AMI ids
@@ -186,7 +186,7 @@ def test_references_reads_ref_getatt_and_sub():
 
 @pytest.mark.parametrize("endpoint", ["http://10.0.0.5:5000", "https://127.0.0.1:5000", "127.0.0.1:5000"])
 def test_fails_when_endpoint_is_not_loopback_http(endpoint, tmp_path):
-    from localmode import cfn_compat
+    from spot_training.local import cfn_compat
 
     with pytest.raises(ValueError, match="endpoint_url must be http://127.0.0.1:PORT"):
         cfn_compat.apply(endpoint_url=endpoint, work_dir=tmp_path)
@@ -220,7 +220,7 @@ def test_cancel_with_terminate_stops_replacements_launched_for_the_fleet(moto_se
 
 
 def test_a_second_cancel_of_the_same_fleet_succeeds_and_changes_nothing(moto_server):
-    """Two cluster workers that finish together both cancel their fleet (bootstrap.cleanup.cancel_own_fleet
+    """Two cluster workers that finish together both cancel their fleet (spot_training.agent.cleanup.cancel_own_fleet
     reads the state, then cancels): the later call must not answer HTTP 500 (it did: KeyError in the bridge)."""
     cloudformation, ec2 = _client(moto_server, "cloudformation"), _client(moto_server, "ec2")
     cloudformation.create_stack(StackName="CfnCompatCancelTwice", TemplateBody=json.dumps(_fleet_template()))
@@ -265,7 +265,7 @@ def test_efs_refs_and_attributes_resolve_and_the_file_system_is_deleted_with_the
 
 
 def test_update_and_delete_after_the_agent_cancelled_the_fleet_on_completion_succeed(moto_server):
-    """The agent cancels its own fleet when training completes (bootstrap.cleanup.cancel_own_fleet, with
+    """The agent cancels its own fleet when training completes (spot_training.agent.cleanup.cancel_own_fleet, with
     TerminateInstances). A later stack update (here: new user data, a new launch template version the
     fleet's Version follows) and the stack's deletion must still complete and leave nothing behind.
     moto keeps the cancelled fleet's physical id on that update instead of replacing the fleet as

@@ -1,5 +1,5 @@
 """How the cluster drill boots its nodes, without a deployed stack: each node runs its own role's launch
-template user data through localmode.node_init (docs/localmode.md, "The boot script"), with the shared
+template user data through spot_training.local.node_init (docs/localmode.md, "The boot script"), with the shared
 EFS directory as its ``/mnt/efs``, and a boot step that fails reports and shuts the node down.
 
 Launch templates and instances live in the session's moto server (tests/conftest.py); the nodes run on
@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from infra.userdata import BOOT_ERROR_TAG, boot_script, config_block
-from localmode.cluster_drill import ClusterNodeRunner, DeployedCluster
-from localmode.deploy import FLEET_TAG, DeployedStack, clients
-from localmode.netns import Network
-from localmode.nodes import NodeError
+from spot_training.infra.userdata import BOOT_ERROR_TAG, boot_script, config_block
+from spot_training.local.cluster_drill import ClusterNodeRunner, DeployedCluster
+from spot_training.local.deploy import FLEET_TAG, DeployedStack, clients
+from spot_training.local.netns import Network
+from spot_training.local.nodes import NodeError
 
 ROLES = ("scheduler", "server", "worker")
 
@@ -30,7 +30,7 @@ def _config(role: str) -> dict:
         "schema_version": 1, "region": "us-east-1", "stack_name": "DistributedTraining", "node_role": role,
         "volume": {"mount_point": "/dltraining"},
         "efs": {"file_system_id": "fs-1", "access_point_id": "fsap-1", "mount_point": "/mnt/efs"},
-        "training": {"python": "/usr/bin/python3", "command": ["{python}", "-m", "training.distributed.mxnet_dist"],
+        "training": {"python": "/usr/bin/python3", "command": ["{python}", "-m", "spot_training.training.distributed.mxnet_dist"],
                      "dataset_dir": "/mnt/efs/datasets", "checkpoint_dir": "/mnt/efs/checkpoints",
                      "log_dir": "/mnt/efs/logs", "code": {"type": "asset", "path": "/opt/spot-training/code"}},
         "cluster": {"state_dir": "/mnt/efs/cluster", "num_servers": 1, "scheduler_port": 9000, "server_port": 9001,

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from localmode.cluster_drill import ClusterDrillOptions, run_cluster_drill
-from localmode.drill import framework_python
+from spot_training.local.cluster_drill import ClusterDrillOptions, run_cluster_drill
+from spot_training.local.drill import framework_python
 
 STEPS = 800
 

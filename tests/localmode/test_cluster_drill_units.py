@@ -1,4 +1,4 @@
-"""localmode.cluster_drill's pieces without a cluster: options, the loopback port offset of a cluster node,
+"""spot_training.local.cluster_drill's pieces without a cluster: options, the loopback port offset of a cluster node,
 membership counting, the pass rule, the CLI's --cluster option errors."""
 
 from __future__ import annotations
@@ -9,19 +9,19 @@ import sys
 
 import pytest
 
-from localmode.cli import main
-from bootstrap.config import load_config, with_port_offset, with_root
-from bootstrap.errors import ConfigError
-from infra.userdata import node_config
-from localmode.cluster_drill import ClusterDrillOptions, cluster_passed, membership_changes, world_size_changes, \
+from spot_training.cli import main
+from spot_training.agent.config import load_config, with_port_offset, with_root
+from spot_training.agent.errors import ConfigError
+from spot_training.infra.userdata import node_config
+from spot_training.local.cluster_drill import ClusterDrillOptions, cluster_passed, membership_changes, world_size_changes, \
     world_size_generations
-from localmode.drill import REPO_ROOT
+from spot_training.local.drill import REPO_ROOT
 
 DEPLOYED = {
     "schema_version": 1, "region": "us-east-1", "stack_name": "DistributedTraining", "node_role": "worker",
     "volume": {"mount_point": "/dltraining"},
     "efs": {"file_system_id": "fs-1", "access_point_id": "fsap-1", "mount_point": "/mnt/efs"},
-    "training": {"python": "/usr/bin/python3", "command": ["{python}", "-m", "training.distributed.mxnet_dist"],
+    "training": {"python": "/usr/bin/python3", "command": ["{python}", "-m", "spot_training.training.distributed.mxnet_dist"],
                  "dataset_dir": "/mnt/efs/datasets", "checkpoint_dir": "/mnt/efs/checkpoints", "log_dir": "/mnt/efs/logs",
                  "code": {"type": "asset", "path": "/opt/spot-training/code"}},
     "cluster": {"state_dir": "/mnt/efs/cluster", "num_servers": 1, "scheduler_port": 9000, "server_port": 9001,
@@ -39,12 +39,12 @@ def test_the_port_offset_moves_only_the_cluster_ports_as_the_agent_loads_the_con
     assert config["efs"] == {**DEPLOYED["efs"], "mount_point": f"{tmp_path}/root/mnt/efs"}
     assert DEPLOYED["cluster"]["worker_port"] == 9002  # the input is not changed
     assert with_port_offset(DEPLOYED, None) is DEPLOYED and with_port_offset(DEPLOYED, "") is DEPLOYED
-    # The agent's own loading: a config as the stack writes it (infra.userdata.node_config).
+    # The agent's own loading: a config as the stack writes it (spot_training.infra.userdata.node_config).
     path = tmp_path / "config.json"
     path.write_text(json.dumps(node_config(
         region="us-east-1", stack_name="DistributedTraining",
         volume_tags={"spot-training:stack": "DistributedTraining", "spot-training:purpose": "data-volume"},
-        framework="mxnet", python="/usr/bin/python3", command=["{python}", "-m", "training.distributed.mxnet_dist"],
+        framework="mxnet", python="/usr/bin/python3", command=["{python}", "-m", "spot_training.training.distributed.mxnet_dist"],
         node_role="worker", data_root="/mnt/efs", cluster=DEPLOYED["cluster"],
         efs={"file_system_id": "fs-0123abcd", "access_point_id": "fsap-0123abcd", "mount_point": "/mnt/efs"})))
     loaded = load_config(path, root=tmp_path / "root", port_offset="30")
@@ -113,7 +113,7 @@ def test_cli_cluster_drill_rejects_bad_options_before_starting_anything(tmp_path
 
 def test_the_deployed_trainer_command_carries_the_step_count():
     options = ClusterDrillOptions(steps=123)
-    assert options.trainer_command()[:5] == ["{python}", "-m", "training.distributed.mxnet_dist", "--steps", "123"]
+    assert options.trainer_command()[:5] == ["{python}", "-m", "spot_training.training.distributed.mxnet_dist", "--steps", "123"]
     context = options.context()
     assert context["cluster_framework"] == "mxnet" and context["cluster_training_requirements"] == "[]"
     assert context["cluster_workers"] == "2"
@@ -121,7 +121,7 @@ def test_the_deployed_trainer_command_carries_the_step_count():
 
 def test_pytorch_cluster_drill_deploys_torchelastic_with_its_own_interpreter():
     options = ClusterDrillOptions(framework="pytorch", steps=321)
-    assert options.trainer_command()[:5] == ["{python}", "-m", "training.distributed.torch_ddp", "--steps", "321"]
+    assert options.trainer_command()[:5] == ["{python}", "-m", "spot_training.training.distributed.torch_ddp", "--steps", "321"]
     context = options.context()
     assert context["cluster_framework"] == "pytorch"
     assert context["cluster_training_python"] == str(REPO_ROOT / ".venv-torch" / "bin" / "python")
@@ -134,7 +134,7 @@ def test_pytorch_cluster_drill_deploys_torchelastic_with_its_own_interpreter():
 
 
 def test_cluster_drill_refuses_an_unknown_framework_and_a_missing_environment(monkeypatch, tmp_path):
-    import localmode.drill as drill
+    import spot_training.local.drill as drill
 
     with pytest.raises(ValueError, match="framework must be one of mxnet, pytorch, got 'tensorflow'"):
         ClusterDrillOptions(framework="tensorflow").validate()

@@ -42,7 +42,7 @@ def test_single_node_drill_survives_an_interruption_with_an_az_move(tmp_path):
     env["PYTHONUNBUFFERED"] = "1"
     # Through the console script's entry point, as `make demo` runs it (but shorter: 12 epochs, one interruption).
     completed = subprocess.run(
-        [sys.executable, "-c", "import sys; from localmode.cli import main; sys.exit(main())",
+        [sys.executable, "-c", "import sys; from spot_training.cli import main; sys.exit(main())",
          "local", "drill", "--work-dir", str(work), "--interruptions", "1", "--az-moves", "1", "--epochs", "12"],
         cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=1100,
     )
@@ -107,14 +107,14 @@ def test_local_up_status_down_leaves_nothing(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
 
     def spot_train(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-c", "import sys; from localmode.cli import main; sys.exit(main())", *args],
+        return subprocess.run([sys.executable, "-c", "import sys; from spot_training.cli import main; sys.exit(main())", *args],
                               cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=800)
 
     up = spot_train("local", "up", "--work-dir", str(work))
     state = json.loads((work / "state.json").read_text())
     try:
         assert up.returncode == 0, up.stdout[-2000:] + up.stderr[-2000:]
-        # The live local stack through the same code as a deployed one (localmode.operations).
+        # The live local stack through the same code as a deployed one (spot_training.ops.operations).
         status = spot_train("status", "--work-dir", str(work), "--json")
         assert status.returncode == 0, status.stderr
         live = json.loads(status.stdout)
@@ -122,7 +122,7 @@ def test_local_up_status_down_leaves_nothing(tmp_path):
         assert live["fleet"]["state"] == "active" and live["fleet"]["id"] == state["fleet_request_id"]
         assert [i["state"] for i in live["instances"]] == ["running"]
         assert [v["availability_zone"] for v in live["data_volume"]] == ["us-east-1a"]
-        assert len(live["alarms"]) == 4  # the stack's alarms exist in the local AWS (localmode.cfn_compat)
+        assert len(live["alarms"]) == 4  # the stack's alarms exist in the local AWS (spot_training.local.cfn_compat)
     finally:
         down = spot_train("local", "down", "--work-dir", str(work))
     assert down.returncode == 0, down.stdout[-2000:] + down.stderr[-2000:]

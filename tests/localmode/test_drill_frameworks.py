@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from test_drill import _processes_mentioning
 
-from localmode.drill import DRILL_FRAMEWORKS, DrillOptions
+from spot_training.local.drill import DRILL_FRAMEWORKS, DrillOptions
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT = DrillOptions()
@@ -30,7 +30,7 @@ def _run_drill(work: Path, framework: str) -> tuple[subprocess.CompletedProcess[
     env["PYTHONUNBUFFERED"] = "1"
     # Through the console script's entry point, as `make demo` runs it, with make demo's defaults.
     completed = subprocess.run(
-        [sys.executable, "-c", "import sys; from localmode.cli import main; sys.exit(main())",
+        [sys.executable, "-c", "import sys; from spot_training.cli import main; sys.exit(main())",
          "local", "drill", "--work-dir", str(work), "--framework", framework],
         cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=1700,
     )
@@ -81,7 +81,7 @@ def test_pytorch_drill_passes_every_demo_check(tmp_path: Path) -> None:
     assert python.is_file(), f"{python} is missing: the PyTorch environment .venv-torch/ is made by `make setup`"
     work = tmp_path / "drill-pytorch"
     completed, report = _run_drill(work, "pytorch")
-    _assert_every_demo_check(completed, report, work, "pytorch", "training/examples/torch_resnet.py")
+    _assert_every_demo_check(completed, report, work, "pytorch", "spot_training/training/examples/torch_resnet.py")
 
 
 @pytest.mark.slow
@@ -89,4 +89,4 @@ def test_pytorch_drill_passes_every_demo_check(tmp_path: Path) -> None:
 def test_mxnet_drill_passes_every_demo_check(tmp_path: Path) -> None:
     work = tmp_path / "drill-mxnet"
     completed, report = _run_drill(work, "mxnet")
-    _assert_every_demo_check(completed, report, work, "mxnet", "training/examples/gluon_resnet.py")
+    _assert_every_demo_check(completed, report, work, "mxnet", "spot_training/training/examples/gluon_resnet.py")

@@ -13,10 +13,10 @@ import boto3
 import pytest
 from botocore.config import Config
 
-from localmode.cli import ProgressDisplay, format_report, main
-from localmode.deploy import cli_env, find_orphans, local_context
-from localmode.drill import DrillOptions, az_plan, passed, weights_match
-from localmode.injector import latest_checkpoint, read_training_log
+from spot_training.cli import ProgressDisplay, format_report, main
+from spot_training.local.deploy import cli_env, find_orphans, local_context
+from spot_training.local.drill import DrillOptions, az_plan, passed, weights_match
+from spot_training.local.injector import latest_checkpoint, read_training_log
 
 def test_az_plan_moves_as_asked():
     zones = ["us-east-1a", "us-east-1b"]
@@ -142,7 +142,7 @@ def test_local_context_and_cli_env(tmp_path):
 
 
 def test_find_orphans_sees_each_kind_and_ignores_others(moto_server):
-    from localmode.deploy import clients
+    from spot_training.local.deploy import clients
 
     aws = clients(moto_server.endpoint_url)
     tags = [{"Key": "spot-training:stack", "Value": "Drill"}]
@@ -184,12 +184,12 @@ def test_down_fails_when_nothing_is_up(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("framework, script, option", [
-    ("tensorflow", "training/examples/keras_resnet.py", "--save-final-weights"),
-    ("mxnet", "training/examples/gluon_resnet.py", "--save-final-params"),
-    ("pytorch", "training/examples/torch_resnet.py", "--save-final-weights"),
+    ("tensorflow", "spot_training/training/examples/keras_resnet.py", "--save-final-weights"),
+    ("mxnet", "spot_training/training/examples/gluon_resnet.py", "--save-final-params"),
+    ("pytorch", "spot_training/training/examples/torch_resnet.py", "--save-final-weights"),
 ])
 def test_drill_runs_the_command_the_stack_derives_from_the_framework(framework, script, option):
-    from infra.config import StackSettings
+    from spot_training.infra.config import StackSettings
 
     options = DrillOptions(framework=framework, epochs=3, seed=4)
     args = options.trainer_args()
@@ -202,14 +202,14 @@ def test_drill_runs_the_command_the_stack_derives_from_the_framework(framework, 
 def test_drill_trainer_python_per_framework():
     import sys
 
-    from localmode.drill import REPO_ROOT
+    from spot_training.local.drill import REPO_ROOT
 
     assert DrillOptions().trainer_python == DrillOptions(framework="mxnet").trainer_python == sys.executable
     assert DrillOptions(framework="pytorch").trainer_python == str(REPO_ROOT / ".venv-torch" / "bin" / "python")
 
 
 def test_drill_refuses_an_unknown_framework_and_a_missing_environment(monkeypatch, tmp_path):
-    import localmode.drill as drill
+    import spot_training.local.drill as drill
 
     with pytest.raises(ValueError, match="framework must be one of tensorflow, mxnet, pytorch, got 'jax'"):
         DrillOptions(framework="jax").validate()

@@ -1,4 +1,4 @@
-"""Local mode's node init (localmode/node_init.py) and the config root rule local nodes rely on."""
+"""Local mode's node init (spot_training/local/node_init.py) and the config root rule local nodes rely on."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from bootstrap.config import with_root
-from localmode.node_init import STANDINS_DIR, parse_unit, run_unit, _Stop
+from spot_training.agent.config import with_root
+from spot_training.local.node_init import STANDINS_DIR, parse_unit, run_unit, _Stop
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -63,7 +63,7 @@ UNIT
 systemctl daemon-reload && systemctl enable --now a.service
 """)
     env = dict(os.environ, SPOT_TRAINING_ROOT=str(root))
-    done = subprocess.run([sys.executable, "-m", "localmode.node_init", "--user-data", str(user_data)], cwd=REPO,
+    done = subprocess.run([sys.executable, "-m", "spot_training.local.node_init", "--user-data", str(user_data)], cwd=REPO,
                           env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stdout + done.stderr
     assert (tmp_path / "out").read_text().strip() == "started-by-init"
@@ -73,7 +73,7 @@ systemctl daemon-reload && systemctl enable --now a.service
 def test_node_init_starts_nothing_when_the_user_data_fails(tmp_path: Path) -> None:
     user_data = tmp_path / "user-data"
     user_data.write_text("systemctl enable --now a.service\nshutdown -h now\nexit 1\n")
-    done = subprocess.run([sys.executable, "-m", "localmode.node_init", "--user-data", str(user_data)], cwd=REPO,
+    done = subprocess.run([sys.executable, "-m", "spot_training.local.node_init", "--user-data", str(user_data)], cwd=REPO,
                           env=dict(os.environ, SPOT_TRAINING_ROOT=str(tmp_path / "root")), capture_output=True,
                           text=True, timeout=60)
     assert done.returncode == 1

@@ -1,4 +1,4 @@
-"""``spot-train status | logs | cost`` (localmode.operations) against the moto server over HTTP: what
+"""``spot-train status | logs | cost`` (spot_training.ops.operations) against the moto server over HTTP: what
 the agent's publisher puts is what the CLI reads back; the hang alarm evaluated as CloudWatch would;
 a stack that does not exist; the Price List API unreachable."""
 
@@ -15,10 +15,10 @@ import boto3
 import pytest
 from botocore.config import Config
 
-from bootstrap.config import MonitoringConfig
-from bootstrap.publish import Publisher
-from localmode import operations as ops
-from localmode.cli import main
+from spot_training.agent.config import MonitoringConfig
+from spot_training.agent.publish import Publisher
+from spot_training.ops import operations as ops
+from spot_training.cli import main
 
 STACK = "OpsTest"
 GROUP = f"/spot-training/{STACK}"
@@ -81,8 +81,8 @@ def _node(tmp_path: Path, server, instance_id: str, az: str, clock=time.time, bo
 
 @pytest.fixture
 def agent_logger():
-    logger = logging.getLogger("bootstrap.ops-test")
-    root = logging.getLogger("bootstrap")
+    logger = logging.getLogger("spot_training.agent.ops-test")
+    root = logging.getLogger("spot_training.agent")
     before = root.level
     root.setLevel(logging.INFO)
     yield logger
@@ -112,7 +112,7 @@ def test_what_the_agents_publish_is_what_status_logs_and_cost_read_back(moto_ser
     # Node 1 ran three minutes ago: one instance at a time, so the two nodes' points fall in different periods.
     node1 = _node(tmp_path, moto_server, first, "us-east-1a", clock=FakeClock(now - 180))
     handler = node1.log_handler()
-    logging.getLogger("bootstrap").addHandler(handler)
+    logging.getLogger("spot_training.agent").addHandler(handler)
     try:
         agent_logger.info("instance identity", extra={"instance_id": first, "availability_zone": "us-east-1a"})
         _write_rows(node1.log_dir, [(s, 2.0 / s, now - 180) for s in range(1, 51)])
@@ -123,11 +123,11 @@ def test_what_the_agents_publish_is_what_status_logs_and_cost_read_back(moto_ser
         (node1.checkpoint_dir / "LATEST").write_text(json.dumps({"step": 50}))
         node1.round(final=True)  # the agent's last round, after its trainer exited
     finally:
-        logging.getLogger("bootstrap").removeHandler(handler)
+        logging.getLogger("spot_training.agent").removeHandler(handler)
     # Node 2 (another AZ): the volume moved there, training resumes at 51 and goes on to 120.
     node2 = _node(tmp_path, moto_server, second, "us-east-1b", clock=FakeClock(now), boot_time=now - 20)
     handler = node2.log_handler()
-    logging.getLogger("bootstrap").addHandler(handler)
+    logging.getLogger("spot_training.agent").addHandler(handler)
     try:
         agent_logger.info("instance identity", extra={"instance_id": second, "availability_zone": "us-east-1b"})
         agent_logger.info("new volume attached and its device present", extra={"event": "copy_verified"})
@@ -136,7 +136,7 @@ def test_what_the_agents_publish_is_what_status_logs_and_cost_read_back(moto_ser
         node2.add_line("trainer says hello")
         node2.round()
     finally:
-        logging.getLogger("bootstrap").removeHandler(handler)
+        logging.getLogger("spot_training.agent").removeHandler(handler)
     target = ("--stack", STACK, "--endpoint-url", moto_server.endpoint_url, "--region", "us-east-1")
 
     code, out, err = _run(capsys, "status", *target, "--json")
@@ -237,7 +237,7 @@ def hang_alarm() -> dict:
     import aws_cdk as cdk
     from aws_cdk import assertions
 
-    from infra.monitoring import RETENTION_DAYS, TrainingMonitoring
+    from spot_training.infra.monitoring import RETENTION_DAYS, TrainingMonitoring
 
     app = cdk.App()
     stack = cdk.Stack(app, STACK)

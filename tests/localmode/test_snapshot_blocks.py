@@ -1,4 +1,4 @@
-"""The local EBS data plane's incremental-snapshot model (localmode/moto_compat.py, ``snapshot_blocks``)
+"""The local EBS data plane's incremental-snapshot model (spot_training/local/moto_compat.py, ``snapshot_blocks``)
 over HTTP, and the move benchmark built on it (bench/bench_move.py)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 import boto3
 import pytest
 
-from localmode.moto_compat import SNAPSHOT_BLOCK_BYTES, snapshot_blocks
+from spot_training.local.moto_compat import SNAPSHOT_BLOCK_BYTES, snapshot_blocks
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -1,7 +1,7 @@
 """Fixtures for the MXNet Gluon tests (this directory runs in its own pytest process: MXNet 1.9.1
 segfaults when TensorFlow was imported first, see the Makefile's `test` target).
 
-Training runs in subprocesses of ``training/examples/gluon_resnet.py`` with small settings (90 steps
+Training runs in subprocesses of ``spot_training/training/examples/gluon_resnet.py`` with small settings (90 steps
 of batch 32 on the 8x8 digits, about 3 s each), with ``OMP_NUM_THREADS=1`` as the example sets it.
 """
 

@@ -3,11 +3,11 @@
     DMLC_ROLE=worker DMLC_PS_ROOT_URI=... python dist_init_job.py CHECKPOINT_DIR
 
 Builds the model with known input sizes (no deferred initialization), restores through
-:class:`training.mxnet_adapter.GluonCheckpointer` as a training script does (an empty directory: the
+:class:`spot_training.training.mxnet_adapter.GluonCheckpointer` as a training script does (an empty directory: the
 restore finds nothing and only broadcasts rank 0's parameters), runs one step on a batch drawn from
 its rank, and prints one JSON line ``{"rank", "sha256"}`` over every parameter after the update.
 Many layers mean many kvstore keys, each one a chance for the broadcast pull to lose the race
-against the first gradient push (training/mxnet_adapter.sync_distributed_parameters).
+against the first gradient push (spot_training/training/mxnet_adapter.sync_distributed_parameters).
 """
 
 import hashlib
@@ -22,8 +22,8 @@ import numpy as np  # noqa: E402
 from mxnet import autograd, gluon  # noqa: E402
 from mxnet.gluon import nn  # noqa: E402
 
-from training.mxnet_adapter import GluonCheckpointer  # noqa: E402
-from training.notice import NoticeHandler  # noqa: E402
+from spot_training.training.mxnet_adapter import GluonCheckpointer  # noqa: E402
+from spot_training.training.notice import NoticeHandler  # noqa: E402
 
 LAYERS = 20
 GLOBAL_BATCH = 64

@@ -1,4 +1,4 @@
-"""Helpers for the MXNet Gluon tests: one training job of ``training/examples/gluon_resnet.py`` in a
+"""Helpers for the MXNet Gluon tests: one training job of ``spot_training/training/examples/gluon_resnet.py`` in a
 subprocess, its CSV step log, and parameter comparisons. No MXNet import here (the subprocesses have it).
 """
 
@@ -17,7 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: job_help
 from job_helpers import REPO, TrainingJob, load_npz  # noqa: E402
 from job_helpers import assert_bitwise_equal as _assert_bitwise_equal  # noqa: E402
 
-EXAMPLE = REPO / "training" / "examples" / "gluon_resnet.py"
+EXAMPLE = REPO / "spot_training" / "training" / "examples" / "gluon_resnet.py"
 TOTAL_STEPS = 90
 SAVE_EVERY = 20
 SEED = 7

@@ -1,4 +1,4 @@
-"""An elastic MXNet ``dist_sync`` cluster on one machine: real agents (``python -m bootstrap run``), the
+"""An elastic MXNet ``dist_sync`` cluster on one machine: real agents (``python -m spot_training.agent run``), the
 ps-lite scheduler, 2 servers and 2-3 workers as real processes, each node in its own network namespace
 (tests/cluster/cluster_harness.py), EFS as a shared directory, the 8x8 digits.
 
@@ -36,7 +36,7 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory, digits_dir, network):
     c = Cluster(tmp_path_factory.mktemp("mxnet-cluster"), network, framework="mxnet", data_dir=digits_dir,
-                trainer_module="training.distributed.mxnet_dist",
+                trainer_module="spot_training.training.distributed.mxnet_dist",
                 trainer_args=["--steps", str(TOTAL_STEPS), "--batch-size", "64", "--save-every-steps",
                               str(SAVE_EVERY), "--min-step-seconds", "0.04"],
                 heartbeat_timeout_s=HEARTBEAT_TIMEOUT_S, debounce_s=2.0, kill_grace_s=3.0)

@@ -3,7 +3,7 @@
 A ps-lite scheduler, one server and two workers run as real processes on loopback
 (tests/mxnet/dist_init_job.py). MXNet 1.9.1's Gluon Trainer broadcasts rank 0's parameters inside its
 first ``step()`` and pushes the first gradients right after, unordered with that pull; a worker whose
-pull loses the race takes the summed gradients as weights (training/mxnet_adapter.py,
+pull loses the race takes the summed gradients as weights (spot_training/training/mxnet_adapter.py,
 ``sync_distributed_parameters``, which ``GluonCheckpointer.restore`` calls). The race needs a loaded
 machine: 6 trials (24 processes) run at once on the 2 cores. Without the fix, 19 of 48 such trials
 ended with two different weight digests (this test failed 2 runs out of 2): 12 trials all miss the

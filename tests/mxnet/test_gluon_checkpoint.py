@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 from mxnet import autograd, gluon
 
-from training.examples.gluon_resnet import build_net
-from training.mxnet_adapter import (PARAMS_FILE, TRAINER_FILE, WRITER_NICE, GluonCheckpointer, GluonState,
+from spot_training.training.examples.gluon_resnet import build_net
+from spot_training.training.mxnet_adapter import (PARAMS_FILE, TRAINER_FILE, WRITER_NICE, GluonCheckpointer, GluonState,
                                    StatesPickler, sync_distributed_parameters)
-from training.notice import NoticeHandler
-from training.store import (
+from spot_training.training.notice import NoticeHandler
+from spot_training.training.store import (
     CheckpointError,
     CheckpointPathError,
     CheckpointStore,

@@ -14,9 +14,9 @@ import pytest
 from mxnet import autograd, gluon
 from mxnet.gluon import nn
 
-from training.mxnet_adapter import GluonCheckpointer
-from training.notice import NoticeHandler
-from training.store import CheckpointStore
+from spot_training.training.mxnet_adapter import GluonCheckpointer
+from spot_training.training.notice import NoticeHandler
+from spot_training.training.store import CheckpointStore
 
 pytestmark = pytest.mark.mxnet
 

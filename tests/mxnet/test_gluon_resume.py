@@ -1,6 +1,6 @@
 """Real MXNet training interrupted by real signals, resumed, compared bitwise with an uninterrupted run.
 
-Each trainer is ``training/examples/gluon_resnet.py`` in its own process (90 steps, checkpoints every
+Each trainer is ``spot_training/training/examples/gluon_resnet.py`` in its own process (90 steps, checkpoints every
 20 steps, seed 7). The interruption step is random; its value is in the assertion messages.
 """
 
@@ -13,7 +13,7 @@ import signal
 import pytest
 from gluon_jobs import SAVE_EVERY, TOTAL_STEPS, assert_bitwise_equal, load_params
 
-from training.store import CheckpointStore
+from spot_training.training.store import CheckpointStore
 
 pytestmark = pytest.mark.mxnet
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from gluon_jobs import REPO
 
-from training.store import TMP_PREFIX, CheckpointStore
+from spot_training.training.store import TMP_PREFIX, CheckpointStore
 
 pytestmark = pytest.mark.mxnet
 

@@ -16,8 +16,8 @@ import numpy as np  # noqa: E402
 from mxnet import autograd, gluon  # noqa: E402
 from mxnet.gluon import nn  # noqa: E402
 
-from training.mxnet_adapter import GluonCheckpointer  # noqa: E402
-from training.notice import NoticeHandler  # noqa: E402
+from spot_training.training.mxnet_adapter import GluonCheckpointer  # noqa: E402
+from spot_training.training.notice import NoticeHandler  # noqa: E402
 
 
 def main() -> int:

@@ -1,7 +1,7 @@
 """Fixtures for the PyTorch tests (this directory runs in its own pytest process in .venv-torch, with
 ``--confcutdir=tests/torch``: the Makefile's ``test`` target).
 
-Training runs in subprocesses of ``training/examples/torch_resnet.py`` on CPU with deterministic
+Training runs in subprocesses of ``spot_training/training/examples/torch_resnet.py`` on CPU with deterministic
 algorithms and one thread: 60 steps of batch 32 on the 8x8 digits, a few seconds each.
 """
 

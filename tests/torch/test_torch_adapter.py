@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 import torch
 
-from training.core import CheckpointDriver
-from training.datasets import batch_indices
-from training.notice import NoticeHandler
-from training.store import ShapeMismatchError
-from training.torch_adapter import INDEX_FILE, StepSampler, TorchAdapter, TorchCheckpointer, unwrap_module
+from spot_training.training.core import CheckpointDriver
+from spot_training.training.datasets import batch_indices
+from spot_training.training.notice import NoticeHandler
+from spot_training.training.store import ShapeMismatchError
+from spot_training.training.torch_adapter import INDEX_FILE, StepSampler, TorchAdapter, TorchCheckpointer, unwrap_module
 
 pytestmark = pytest.mark.torch
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from torch_jobs import Job
 
-from training.store import CheckpointStore, write_file
+from spot_training.training.store import CheckpointStore, write_file
 
 pytestmark = pytest.mark.torch
 

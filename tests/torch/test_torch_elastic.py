@@ -1,5 +1,5 @@
 """PyTorch clusters on TorchElastic (issue 11, the training side): the coordinator's rendezvous store
-(training/distributed/torch_rendezvous.py) and torchrun "nodes" running training/distributed/torch_ddp.py,
+(spot_training/training/distributed/torch_rendezvous.py) and torchrun "nodes" running spot_training/training/distributed/torch_ddp.py,
 as real processes on 127.0.0.1 killed with real signals.
 
 Each node is its own ``torchrun --nnodes=1:3 --nproc-per-node=1`` (own process group, own log
@@ -26,14 +26,14 @@ import numpy as np
 import pytest
 from job_helpers import child_pids  # tests/ (on sys.path: tests/torch/conftest.py)
 
-from training.core import EXIT_PEER_STOPPED, stop_exit_code
-from training.distributed.lr import scaled_learning_rate
-from training.distributed.torch_ddp import TORCHRUN_ENV, DataPosition, rank_indices, stream_indices
-from training.store import CheckpointStore
+from spot_training.training.core import EXIT_PEER_STOPPED, stop_exit_code
+from spot_training.training.distributed.lr import scaled_learning_rate
+from spot_training.training.distributed.torch_ddp import TORCHRUN_ENV, DataPosition, rank_indices, stream_indices
+from spot_training.training.store import CheckpointStore
 
 REPO = Path(__file__).resolve().parents[2]
 TORCHRUN = Path(sys.executable).with_name("torchrun")
-TRAINER = REPO / "training" / "distributed" / "torch_ddp.py"
+TRAINER = REPO / "spot_training" / "training" / "distributed" / "torch_ddp.py"
 STEPS = 150
 SAVE_EVERY = 10
 #: Each step lasts at least this long (seconds), so that joins and signals land mid-training.
@@ -103,11 +103,11 @@ def test_rendezvous_store_refuses_a_port_in_use_and_exits_0_on_sigterm(tmp_path)
     port = _free_port()
     store = _start_store(tmp_path / "store.log", port)
     try:
-        busy = subprocess.run([sys.executable, "-m", "training.distributed.torch_rendezvous", "--host", "127.0.0.1",
+        busy = subprocess.run([sys.executable, "-m", "spot_training.training.distributed.torch_rendezvous", "--host", "127.0.0.1",
                                "--port", str(port)], cwd=REPO, capture_output=True, text=True, timeout=120)
         assert busy.returncode == 78, busy.stderr
         assert f"cannot listen on 127.0.0.1:{port}" in busy.stderr
-        bad = subprocess.run([sys.executable, "-m", "training.distributed.torch_rendezvous", "--port", "70000"],
+        bad = subprocess.run([sys.executable, "-m", "spot_training.training.distributed.torch_rendezvous", "--port", "70000"],
                              cwd=REPO, capture_output=True, text=True, timeout=120)
         assert bad.returncode == 78 and "--port=70000" in bad.stderr, bad.stderr
     finally:
@@ -124,7 +124,7 @@ def _free_port() -> int:
 
 def _start_store(log: Path, port: int) -> subprocess.Popen:
     out = open(log, "ab")
-    proc = subprocess.Popen([sys.executable, "-m", "training.distributed.torch_rendezvous", "--host", "127.0.0.1",
+    proc = subprocess.Popen([sys.executable, "-m", "spot_training.training.distributed.torch_rendezvous", "--host", "127.0.0.1",
                              "--port", str(port)], cwd=REPO, stdout=out, stderr=out, start_new_session=True)
     deadline = time.monotonic() + 120
     while b"listening on" not in log.read_bytes():

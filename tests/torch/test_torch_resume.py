@@ -13,7 +13,7 @@ import pytest
 from job_helpers import child_pids
 from torch_jobs import SAVE_EVERY, TOTAL_STEPS, Job, assert_bitwise_equal, load_state
 
-from training.store import TMP_PREFIX, CheckpointStore
+from spot_training.training.store import TMP_PREFIX, CheckpointStore
 
 pytestmark = pytest.mark.torch
 

@@ -1,4 +1,4 @@
-"""Helpers for the PyTorch tests: one job of ``training/examples/torch_resnet.py`` in a subprocess
+"""Helpers for the PyTorch tests: one job of ``spot_training/training/examples/torch_resnet.py`` in a subprocess
 (or under ``torchrun``), its CSV step log and final-state comparisons. No torch import here."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: job_help
 from job_helpers import REPO, TrainingJob, load_npz  # noqa: E402
 from job_helpers import assert_bitwise_equal as _assert_bitwise_equal  # noqa: E402
 
-EXAMPLE = REPO / "training" / "examples" / "torch_resnet.py"
+EXAMPLE = REPO / "spot_training" / "training" / "examples" / "torch_resnet.py"
 TORCHRUN = Path(sys.executable).with_name("torchrun")
 TOTAL_STEPS = 60
 SAVE_EVERY = 10

@@ -1,4 +1,4 @@
-"""Helpers for the TensorFlow/Keras tests: one run of ``training/examples/keras_resnet.py`` (or of
+"""Helpers for the TensorFlow/Keras tests: one run of ``spot_training/training/examples/keras_resnet.py`` (or of
 ``tf_loop_job.py``) in a subprocess, its per-step CSV log, weight comparisons. No TensorFlow import
 here: TensorFlow runs only in the subprocesses (and MXNet never in this pytest process)."""
 
@@ -17,7 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: job_help
 from job_helpers import REPO, TrainingJob, load_npz  # noqa: E402
 from job_helpers import assert_bitwise_equal as _assert_bitwise_equal  # noqa: E402
 
-KERAS_EXAMPLE = REPO / "training" / "examples" / "keras_resnet.py"
+KERAS_EXAMPLE = REPO / "spot_training" / "training" / "examples" / "keras_resnet.py"
 TF_LOOP_JOB = Path(__file__).with_name("tf_loop_job.py")
 EPOCHS = 2          # 2 epochs x 44 steps (1,437 training digits, batch 32): resumes cross an epoch edge
 SAVE_EVERY = 20
@@ -27,7 +27,7 @@ STEP_DELAY = "0.03"  # seconds after each step, so that a signal lands at a step
 
 def prepare_digits(out: Path) -> Path:
     """Write the digits dataset with the colleague's prepare_data (a subprocess: no sklearn import here)."""
-    subprocess.run([sys.executable, "-m", "training.examples.prepare_data", "--out", str(out)],
+    subprocess.run([sys.executable, "-m", "spot_training.training.examples.prepare_data", "--out", str(out)],
                    cwd=REPO, check=True, capture_output=True, env={**os.environ, "PYTHONPATH": str(REPO)})
     return out
 

@@ -36,13 +36,13 @@ def main() -> int:
     parser.add_argument("--stop-at", type=int, default=None)
     args = parser.parse_args()
 
-    from training.keras_adapter import ResumableFit, make_deterministic
+    from spot_training.training.keras_adapter import ResumableFit, make_deterministic
 
     make_deterministic(0)
     import keras
     import tensorflow as tf
 
-    from training.datasets import load_digits
+    from spot_training.training.datasets import load_digits
 
     x, y = load_digits(args.data_dir, "train")
     x = x.reshape(len(x), -1)

@@ -20,8 +20,8 @@ sys.path.insert(0, str(REPO))
 
 import numpy as np  # noqa: E402
 
-from training.keras_adapter import KerasCheckpointer, make_deterministic  # noqa: E402
-from training.store import CheckpointStore  # noqa: E402
+from spot_training.training.keras_adapter import KerasCheckpointer, make_deterministic  # noqa: E402
+from spot_training.training.store import CheckpointStore  # noqa: E402
 
 
 def main(checkpoint_dir: str) -> int:

@@ -13,7 +13,7 @@ import subprocess
 import pytest
 
 from keras_jobs import SAVE_EVERY, STEP_DELAY
-from training.store import CheckpointStore
+from spot_training.training.store import CheckpointStore
 
 pytestmark = [pytest.mark.tensorflow, pytest.mark.slow]
 

@@ -1,4 +1,4 @@
-"""The framework-neutral driver (training/core.py) with a numpy adapter: no framework imported.
+"""The framework-neutral driver (spot_training/training/core.py) with a numpy adapter: no framework imported.
 
 The "model" is one float64 vector updated each step with draws from numpy's and Python's global
 generators, so a resume is bitwise equal only if the driver restores the step, the adapter's state
@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from training.core import (
+from spot_training.training.core import (
     HOST_RNG_FILE,
     CheckpointDiskFullError,
     CheckpointDriver,
@@ -23,8 +23,8 @@ from training.core import (
     check_writable,
     renamed_option,
 )
-from training.notice import NoticeHandler
-from training.store import CheckpointError, CheckpointPathError, ShapeMismatchError, write_file
+from spot_training.training.notice import NoticeHandler
+from spot_training.training.store import CheckpointError, CheckpointPathError, ShapeMismatchError, write_file
 
 
 class VectorAdapter(StateAdapter):

@@ -1,4 +1,4 @@
-"""A SIGTERM during ``import tensorflow`` (issue 10): with ``import training.early_notice`` as the
+"""A SIGTERM during ``import tensorflow`` (issue 10): with ``import spot_training.training.early_notice`` as the
 script's first line the process exits 0 without training; without it, -15. Real TensorFlow in a
 subprocess, a real signal sent while the import runs."""
 
@@ -23,7 +23,7 @@ pathlib.Path(sys.argv[1]).write_text("importing")
 import tensorflow as tf
 import keras
 import numpy as np
-from training.keras_adapter import ResumableFit, make_deterministic
+from spot_training.training.keras_adapter import ResumableFit, make_deterministic
 make_deterministic(0)
 model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
 model.compile(optimizer="sgd", loss="mse")
@@ -54,7 +54,7 @@ def run_with_sigterm_during_import(tmp_path: Path, first_line: str) -> tuple[int
 
 
 def test_sigterm_during_tensorflow_import_exits_0_with_early_notice(tmp_path):
-    rc, ckpt, stderr = run_with_sigterm_during_import(tmp_path, "import training.early_notice\n")
+    rc, ckpt, stderr = run_with_sigterm_during_import(tmp_path, "import spot_training.training.early_notice\n")
     assert rc == 0, stderr[-3000:]
     assert not (ckpt / "LATEST").exists() and not (ckpt / "COMPLETED").exists()
 

@@ -1,7 +1,7 @@
 """Keras ``model.fit`` through ResumableFit: real TensorFlow in subprocesses, real signals.
 
 Every comparison is bitwise (the bytes of every model and optimizer variable), no tolerance: the
-job runs with deterministic ops and one thread (training/examples/keras_resnet.py explains why).
+job runs with deterministic ops and one thread (spot_training/training/examples/keras_resnet.py explains why).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import signal
 import pytest
 
 from keras_jobs import EPOCHS, SAVE_EVERY, STEP_DELAY, assert_bitwise_equal, load_weights
-from training.store import CheckpointStore
+from spot_training.training.store import CheckpointStore
 
 TOTAL = EPOCHS * 44
 pytestmark = [pytest.mark.tensorflow, pytest.mark.slow]

@@ -34,7 +34,7 @@ def committed_step(job) -> int:
 
 def test_sigterm_after_several_background_saves_resumes_bitwise_equal(loop_job, loop_reference):
     # Two or more asynchronous tf.train.Checkpoint writes before the stop: the resumed state comes
-    # from TensorFlow's async writer (and the Keras variable fix in training/tf_loop.py).
+    # from TensorFlow's async writer (and the Keras variable fix in spot_training/training/tf_loop.py).
     loop_job.extra_args = ("--step-delay", STEP_DELAY)
     at = random.randint(2 * SAVE_EVERY + 1, TOTAL - 5)
     proc = loop_job.signal_at(at, signal.SIGTERM)

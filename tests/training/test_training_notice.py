@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from training.notice import REQUEST_FILE_ENV, NoticeHandler, SaveSchedule
+from spot_training.training.notice import REQUEST_FILE_ENV, NoticeHandler, SaveSchedule
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -53,7 +53,7 @@ def test_fails_when_one_signal_both_stops_and_checkpoints():
 
 CHILD = textwrap.dedent("""
     import sys, time
-    from training.notice import NoticeHandler
+    from spot_training.training.notice import NoticeHandler
     steps = checkpoints = 0
     with NoticeHandler() as notice:
         print("ready", flush=True)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from training.store import (
+from spot_training.training.store import (
     BackgroundSaver,
     CheckpointPathError,
     CheckpointStore,
@@ -71,7 +71,7 @@ def test_newest_corrupted_falls_back_to_previous_and_logs_it(tmp_path, caplog):
     store.save(writer(b"old"), step=10, epoch=0)
     newest = store.save(writer(b"new"), step=20, epoch=0)
     (newest.path / "weights.bin").write_bytes(b"NEW")  # same size, flipped bytes
-    with caplog.at_level(logging.WARNING, logger="training.store"):
+    with caplog.at_level(logging.WARNING, logger="spot_training.training.store"):
         ckpt = store.restore(lambda c: None)
     assert ckpt.step == 10
     assert str(newest.path) in caplog.text and "sha256" in caplog.text
@@ -86,7 +86,7 @@ def test_torn_checkpoint_without_manifest_or_with_missing_file_is_skipped(tmp_pa
     no_manifest = tmp_path / "ckpt-000000000030"
     no_manifest.mkdir()
     (no_manifest / "weights.bin").write_bytes(b"half")
-    with caplog.at_level(logging.WARNING, logger="training.store"):
+    with caplog.at_level(logging.WARNING, logger="spot_training.training.store"):
         assert store.latest().step == 10
     assert "missing file" in caplog.text and "manifest.json is missing" in caplog.text
 
@@ -214,7 +214,7 @@ def test_background_saver_reraises_a_write_error_on_the_training_thread(tmp_path
 
 TORTURE_WRITER = textwrap.dedent("""
     import os, sys
-    from training.store import CheckpointStore
+    from spot_training.training.store import CheckpointStore
     store = CheckpointStore(sys.argv[1], framework="tensorflow", keep=2)
     last = store.latest()
     step = last.step if last else 0
@@ -294,7 +294,7 @@ def test_two_phase_save_commits_what_another_writer_put_in_the_temp_dir(tmp_path
 def test_write_file_entries_match_the_bytes_on_disk_and_cover_every_file(tmp_path):
     import hashlib
 
-    from training.store import write_file
+    from spot_training.training.store import write_file
 
     payload = bytes(range(256)) * 5000  # over hashlib's 2 KiB GIL-release threshold
     store = CheckpointStore(tmp_path / "ck", framework="tensorflow")
@@ -331,7 +331,7 @@ def test_a_new_store_removes_only_temporaries_whose_writer_is_gone(tmp_path):
     what a dead writer of this host left goes at once, an unowned or foreign one once it is stale."""
     import socket
 
-    from training.store import STALE_TEMP_AGE_S
+    from spot_training.training.store import STALE_TEMP_AGE_S
 
     host = socket.gethostname().replace("-", "_")
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)

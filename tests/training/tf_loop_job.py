@@ -1,6 +1,6 @@
 """A custom TensorFlow training loop (GradientTape) made resumable with TFCheckpointer; run by the tests.
 
-Same command line and CSV step log as training/examples/keras_resnet.py, same model, so the two
+Same command line and CSV step log as spot_training/training/examples/keras_resnet.py, same model, so the two
 paths are tested alike. Deterministic: make_deterministic(seed), batches from the step number.
 """
 
@@ -19,8 +19,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import numpy as np
 
-from training.datasets import batch_indices, default_data_dir, default_log_dir, load_digits, steps_per_epoch
-from training.notice import NoticeHandler
+from spot_training.training.datasets import batch_indices, default_data_dir, default_log_dir, load_digits, steps_per_epoch
+from spot_training.training.notice import NoticeHandler
 
 
 def main() -> int:
@@ -40,9 +40,9 @@ def main() -> int:
     import keras
     import tensorflow as tf
 
-    from training.examples.keras_resnet import build_model
-    from training.keras_adapter import KerasCheckpointer, make_deterministic
-    from training.tf_loop import TFCheckpointer
+    from spot_training.training.examples.keras_resnet import build_model
+    from spot_training.training.keras_adapter import KerasCheckpointer, make_deterministic
+    from spot_training.training.tf_loop import TFCheckpointer
 
     make_deterministic(args.seed)
     x, y = load_digits(default_data_dir(), "train")

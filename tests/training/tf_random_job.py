@@ -34,8 +34,8 @@ def main() -> int:
     import keras
     import tensorflow as tf
 
-    from training.keras_adapter import make_deterministic
-    from training.tf_loop import TFCheckpointer
+    from spot_training.training.keras_adapter import make_deterministic
+    from spot_training.training.tf_loop import TFCheckpointer
 
     make_deterministic(0)
     rng = np.random.default_rng(0)

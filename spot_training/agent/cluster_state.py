@@ -1,0 +1,299 @@
+"""The cluster's shared state on EFS: the ``cluster`` settings, the plan and the files of every node.
+
+Everything lives in one directory on EFS, ``cluster.state_dir`` (docs/contracts.md, "Cluster state on EFS")::
+
+    <state_dir>/
+      registrations/<node_id>.json   one per node, written atomically by the node's agent
+      heartbeats/<node_id>.json      rewritten by each agent every cluster.heartbeat_interval_s
+      plan.json                      the coordinator's plan (only the coordinator writes it; MXNet/TensorFlow)
+      events.jsonl                   one JSON line per plan change (generation, state, reason, time)
+
+Shared by the MXNet/TensorFlow agents (spot_training/agent/cluster_coordinator.py, spot_training/agent/ps_node.py) and the
+PyTorch ones (spot_training/agent/torch_elastic.py). Every write goes through the contract's ``write_json_atomic``
+(temp file beside the path, fsync, os.replace, fsync of the directory: readers on other nodes see old or
+new, never half). Standard library only.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+from spot_training.agent.errors import ConfigError
+from spot_training.contract import (CLUSTER_MEMBER_TAG, DEFAULT_MAX_WORKERS, DEFAULT_MIN_WORKERS, DEFAULT_SCHEDULER_PORT,
+                            DEFAULT_SERVER_PORT, DEFAULT_TORCH_MAX_RESTARTS, DEFAULT_TORCH_NPROC_PER_NODE,
+                            DEFAULT_TORCH_SHUTDOWN_TIMEOUT_S, DEFAULT_WORKER_PORT, MAX_SERVERS, MAX_TORCH_MAX_RESTARTS,
+                            MAX_TORCH_NPROC_PER_NODE, MAX_WORKERS, SETTINGS, write_json_atomic)
+
+__all__ = ["ClusterSettings", "ClusterState", "Plan", "make_plan", "settings_from_config", "read_json",
+           "write_json_atomic", "RUNNING", "CHECKPOINT", "TEARDOWN", "WAITING", "COMPLETED", "PLAN_STATES",
+           "CLUSTER_ROLES", "PORTS", "DEFAULT_MEMBER_TAG"]
+
+#: TCP ports of the roles: the contract's range, the one the stack validates too.
+PORTS = SETTINGS["port"]
+
+log = logging.getLogger("spot_training.agent.cluster")
+
+RUNNING, CHECKPOINT, TEARDOWN, WAITING, COMPLETED = "running", "checkpoint", "teardown", "waiting", "completed"
+PLAN_STATES = (RUNNING, CHECKPOINT, TEARDOWN, WAITING, COMPLETED)
+CLUSTER_ROLES = ("scheduler", "server", "worker")
+#: Instance tag whose removal asks a worker to leave (the Dynamic Training article's mechanism).
+DEFAULT_MEMBER_TAG = CLUSTER_MEMBER_TAG
+
+# ---- settings -------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ClusterSettings:
+    """The config's ``cluster`` section (docs/contracts.md).
+
+    state_dir: the EFS directory for registrations, heartbeats and the plan (absolute).
+    num_servers: parameter servers per generation (>= 1). min_workers: fewest workers to train with
+    (>= 1, default 1). scheduler_port / server_port / worker_port: each node's fixed framework port
+    (defaults 9000/9001/9002: ps-lite's ``DMLC_PS_ROOT_PORT``/``PORT``, TensorFlow's gRPC ports).
+    heartbeat_interval_s (default 1), heartbeat_timeout_s (default 15): a member whose heartbeat is
+    older is dead. debounce_s (default 5): joins wait until membership is stable this long.
+    stop_timeout_s (default 120): bound on the checkpoint and teardown phases. kill_grace_s
+    (default 5): SIGTERM -> SIGKILL in teardown. member_tag: instance tag whose removal means leave.
+
+    PyTorch (TorchElastic, spot_training/agent/torch_elastic.py): ``num_servers`` is 0; ``scheduler_port`` is the
+    c10d rendezvous port on the coordinator; max_workers (default 8) is torchrun's upper ``--nnodes``;
+    torch_max_restarts (default 100), torch_shutdown_timeout_s (default 90), torch_nproc_per_node
+    (default 1) are torchrun's ``--max-restarts``, ``--shutdown-timeout`` and ``--nproc-per-node``.
+    """
+
+    state_dir: Path
+    num_servers: int
+    min_workers: int = DEFAULT_MIN_WORKERS
+    scheduler_port: int = DEFAULT_SCHEDULER_PORT
+    server_port: int = DEFAULT_SERVER_PORT
+    worker_port: int = DEFAULT_WORKER_PORT
+    heartbeat_interval_s: float = 1.0
+    heartbeat_timeout_s: float = 15.0
+    debounce_s: float = 5.0
+    stop_timeout_s: float = 120.0
+    kill_grace_s: float = 5.0
+    member_tag: str = DEFAULT_MEMBER_TAG
+    max_workers: int = DEFAULT_MAX_WORKERS
+    torch_max_restarts: int = DEFAULT_TORCH_MAX_RESTARTS
+    torch_shutdown_timeout_s: float = float(DEFAULT_TORCH_SHUTDOWN_TIMEOUT_S)
+    torch_nproc_per_node: int = DEFAULT_TORCH_NPROC_PER_NODE
+
+    def port_for(self, role: str) -> int:
+        """The fixed port of a node with ``role``."""
+        return {"scheduler": self.scheduler_port, "server": self.server_port, "worker": self.worker_port}[role]
+
+
+def settings_from_config(section: Mapping[str, Any] | None, *, framework: str | None = None) -> ClusterSettings:
+    """Validate the ``cluster`` section (a dict); every problem is reported in one ConfigError (exit 78)
+    naming ``cluster.<key>``, the value and what is allowed. ``framework`` ``pytorch`` allows
+    ``num_servers`` 0 (TorchElastic, no parameter servers); every other framework needs 1..``MAX_SERVERS`` (64)."""
+    if not isinstance(section, Mapping):
+        raise ConfigError(f"cluster: got {section!r}; a cluster node (node_role scheduler/server/worker) needs a "
+                          "'cluster' object with at least state_dir and num_servers")
+    problems: list[str] = []
+    known = set(ClusterSettings.__dataclass_fields__)
+    for key in section:
+        if key not in known:
+            problems.append(f"cluster.{key}: unknown key; allowed: {sorted(known)}")
+    values: dict[str, Any] = {}
+    state_dir = section.get("state_dir")
+    if not isinstance(state_dir, str) or not state_dir.startswith("/"):
+        problems.append(f"cluster.state_dir: got {state_dir!r}; expected an absolute path on EFS, e.g. '/mnt/efs/cluster'")
+    else:
+        values["state_dir"] = Path(state_dir)
+    for key, minimum, maximum in (("num_servers", 0 if framework == "pytorch" else 1, MAX_SERVERS),
+                                  ("min_workers", 1, MAX_WORKERS), ("max_workers", 1, MAX_WORKERS),
+                                  ("scheduler_port", PORTS.minimum, PORTS.maximum),
+                                  ("server_port", PORTS.minimum, PORTS.maximum), ("worker_port", PORTS.minimum, PORTS.maximum),
+                                  ("torch_max_restarts", 0, MAX_TORCH_MAX_RESTARTS),
+                                  ("torch_nproc_per_node", 1, MAX_TORCH_NPROC_PER_NODE)):
+        if key not in section and key != "num_servers":
+            continue
+        value = section.get(key)
+        if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= maximum:
+            problems.append(f"cluster.{key}: got {value!r}; expected an integer {minimum}..{maximum}")
+        else:
+            values[key] = value
+    for key in ("heartbeat_interval_s", "heartbeat_timeout_s", "debounce_s", "stop_timeout_s", "kill_grace_s",
+                "torch_shutdown_timeout_s"):
+        if key not in section:
+            continue
+        value = section[key]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+            problems.append(f"cluster.{key}: got {value!r}; expected a number of seconds >= 0")
+        else:
+            values[key] = float(value)
+    if "member_tag" in section:
+        if not isinstance(section["member_tag"], str) or not section["member_tag"]:
+            problems.append(f"cluster.member_tag: got {section['member_tag']!r}; expected a tag key")
+        else:
+            values["member_tag"] = section["member_tag"]
+    if not problems:
+        settings = ClusterSettings(**values)
+        if settings.min_workers > settings.max_workers:
+            problems.append(f"cluster.min_workers: got {settings.min_workers}; expected at most max_workers ({settings.max_workers})")
+        elif settings.heartbeat_timeout_s <= 2 * settings.heartbeat_interval_s:
+            problems.append(f"cluster.heartbeat_timeout_s: got {settings.heartbeat_timeout_s}; expected more than twice "
+                            f"heartbeat_interval_s ({settings.heartbeat_interval_s}) so one late write is not a death")
+        else:
+            return settings
+    raise ConfigError(problems=problems)
+
+
+
+# ---- files on EFS ---------------------------------------------------------------------------------
+def read_json(path: Path) -> dict | None:
+    """The JSON object in ``path``, or None when the file is missing or does not parse (logged)."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return json.load(handle)
+    except FileNotFoundError:
+        return None
+    except ValueError:
+        # Never half-written (atomic replace); a file that does not parse was put there by hand.
+        log.warning("ignoring unreadable cluster state file", extra={"path": str(path)})
+        return None
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One generation of the cluster.
+
+    generation: 1, 2, ... state: one of ``PLAN_STATES``. framework: ``mxnet``/``tensorflow``.
+    scheduler: ``{"node_id", "host", "port"}``; servers: list of the same; workers: the same plus
+    ``rank`` (0-based; ps-lite sorts workers by host:port, so ranks follow that order).
+    since: wall-clock seconds when the state was entered. reason: why (for people and tests).
+    """
+
+    generation: int
+    state: str
+    framework: str
+    scheduler: Mapping[str, Any]
+    servers: tuple[Mapping[str, Any], ...]
+    workers: tuple[Mapping[str, Any], ...]
+    since: float
+    reason: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form written to ``plan.json``."""
+        return {"generation": self.generation, "state": self.state, "framework": self.framework,
+                "scheduler": dict(self.scheduler), "servers": [dict(s) for s in self.servers],
+                "workers": [dict(w) for w in self.workers], "since": self.since, "reason": self.reason}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "Plan":
+        """Parse ``plan.json``'s content."""
+        return cls(generation=int(data["generation"]), state=str(data["state"]), framework=str(data["framework"]),
+                   scheduler=dict(data["scheduler"]), servers=tuple(data["servers"]), workers=tuple(data["workers"]),
+                   since=float(data["since"]), reason=str(data.get("reason", "")))
+
+    def with_state(self, state: str, *, since: float, reason: str) -> "Plan":
+        """A copy in another state."""
+        return Plan(self.generation, state, self.framework, self.scheduler, self.servers, self.workers, since, reason)
+
+    def members(self) -> dict[str, str]:
+        """``{node_id: role}`` of every node in the plan."""
+        out = {self.scheduler["node_id"]: "scheduler"}
+        out.update({s["node_id"]: "server" for s in self.servers})
+        out.update({w["node_id"]: "worker" for w in self.workers})
+        return out
+
+    def membership(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """(server node ids, worker node ids): what a change of membership compares."""
+        return tuple(s["node_id"] for s in self.servers), tuple(sorted(w["node_id"] for w in self.workers))
+
+
+def _address_key(member: Mapping[str, Any]) -> tuple:
+    return (tuple(int(p) if p.isdigit() else p for p in str(member["host"]).split(".")), int(member["port"]))
+
+
+def make_plan(*, generation: int, framework: str, scheduler: Mapping[str, Any], servers: Iterable[Mapping[str, Any]],
+              workers: Iterable[Mapping[str, Any]], now: float, reason: str) -> Plan:
+    """A ``running`` plan. Members are registration dicts (``node_id``, ``host``, ``port``); worker ranks
+    follow the numeric ``host:port`` order, the order in which ps-lite's scheduler numbers workers.
+
+    Raises ValueError when two members share one ``host:port``.
+    """
+    pick = lambda r: {"node_id": r["node_id"], "host": r["host"], "port": int(r["port"])}  # noqa: E731
+    servers = [pick(s) for s in servers]
+    workers = sorted((pick(w) for w in workers), key=_address_key)
+    addresses = [(m["host"], m["port"]) for m in [pick(scheduler), *servers, *workers]]
+    if len(set(addresses)) != len(addresses):
+        raise ValueError(f"two cluster members share one host:port in {addresses}; every node needs its own address")
+    for rank, worker in enumerate(workers):
+        worker["rank"] = rank
+    return Plan(generation, RUNNING, framework, pick(scheduler), tuple(servers), tuple(workers), now, reason)
+
+
+class ClusterState:
+    """The files under ``state_dir`` (see the module docstring); every write is atomic."""
+
+    def __init__(self, state_dir: str | os.PathLike) -> None:
+        self.root = Path(state_dir)
+        self.registrations_dir = self.root / "registrations"
+        self.heartbeats_dir = self.root / "heartbeats"
+        self.plan_path = self.root / "plan.json"
+        self.events_path = self.root / "events.jsonl"
+        for directory in (self.registrations_dir, self.heartbeats_dir):
+            directory.mkdir(parents=True, exist_ok=True)
+
+    # registrations
+    def register(self, registration: Mapping[str, Any]) -> None:
+        """Write ``registrations/<node_id>.json`` (node_id, role, instance_id, host, port, data_ready,
+        leaving, registered_at)."""
+        write_json_atomic(self.registrations_dir / f"{registration['node_id']}.json", registration)
+
+    def deregister(self, node_id: str) -> None:
+        """Remove a node's registration and heartbeat (missing is fine)."""
+        (self.registrations_dir / f"{node_id}.json").unlink(missing_ok=True)
+        (self.heartbeats_dir / f"{node_id}.json").unlink(missing_ok=True)
+
+    def registrations(self) -> dict[str, dict]:
+        """``{node_id: registration}`` of every registered node."""
+        return self._read_all(self.registrations_dir)
+
+    # heartbeats
+    def heartbeat(self, beat: Mapping[str, Any]) -> None:
+        """Write ``heartbeats/<node_id>.json`` (node_id, time, generation, proc, returncode, pid)."""
+        write_json_atomic(self.heartbeats_dir / f"{beat['node_id']}.json", beat)
+
+    def heartbeats(self) -> dict[str, dict]:
+        """``{node_id: heartbeat}``."""
+        return self._read_all(self.heartbeats_dir)
+
+    # plan
+    def plan(self) -> Plan | None:
+        """The current plan, or None before the first generation."""
+        data = read_json(self.plan_path)
+        return Plan.from_dict(data) if data else None
+
+    def write_plan(self, plan: Plan) -> None:
+        """Replace ``plan.json`` and append the change to ``events.jsonl``."""
+        write_json_atomic(self.plan_path, plan.to_dict())
+        with open(self.events_path, "a", encoding="utf-8") as handle:
+            handle.write(json.dumps({"time": plan.since, "generation": plan.generation, "state": plan.state,
+                                     "reason": plan.reason, "workers": [w["node_id"] for w in plan.workers],
+                                     "servers": [s["node_id"] for s in plan.servers]}) + "\n")
+        log.info("cluster plan", extra={"generation": plan.generation, "state": plan.state, "reason": plan.reason,
+                                        "workers": len(plan.workers), "servers": len(plan.servers)})
+
+    def events(self) -> list[dict]:
+        """Every plan change so far, oldest first."""
+        try:
+            with open(self.events_path, encoding="utf-8") as handle:
+                return [json.loads(line) for line in handle if line.strip()]
+        except FileNotFoundError:
+            return []
+
+    @staticmethod
+    def _read_all(directory: Path) -> dict[str, dict]:
+        out = {}
+        for path in directory.glob("*.json"):
+            data = read_json(path)
+            if data and "node_id" in data:
+                out[data["node_id"]] = data
+        return out
+

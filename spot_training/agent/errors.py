@@ -1,0 +1,77 @@
+"""Exit codes and the exception hierarchy of the node agent.
+
+Exit codes follow sysexits.h so that systemd (``RestartPreventExitStatus=78``) can stop a restart
+loop on bad config while still retrying temporary failures (docs/contracts.md, "Agent exit codes").
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+from spot_training import contract
+
+
+class ExitCode(IntEnum):
+    """Process exit status of ``python3 -m spot_training.agent``.
+
+    ``OK`` (0): done. ``UNAVAILABLE`` (69, EX_UNAVAILABLE): this node can no longer work and gave
+    up: IMDS answered 403 during training (the agent powered it off for the fleet to replace it), or a
+    boot failure was reported and the node is shutting down or its fleet was cancelled (docs/agent.md,
+    "Boot failures"); systemd must not restart the agent. ``CHECKPOINT_STORAGE`` (74, EX_IOERR): the
+    trainer exited 74 because its checkpoint storage is full or unusable; a restart would fail the
+    same way, so systemd does not restart (``RestartPreventExitStatus``). ``TEMPFAIL`` (75,
+    EX_TEMPFAIL): try again later (lease held by another node, volume still detaching). ``CONFIG``
+    (78, EX_CONFIG): bad configuration, nothing was touched; or the trainer exited 78 (its checkpoint
+    cannot serve this job).
+    """
+
+    OK = 0
+    UNAVAILABLE = contract.EXIT_UNAVAILABLE
+    CHECKPOINT_STORAGE = contract.EXIT_CHECKPOINT_STORAGE
+    TEMPFAIL = contract.EXIT_TEMPFAIL
+    CONFIG = contract.EXIT_CONFIG
+
+
+class AgentError(Exception):
+    """An error the agent reports and exits on, carrying the exit code to use.
+
+    ``exit_code`` defaults to the class attribute (``ExitCode.TEMPFAIL`` for the base class, since an
+    unclassified failure is worth a retry by systemd); pass ``exit_code=`` to override it.
+    """
+
+    exit_code: ExitCode = ExitCode.TEMPFAIL
+
+    def __init__(self, message: str, *, exit_code: ExitCode | None = None) -> None:
+        super().__init__(message)
+        if exit_code is not None:
+            self.exit_code = ExitCode(exit_code)
+
+
+class ConfigError(AgentError):
+    """The configuration (file, values, or what it names in AWS) is wrong: exit 78, nothing touched.
+
+    ``problems`` lists every individual problem found (each names the key path, the bad value and
+    what is allowed); ``str(error)`` joins them.
+    """
+
+    exit_code = ExitCode.CONFIG
+
+    def __init__(self, message: str | None = None, *, problems: list[str] | tuple[str, ...] = ()) -> None:
+        self.problems: tuple[str, ...] = tuple(problems) if problems else ((message,) if message else ())
+        if message is None:
+            message = "invalid configuration:\n  - " + "\n  - ".join(self.problems)
+        super().__init__(message)
+
+
+class TemporaryError(AgentError):
+    """A transient condition (lease held elsewhere, volume still detaching, throttling): exit 75."""
+
+    exit_code = ExitCode.TEMPFAIL
+
+
+class NodeUnusableError(AgentError):
+    """This node can no longer work safely (IMDS answered 403 while training: no interruption notices
+    any more). The trainer was stopped the contract's way; the CLI powers the instance off so that the
+    fleet replaces it, and exits 69 (docs/agent.md, "A node that can no longer work")."""
+
+    exit_code = ExitCode.UNAVAILABLE

@@ -1,0 +1,262 @@
+"""The contract between the layers: every name, default and limit that crosses a layer, defined once.
+
+spot_training/infra/ (synth time), spot_training/agent/ (the node agent, at boot), spot_training/training/ (inside the trainer) and
+spot_training/local/ import this module and nothing of each other's domain (docs/architecture.md, "Layers";
+a test parses the imports). It owns only:
+
+- the node config settings that more than one layer reads: their one default and their limits, and
+  :func:`check`, the one validator the stacks run on a context value at ``cdk synth`` and the agent
+  runs on the node config at boot, so a value valid for one is valid for the other;
+- resource tag keys and values, environment variable names, file names, exit codes, ports, mount
+  points (docs/contracts.md lists them for users);
+- :func:`write_json_atomic`, the one way every layer writes a JSON file that another process reads.
+
+Standard library only; runs on Python 3.10 (the node's interpreter).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import uuid
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Mapping, Optional
+
+# ---- resource tags (docs/contracts.md, "Resource tags") --------------------------------------------
+#: Carried by every resource the stack or its agents create; value: the stack name.
+STACK_TAG = "spot-training:stack"
+#: One deployment of a stack: the CloudFormation stack id's UUID, the same through updates, new when a
+#: stack of the same name is created again. On the data volume, its copies and the agents' snapshots;
+#: agents and the cleanup handler act only on their own deployment's, so data retained from an earlier
+#: deployment never becomes a later one's by accident (issue 15 item 1).
+DEPLOYMENT_TAG = "spot-training:deployment"
+#: What a volume or snapshot is for; values below.
+PURPOSE_TAG = "spot-training:purpose"
+#: ``spot-training:purpose`` of the data volume and of every moved copy of it.
+DATA_VOLUME_PURPOSE = "data-volume"
+#: ``spot-training:purpose`` of the snapshots the agent takes to move the volume to another AZ.
+MIGRATION_SNAPSHOT_PURPOSE = "migration-snapshot"
+#: ``spot-training:purpose`` of the snapshots the agent takes of the data volume while training.
+PERIODIC_SNAPSHOT_PURPOSE = "periodic-snapshot"
+#: Data-volume tag counting failed boots in a row (written by the user data's boot-failure script;
+#: the agent removes it once the trainer's environment is ready).
+FAILED_BOOTS_TAG = "spot-training:failed-boots"
+#: Instance tag that carries a failed boot step and its message (docs/agent.md, "Boot failures").
+BOOT_ERROR_TAG = "spot-training:boot-error"
+#: The agent's bookkeeping tags on the data volume, its copies and snapshots: the only tags a node
+#: may delete (spot_training.infra.roles scopes ec2:DeleteTags to them).
+#: The instance that holds the data volume's lease (spot_training/agent/lease.py).
+LEASE_TAG = "spot-training:lease"
+#: On a moved copy and its snapshot: where it came from, how far the move got, which instance made it.
+SOURCE_VOLUME_TAG = "spot-training:source-volume"
+SOURCE_SNAPSHOT_TAG = "spot-training:source-snapshot"
+MOVE_STATE_TAG = "spot-training:move-state"
+CREATED_BY_TAG = "spot-training:created-by"
+AGENT_BOOKKEEPING_TAG_KEYS: tuple = (
+    LEASE_TAG, SOURCE_VOLUME_TAG, SOURCE_SNAPSHOT_TAG, MOVE_STATE_TAG, CREATED_BY_TAG, FAILED_BOOTS_TAG,
+)
+#: Tag on every cluster worker instance; removing it asks the worker to leave.
+CLUSTER_MEMBER_TAG = "spot-training:cluster-member"
+#: Its value (the agent tests only that the key is present).
+CLUSTER_MEMBER_TAG_VALUE = "true"
+
+# ---- environment variables (docs/contracts.md, "Trainer environment") ------------------------------
+ENV_DATA_DIR = "SPOT_TRAINING_DATA_DIR"
+ENV_CHECKPOINT_DIR = "SPOT_TRAINING_CHECKPOINT_DIR"
+ENV_LOG_DIR = "SPOT_TRAINING_LOG_DIR"
+ENV_CHECKPOINT_REQUEST_FILE = "SPOT_TRAINING_CHECKPOINT_REQUEST_FILE"
+#: The checkpoint cadence the agent hands the trainer (from the node config's ``spot_training.training`` section).
+ENV_CHECKPOINT_EVERY_STEPS = "SPOT_TRAINING_CHECKPOINT_EVERY_STEPS"
+ENV_CHECKPOINT_EVERY_SECONDS = "SPOT_TRAINING_CHECKPOINT_EVERY_SECONDS"
+#: Local mode only: the node's file-system root, prefixed to every path of the node config.
+ENV_ROOT = "SPOT_TRAINING_ROOT"
+#: Environment a PyTorch worker node's agent gives its ``torchrun`` (docs/training-pytorch.md,
+#: "Elastic clusters"): without it torch 2.14 publishes MASTER_ADDR/MASTER_PORT only in a node's
+#: first rendezvous round, so a node joining a running job waits for them until it times out.
+TORCHRUN_ENV = MappingProxyType({"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"})
+
+# ---- files and mount points ------------------------------------------------------------------------
+#: Where the user data writes the node config on an instance.
+CONFIG_PATH = "/etc/spot-training/config.json"
+#: The data volume's mount point when the stack does not set ``mount_point``.
+DEFAULT_MOUNT_POINT = "/dltraining"
+#: Where nodes mount the stack's EFS file system.
+EFS_MOUNT_POINT = "/mnt/efs"
+#: Directories under the data root (the data volume's or EFS mount point).
+DATASETS_DIR, CHECKPOINTS_DIR, LOGS_DIR = "datasets", "checkpoints", "logs"
+#: In the checkpoint directory: the pointer to the newest checkpoint, the end-of-training marker and
+#: the file whose appearance asks the trainer for an extra checkpoint.
+LATEST_FILE = "LATEST"
+COMPLETED_FILE = "COMPLETED"
+CHECKPOINT_REQUEST_FILE = "CHECKPOINT_REQUEST"
+#: In the log directory: the trainer's per-step log, its optional progress file, the agent's log.
+TRAINING_LOG_FILE = "training_log.csv"
+PROGRESS_FILE = "progress.json"
+AGENT_LOG_FILE = "agent.jsonl"
+
+# ---- exit codes (docs/contracts.md, "Agent exit codes" and "Trainer exit codes"; sysexits.h) -------
+#: The node can no longer work and gave up (EX_UNAVAILABLE); systemd does not restart the agent.
+EXIT_UNAVAILABLE = 69
+#: The checkpoint storage is full or unusable (EX_IOERR): agent and trainer; not restarted.
+EXIT_CHECKPOINT_STORAGE = 74
+#: Try again later (EX_TEMPFAIL): systemd restarts the agent.
+EXIT_TEMPFAIL = 75
+#: Bad configuration, nothing touched (EX_CONFIG); also the trainer's "this checkpoint cannot serve
+#: this job". Not restarted.
+EXIT_CONFIG = 78
+#: The trainer's exit status when its checkpoint belongs to another job.
+EXIT_CHECKPOINT_MISMATCH = EXIT_CONFIG
+#: A PyTorch worker under an elastic torchrun that stopped only because another rank got the stop
+#: signal (its checkpoint is committed): non-zero so that its torchrun restarts the worker group
+#: instead of ending the job (spot_training.training.core.stop_exit_code; docs/training-pytorch.md).
+EXIT_PEER_STOPPED = EXIT_TEMPFAIL
+
+# ---- ports -----------------------------------------------------------------------------------------
+#: Default TCP ports of the parameter-server cluster's roles (ps-lite / TensorFlow gRPC).
+DEFAULT_SCHEDULER_PORT, DEFAULT_SERVER_PORT, DEFAULT_WORKER_PORT = 9000, 9001, 9002
+
+# ---- cluster sizes and torchrun (context keys ``cluster_*``, node config ``cluster.*``) -------------
+#: Fewest and most workers of a generation (``cluster_min_workers``/``cluster_max_workers``).
+DEFAULT_MIN_WORKERS, DEFAULT_MAX_WORKERS = 1, 8
+#: The limits the stack (props and context keys) and the agents (``cluster.*``) both enforce:
+#: parameter-server nodes 1..MAX_SERVERS (0 for PyTorch, which has none), workers 1..MAX_WORKERS.
+MAX_SERVERS = 64
+MAX_WORKERS = 1024
+#: torchrun defaults of a PyTorch cluster (context keys ``cluster_torch_*``, docs/contracts.md):
+#: worker-group restarts before torchrun gives up (every join and leave costs one; the agent then
+#: relaunches torchrun under a new rendezvous id), and the SIGTERM -> SIGKILL grace torchrun gives
+#: its workers (``--shutdown-timeout``, seconds): long enough to agree on a step and write the
+#: checkpoint, inside the 120 s of a spot interruption notice.
+DEFAULT_TORCH_MAX_RESTARTS = 100
+DEFAULT_TORCH_SHUTDOWN_TIMEOUT_S = 90
+MAX_TORCH_SHUTDOWN_TIMEOUT_S = 115
+#: torchrun's ``--max-restarts`` 0..MAX_TORCH_MAX_RESTARTS and ``--nproc-per-node``
+#: 1..MAX_TORCH_NPROC_PER_NODE (processes, one per GPU), as the stack and the agents check them.
+MAX_TORCH_MAX_RESTARTS = 10000
+DEFAULT_TORCH_NPROC_PER_NODE = 1
+MAX_TORCH_NPROC_PER_NODE = 64
+
+
+# ---- settings: one default, one validator --------------------------------------------------------
+class SettingError(ValueError):
+    """A setting's value is outside the contract; the message names the setting, the value and what
+    is allowed. ``name``, ``value`` and ``allowed`` are kept for callers that word it their own way."""
+
+    def __init__(self, name: str, value: Any, allowed: str) -> None:
+        super().__init__(f"{name}: got {value!r}; allowed: {allowed}")
+        self.name, self.value, self.allowed = name, value, allowed
+
+
+@dataclasses.dataclass(frozen=True)
+class Setting:
+    """One number in the node config that more than one layer reads.
+
+    Attributes:
+        name: the context key in ``cdk.json`` and the node config key (same name).
+        kind: ``int`` or ``float`` (an integer is a valid float; ``true``/``false`` never are).
+        default: used when the value is absent (None: the feature is off).
+        minimum, maximum: inclusive limits (``maximum`` None: unbounded).
+        unit: for messages and docs (``s``, ``steps``, ``snapshots``, ``TCP port``, ``MiB/s``).
+    """
+
+    name: str
+    kind: type
+    default: Optional[float]
+    minimum: float
+    maximum: Optional[float]
+    unit: str
+
+    def allowed(self) -> str:
+        """What :func:`check` accepts, in words."""
+        seconds = self.kind is float and self.unit == "s"
+        what = "a number of seconds" if seconds else "an integer" if self.kind is int else "a number"
+        unit = "" if seconds else f" ({self.unit})"
+        if self.maximum is None:
+            return f"{what} >= {self.minimum:g}{unit}"
+        return f"{what} from {self.minimum:g} to {self.maximum:g}{unit}"
+
+
+SETTINGS: Mapping[str, Setting] = {s.name: s for s in (
+    # AWS recommends polling instance metadata for a notice every 5 s (EC2 User Guide, "Spot Instance
+    # interruption notices"); local mode polls every second for its tiny models.
+    Setting("notice_poll_interval_s", float, 5.0, 0.5, 60.0, "s"),
+    Setting("monitoring_interval_s", float, 10.0, 1.0, 300.0, "s"),
+    Setting("keep_snapshots", int, 2, 1, 100, "snapshots"),
+    # Steps between checkpoints; None for checkpoint_every_seconds: no time-based saves.
+    Setting("checkpoint_every_steps", int, 50, 1, None, "steps"),
+    Setting("checkpoint_every_seconds", float, None, 1.0, 86400.0, "s"),
+    # Unprivileged ports only: the trainer runs as an ordinary user.
+    Setting("port", int, None, 1024, 65535, "TCP port"),
+    # EBS's Provisioned Rate for Volume Initialization (CreateVolume VolumeInitializationRate).
+    Setting("initialization_rate_mibps", int, 300, 100, 300, "MiB/s"),
+)}
+
+
+def default(name: str) -> Any:
+    """The one default of setting ``name`` (KeyError for an unknown name)."""
+    return SETTINGS[name].default
+
+
+def check(name: str, value: Any, *, label: Optional[str] = None) -> Any:
+    """Validate ``value`` for setting ``name`` and return it as the setting's kind.
+
+    Accepts a JSON number (the node config) or its decimal text (``cdk synth -c key=7``, an
+    environment variable); never ``true``/``false``, NaN or infinity.
+
+    Args:
+        name: a key of :data:`SETTINGS`.
+        value: the value to check.
+        label: how the message names it (default ``name``; e.g. ``context key 'keep_snapshots'``).
+
+    Raises:
+        SettingError: (a ValueError) naming ``label``, the value and the allowed range.
+    """
+    setting = SETTINGS[name]
+    label = label or name
+    number: Any = None
+    if isinstance(value, bool):
+        number = None
+    elif isinstance(value, int) or (setting.kind is float and isinstance(value, float)):
+        number = value
+    elif isinstance(value, str):
+        text = value.strip()
+        try:
+            number = int(text) if setting.kind is int else float(text)
+        except ValueError:
+            number = None
+    if number is None or (isinstance(number, float) and not math.isfinite(number)):
+        raise SettingError(label, value, setting.allowed())
+    if number < setting.minimum or (setting.maximum is not None and number > setting.maximum):
+        raise SettingError(label, value, setting.allowed())
+    return setting.kind(number)
+
+
+# ---- files other processes read ------------------------------------------------------------------
+def write_json_atomic(path: "str | os.PathLike[str]", payload: Mapping[str, Any], *, tmp_prefix: str = ".tmp-",
+                      tmp_suffix: Optional[str] = None) -> None:
+    """Write ``payload`` as JSON to ``path`` so that a reader (another process, another node on EFS)
+    sees the old file or the new one, never half of one, and the new one survives a power cut: a
+    temporary file ``<tmp_prefix><name>-<tmp_suffix>`` (default suffix ``<pid>-<random>``) beside it,
+    fsync, ``os.replace``, fsync of the directory (the rename is durable only then; rename(2),
+    fsync(2)). The temporary file is removed on any exception, which is re-raised."""
+    path = Path(path)
+    suffix = tmp_suffix if tmp_suffix is not None else f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    tmp = path.with_name(f"{tmp_prefix}{path.name}-{suffix}")
+    try:
+        with open(tmp, "w", encoding="utf-8") as handle:
+            json.dump(payload, handle, indent=1, sort_keys=True)
+            handle.write("\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fd = os.open(path.parent, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,121 @@
+"""``BootstrapAsset``: the node code (``spot_training/contract/``, ``spot_training/agent/`` and ``spot_training/training/``) as one CDK S3 asset."""
+
+from __future__ import annotations
+
+import atexit
+import json
+import shutil
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import constructs
+from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_s3_assets as s3_assets
+
+from .userdata import DEFAULT_MAX_FAILED_BOOTS, STOP_TIMEOUT_S, boot_script
+
+#: What the node agents install when the AMI's system Python lacks boto3 (requirements-agent.txt).
+BOTO3_REQUIREMENT = "boto3>=1.34,<2"
+#: Where the node downloads the asset.
+ARCHIVE_PATH = "/opt/spot-training/bootstrap.zip"
+
+#: The project root when running from a checkout, or site-packages when pip-installed: both hold
+#: ``spot_training/`` with ``contract/``, ``agent/`` and ``training/`` beside ``infra/``.
+DEFAULT_ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_PACKAGES: tuple[str, ...] = ("spot_training/contract", "spot_training/agent", "spot_training/training")
+#: Left out of the asset: tests, bytecode, editor and build droppings.
+EXCLUDED = ("tests", "__pycache__", "*.pyc", "*.pyo", ".pytest_cache", "*.egg-info")
+
+
+def stage_packages(root: Path, packages: Sequence[str]) -> Path:
+    """Copy ``root/<package>`` for each package (minus :data:`EXCLUDED`) into a new temporary
+    directory and return it; the directory is removed when the process exits.
+
+    Staging a copy keeps CDK from fingerprinting the whole project (virtual environment,
+    node_modules) or, when pip-installed, all of site-packages.
+
+    Raises:
+        ValueError: a package directory does not exist (names it and where it was looked for).
+    """
+    missing = [p for p in packages if not (root / p / "__init__.py").is_file()]
+    if missing:
+        raise ValueError(f"packages {missing} not found under {root} (each needs an __init__.py); the bootstrap asset needs them")
+    staging = Path(tempfile.mkdtemp(prefix="spot-training-asset-"))
+    atexit.register(shutil.rmtree, staging, True)
+    for package in packages:
+        shutil.copytree(root / package, staging / package, ignore=shutil.ignore_patterns(*EXCLUDED))
+        # A subpackage (spot_training/agent) needs its parents' __init__.py to import on the node.
+        for parent in Path(package).parents:
+            if parent != Path(".") and not (staging / parent / "__init__.py").exists():
+                shutil.copy2(root / parent / "__init__.py", staging / parent / "__init__.py")
+    return staging
+
+
+class BootstrapAsset(constructs.Construct):
+    """One S3 asset (a zip file) holding the node agent and the training library.
+
+    Nodes download it with ``aws s3 cp`` (see :func:`spot_training.infra.userdata.boot_script`) and unpack it
+    to ``/opt/spot-training/code``; grant them ``TrainingNodeRole.grant_read_asset`` (its one object).
+
+    Attributes:
+        asset: the ``s3_assets.Asset``.
+    """
+
+    def __init__(
+        self,
+        scope: constructs.Construct,
+        construct_id: str,
+        *,
+        root: Path | None = None,
+        packages: Sequence[str] = DEFAULT_PACKAGES,
+    ) -> None:
+        """Stage and define the asset.
+
+        Args:
+            root: directory holding the packages; default: the directory above ``spot_training/``.
+            packages: package directories to include; default ``("spot_training/contract", "spot_training/agent", "spot_training/training")``.
+
+        Raises:
+            ValueError: a package is missing under ``root``.
+        """
+        super().__init__(scope, construct_id)
+        staging = stage_packages(Path(root) if root is not None else DEFAULT_ROOT, packages)
+        self.asset = s3_assets.Asset(self, "Resource", path=str(staging))
+
+    def user_data(
+        self,
+        config: Mapping[str, Any],
+        *,
+        region: str,
+        stop_timeout_s: int = STOP_TIMEOUT_S,
+        max_failed_boots: int = DEFAULT_MAX_FAILED_BOOTS,
+    ) -> ec2.UserData:
+        """Linux user data (:func:`spot_training.infra.userdata.boot_script`): write the boot-failure script and
+        ``config`` (the node config dict, docs/contracts.md) to ``/etc/spot-training/config.json``,
+        then, each step retried and reported on failure, download and unpack this asset and start the
+        agent under systemd (``TimeoutStopSec`` = ``stop_timeout_s`` seconds, default 120). The trainer's
+        framework is not installed at boot: ``config["training"]["venv"]`` has the agent build it once
+        on the data volume (or EFS). After ``max_failed_boots`` failed boots in a row (default 3) a node
+        cancels its fleet instead of being replaced again.
+
+        ``region`` and values in ``config`` may be tokens. The nodes need ``TrainingNodeRole.grant_read_asset``. Raises nothing.
+        """
+        user_data = ec2.UserData.for_linux()
+        # json.dumps, not Stack.to_json_string: the latter drops null values ("efs": null), which the
+        # contract spells out. The only tokens here (region, EFS ids) need no JSON escaping, and
+        # CDK resolves tokens embedded in strings.
+        user_data.add_commands(*boot_script(
+            asset_url=self.asset.s3_object_url,
+            region=region,
+            stack_name=config["stack_name"],
+            volume_tags=config["volume"]["tags"],
+            config_json=json.dumps(config, indent=2),
+            boto3_requirement=BOTO3_REQUIREMENT,
+            stop_timeout_s=stop_timeout_s,
+            max_failed_boots=max_failed_boots,
+            # The agent mounts EFS only with amazon-efs-utils (TLS + IAM); no anonymous NFS fallback.
+            efs=bool(config.get("efs")),
+        ))
+        return user_data

@@ -1,0 +1,302 @@
+"""``SpotTrainingFleet``: Spot capacity for training nodes behind capacity props, not Spot Fleet JSON.
+
+Today the construct renders an ``AWS::EC2::SpotFleet`` (request type ``maintain``) with one launch
+template and an override for every (instance type, subnet) pair. AWS calls Spot Fleet a legacy API;
+users pass capacity settings (instance types, target capacity, allocation strategy, max price) so
+that EC2 Fleet or an Auto Scaling group can be offered later behind the same props.
+
+aws-cdk-lib has no L2 for Spot Fleet, so the request itself is the L1 ``CfnSpotFleet``; the launch
+template, security group and roles are L2s.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from collections.abc import Sequence
+
+import aws_cdk as cdk
+import constructs
+import jsii
+from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_kms as kms
+
+from .roles import SpotFleetRole
+from .tags import STACK_TAG_KEY
+
+#: Default instance types (one NVIDIA GPU each): L4, A10G, T4. All three families are in the
+#: ``supported_ec2_instances`` of the current x86_64 Deep Learning Base AMI (Ubuntu 22.04) release notes
+#: (G4dn, G5, G6, Gr6, G6e, P4d, P4de, P5, P5e, P5en, P6-B200, P6-B300; NVIDIA driver 580); P3 (Volta
+#: V100) is not, so p3.2xlarge is no default (docs/infra.md, "Default instance types", has the sources).
+DEFAULT_INSTANCE_TYPES: tuple[str, ...] = ("g6.xlarge", "g5.xlarge", "g4dn.xlarge")
+#: Instance families in ``supported_ec2_instances`` of the x86_64 Deep Learning Base AMI (Ubuntu
+#: 22.04) release notes (AWS DLAMI developer guide, release notes of 2026-01-02; docs/infra.md).
+DLAMI_SUPPORTED_FAMILIES: frozenset[str] = frozenset(
+    {"g4dn", "g5", "g6", "gr6", "g6e", "p4d", "p4de", "p5", "p5e", "p5en", "p6-b200", "p6-b300"}
+)
+
+
+def instance_family(instance_type: str) -> str:
+    """The family of an EC2 instance type: ``"g5"`` for ``"g5.xlarge"``, ``"p6-b200"`` for ``"p6-b200.48xlarge"``."""
+    return instance_type.split(".", 1)[0]
+
+# family (letters and digits, a digit somewhere, optional "-flex"-style suffix) "." size
+_INSTANCE_TYPE_RE = re.compile(
+    r"^[a-z][a-z0-9-]*[0-9][a-z0-9-]*\.(nano|micro|small|medium|large|[0-9]*xlarge|metal(-[0-9]+xl)?)$"
+)
+
+
+class AllocationStrategy(enum.Enum):
+    """How the fleet picks Spot capacity pools (the Spot Fleet ``AllocationStrategy`` values)."""
+
+    #: Lowest price among the pools with the most spare capacity (AWS's recommendation; default).
+    PRICE_CAPACITY_OPTIMIZED = "priceCapacityOptimized"
+    #: Pools with the most spare capacity: fewest interruptions.
+    CAPACITY_OPTIMIZED = "capacityOptimized"
+    #: Cheapest pools: most interruptions.
+    LOWEST_PRICE = "lowestPrice"
+    #: Spread across all pools.
+    DIVERSIFIED = "diversified"
+
+
+def validate_instance_type(value: object, *, prop: str = "instance_types") -> str:
+    """Return ``value`` if it looks like an EC2 instance type (``g5.xlarge``), else raise.
+
+    Raises:
+        ValueError: naming ``prop``, the value and the expected form.
+    """
+    if not isinstance(value, str) or not _INSTANCE_TYPE_RE.match(value):
+        raise ValueError(
+            f"{prop}: {value!r} is not an EC2 instance type; allowed: FAMILY.SIZE such as g5.xlarge, g6.xlarge, g4dn.12xlarge"
+        )
+    return value
+
+
+class SpotTrainingFleet(constructs.Construct):
+    """Spot capacity for training nodes: a launch template and a Spot Fleet request of type ``maintain``.
+
+    The launch template requires IMDSv2 (``HttpTokens=required``, hop limit 2), encrypts the root
+    volume (gp3), sets no key pair unless given one (use SSM Session Manager), and uses a security
+    group with no ingress rules. The fleet has one override per (instance type, subnet) pair, so it
+    can place the node in any allowed type and Availability Zone. Tags on this construct (and the
+    stack's tags) reach the instances and their volumes through the launch template's tag
+    specifications; the fleet request itself carries the ``spot-training:stack`` tag so that
+    ``ec2:CancelSpotFleetRequests`` can be conditioned on it.
+
+    Attributes:
+        launch_template: the ``ec2.LaunchTemplate``.
+        security_group: the nodes' security group.
+        connections: the nodes' ``ec2.Connections`` (``fs.connections.allow_default_port_from(fleet)``).
+        fleet_role: the role Spot Fleet assumes.
+        resource: the ``ec2.CfnSpotFleet`` (construct id ``Resource``).
+        fleet_request_id: the Spot Fleet request id (token).
+    """
+
+    def __init__(
+        self,
+        scope: constructs.Construct,
+        construct_id: str,
+        *,
+        vpc: ec2.IVpc,
+        machine_image: ec2.IMachineImage,
+        instance_profile: iam.IInstanceProfile,
+        user_data: ec2.UserData | None = None,
+        instance_types: Sequence[str] = DEFAULT_INSTANCE_TYPES,
+        target_capacity: int = 1,
+        allocation_strategy: AllocationStrategy = AllocationStrategy.PRICE_CAPACITY_OPTIMIZED,
+        max_price: str | None = None,
+        vpc_subnets: ec2.SubnetSelection | None = None,
+        security_group: ec2.ISecurityGroup | None = None,
+        fleet_role: iam.IRole | None = None,
+        root_volume_size_gib: int = 150,
+        root_volume_encryption_key: kms.IKey | None = None,
+        root_device_name: str = "/dev/sda1",
+        key_pair: ec2.IKeyPair | None = None,
+        stack_tag_value: str | None = None,
+        instance_metadata_tags: bool = False,
+    ) -> None:
+        """Define the launch template and the Spot Fleet request.
+
+        Args:
+            vpc: the VPC to launch into.
+            machine_image: the AMI (e.g. ``ec2.MachineImage.from_ssm_parameter(...)`` for the Deep Learning AMI).
+            instance_profile: the nodes' instance profile (``TrainingNodeRole.instance_profile``).
+            user_data: the nodes' user data; default: none.
+            instance_types: EC2 instance types (``g5.xlarge``), at least one, no duplicates;
+                default: :data:`DEFAULT_INSTANCE_TYPES` (``g6.xlarge``, ``g5.xlarge``, ``g4dn.xlarge``).
+            target_capacity: instances to keep running, >= 0 (0 pauses the fleet); default 1.
+            allocation_strategy: default ``PRICE_CAPACITY_OPTIMIZED``.
+            max_price: highest price in USD per instance-hour as a decimal string (``"0.75"``);
+                default: none (the On-Demand price caps it).
+            vpc_subnets: where instances may launch, one override per subnet; default: the VPC's
+                public subnets (a new VPC of ours has no NAT gateway).
+            security_group: default: a new group that allows all outbound and no inbound traffic.
+            fleet_role: the role Spot Fleet assumes; default: a new :class:`SpotFleetRole`.
+            root_volume_size_gib: encrypted gp3 root volume, GiB, 8..16384; default 150
+                (the Deep Learning AMI's snapshot needs more than 100).
+            root_volume_encryption_key: an ``aws_kms.IKey`` for the root volume; default: the AWS managed EBS key.
+            root_device_name: the AMI's root device; default ``/dev/sda1`` (Ubuntu AMIs).
+            key_pair: an SSH key pair; default: none (connect with SSM Session Manager).
+            stack_tag_value: value of the ``spot-training:stack`` tag on the fleet request;
+                default: the stack's name.
+            instance_metadata_tags: expose the instance's tags in instance metadata
+                (``InstanceMetadataTags=enabled``; a cluster worker watches its member tag there);
+                default false. Tag keys then must not contain ``/`` or spaces.
+
+        Raises:
+            ValueError: an empty or malformed ``instance_types``, a negative ``target_capacity``,
+                a ``max_price`` that is not a positive decimal, an out-of-range root volume size, or
+                an ``allocation_strategy`` that is not an :class:`AllocationStrategy`.
+        """
+        super().__init__(scope, construct_id)
+        if isinstance(instance_types, str) or instance_types is None or len(instance_types) == 0:
+            raise ValueError(
+                f"instance_types must be a non-empty list of EC2 instance types such as ['g5.xlarge'], got {instance_types!r}"
+            )
+        types = [validate_instance_type(t) for t in instance_types]
+        if len(set(types)) != len(types):
+            raise ValueError(f"instance_types must not repeat a type, got {list(instance_types)!r}")
+        if isinstance(target_capacity, bool) or not isinstance(target_capacity, int) or target_capacity < 0:
+            raise ValueError(f"target_capacity must be an integer >= 0 (instances), got {target_capacity!r}")
+        if not isinstance(allocation_strategy, AllocationStrategy):
+            raise ValueError(
+                f"allocation_strategy must be an AllocationStrategy ({', '.join(s.name for s in AllocationStrategy)}), got {allocation_strategy!r}"
+            )
+        if max_price is not None and (
+            not isinstance(max_price, str) or not re.fullmatch(r"\d+(\.\d+)?", max_price) or float(max_price) <= 0
+        ):
+            raise ValueError(f"max_price must be a positive decimal string in USD per instance-hour such as '0.75', got {max_price!r}")
+        if isinstance(root_volume_size_gib, bool) or not isinstance(root_volume_size_gib, int) or not 8 <= root_volume_size_gib <= 16384:
+            raise ValueError(f"root_volume_size_gib must be an integer from 8 to 16384 (GiB), got {root_volume_size_gib!r}")
+
+        stack = cdk.Stack.of(self)
+        tag_value = stack_tag_value or stack.stack_name
+        self.instance_types: tuple[str, ...] = tuple(types)
+        self.security_group = security_group or ec2.SecurityGroup(
+            self,
+            "SecurityGroup",
+            vpc=vpc,
+            description="Spot training nodes: no inbound rules (SSM Session Manager instead of SSH)",
+            allow_all_outbound=True,
+        )
+        self.connections = ec2.Connections(security_groups=[self.security_group])
+        self.launch_template = ec2.LaunchTemplate(
+            self,
+            "LaunchTemplate",
+            machine_image=machine_image,
+            user_data=user_data,
+            instance_profile=instance_profile,
+            security_group=self.security_group,
+            key_pair=key_pair,
+            require_imdsv2=True,
+            http_tokens=ec2.LaunchTemplateHttpTokens.REQUIRED,
+            http_put_response_hop_limit=2,
+            http_endpoint=True,
+            instance_metadata_tags=instance_metadata_tags or None,
+            # The agent powers off a node that can no longer work (IMDS 403 during training), and a failed
+            # boot shuts the node down (spot_training/infra/userdata.py, boot-failed): terminate, not stop (EC2's
+            # default), so the fleet replaces it (EC2 User Guide, "Change instance initiated shutdown behavior").
+            instance_initiated_shutdown_behavior=ec2.InstanceInitiatedShutdownBehavior.TERMINATE,
+            block_devices=[
+                ec2.BlockDevice(
+                    device_name=root_device_name,
+                    volume=ec2.BlockDeviceVolume.ebs(
+                        root_volume_size_gib,
+                        encrypted=True,
+                        kms_key=root_volume_encryption_key,
+                        volume_type=ec2.EbsDeviceVolumeType.GP3,
+                        delete_on_termination=True,
+                    ),
+                )
+            ],
+        )
+        # Root volumes (DeleteOnTermination) get the construct's tags but not the stack tag: the
+        # instance role may delete volumes carrying it (the agent's data volume and its copies), so
+        # with it every node could delete every other node's root volume, and the data-cleanup
+        # handler would wait for volumes EC2 deletes with their instances (issue 15, item 3). The L2
+        # renders the same tags for instances and volumes, so its TagSpecifications are replaced by
+        # ones computed from the same tags at synth time.
+        keep_stack_tag_off_root_volumes(self.launch_template)
+        self.fleet_role: iam.IRole = fleet_role or SpotFleetRole(self, "FleetRole").role
+
+        subnets = vpc.select_subnets(**_subnet_selection_kwargs(vpc_subnets)).subnets
+        overrides = [
+            ec2.CfnSpotFleet.LaunchTemplateOverridesProperty(instance_type=t, subnet_id=s.subnet_id)
+            for t in types
+            for s in subnets
+        ]
+        self.resource = ec2.CfnSpotFleet(
+            self,
+            "Resource",
+            spot_fleet_request_config_data=ec2.CfnSpotFleet.SpotFleetRequestConfigDataProperty(
+                iam_fleet_role=self.fleet_role.role_arn,
+                target_capacity=target_capacity,
+                type="maintain",
+                allocation_strategy=allocation_strategy.value,
+                spot_price=max_price,
+                replace_unhealthy_instances=True,
+                terminate_instances_with_expiration=True,
+                # No SpotMaintenanceStrategies (capacity rebalancing): a second node launched early
+                # would race the first for the volume; the agent checkpoints on a rebalance
+                # recommendation instead.
+                launch_template_configs=[
+                    ec2.CfnSpotFleet.LaunchTemplateConfigProperty(
+                        launch_template_specification=ec2.CfnSpotFleet.FleetLaunchTemplateSpecificationProperty(
+                            launch_template_id=self.launch_template.launch_template_id,
+                            version=self.launch_template.latest_version_number,
+                        ),
+                        overrides=overrides,
+                    )
+                ],
+                tag_specifications=[
+                    ec2.CfnSpotFleet.SpotFleetTagSpecificationProperty(
+                        resource_type="spot-fleet-request",
+                        tags=[cdk.CfnTag(key=STACK_TAG_KEY, value=tag_value)],
+                    )
+                ],
+            ),
+        )
+        self.fleet_request_id: str = self.resource.ref
+
+
+def keep_stack_tag_off_root_volumes(launch_template: ec2.LaunchTemplate) -> None:
+    """Render ``launch_template``'s TagSpecifications so that its instances get all its tags and their
+    volumes all but ``spot-training:stack`` (the tag the instance role may delete volumes by). The L2
+    gives instances and volumes the same tags and has no option for this, hence the override; the
+    tags are read at synth time, after every ``Tags.of(...)`` aspect has run."""
+    cfn_launch_template = launch_template.node.default_child
+    assert isinstance(cfn_launch_template, ec2.CfnLaunchTemplate)
+    cfn_launch_template.add_property_override(
+        "LaunchTemplateData.TagSpecifications", cdk.Lazy.any(_InstanceAndRootVolumeTags(launch_template)))
+
+
+@jsii.implements(cdk.IStableAnyProducer)
+class _InstanceAndRootVolumeTags:
+    """The launch template's TagSpecifications: all its tags on instances; all but the stack tag on
+    their (root) volumes; None when it has no tags."""
+
+    def __init__(self, launch_template: ec2.LaunchTemplate) -> None:
+        self._launch_template = launch_template
+
+    def produce(self) -> object:
+        manager = cdk.TagManager.of(self._launch_template)
+        tags = [{"Key": t["Key"], "Value": t["Value"]} for t in (manager.render_tags() if manager else None) or []]
+        if not tags:
+            return None
+        specs = [{"ResourceType": "instance", "Tags": tags}]
+        volume_tags = [t for t in tags if t["Key"] != STACK_TAG_KEY]
+        if volume_tags:
+            specs.append({"ResourceType": "volume", "Tags": volume_tags})
+        return specs
+
+
+def _subnet_selection_kwargs(selection: ec2.SubnetSelection | None) -> dict[str, object]:
+    """Keyword arguments for ``IVpc.select_subnets`` (default: public subnets)."""
+    if selection is None:
+        return {"subnet_type": ec2.SubnetType.PUBLIC}
+    return {
+        key: getattr(selection, key)
+        for key in ("availability_zones", "one_per_az", "subnet_filters", "subnet_group_name", "subnet_type", "subnets")
+        if getattr(selection, key) is not None
+    }

@@ -1,0 +1,210 @@
+"""What the MXNet and TensorFlow cluster trainers share: arguments, the global batch of a step and
+each worker's shard of it, the per-process step log and the result file. numpy only.
+
+Data position = the step: the global batch of step ``s`` is ``batch_indices(s, batch_size=B)``
+(spot_training/training/datasets.py), whatever the worker count, so a generation that resumes at step ``s`` with
+another number of workers still sees the same examples in the same order. Worker ``r`` of ``n``
+takes ``numpy.array_split(global_batch, n)[r]``; the gradients are summed across workers and divided
+by ``B``, which is the mean over the global batch (the same update as one process, up to summation order).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from spot_training.contract import PROGRESS_FILE, TRAINING_LOG_FILE
+from spot_training.training.core import DEFAULT_EVERY_STEPS, default_every_steps
+from spot_training.training.datasets import batch_indices, default_data_dir, default_log_dir, load_digits
+
+__all__ = ["parse_args", "global_batch", "global_batch_size", "worker_shard", "StepLog", "write_result", "node_id",
+           "generation", "pace", "run_and_exit", "flat_digits"]
+
+STEP_LOG_FIELDS = ("step", "generation", "rank", "num_workers", "loss", "learning_rate", "wall_time")
+#: The progress file the node agent reads and publishes (docs/contracts.md, "Signals and files between
+#: agent and trainer"): rank 0 appends one row per step, whichever node holds rank 0 in a generation.
+TRAINING_LOG = TRAINING_LOG_FILE
+TRAINING_LOG_FIELDS = ("step", "generation", "num_workers", "loss", "learning_rate", "wall_time")
+
+
+def parse_args(argv=None, *, description: str) -> argparse.Namespace:
+    """Arguments of both cluster trainers (``--help`` lists them). Exits 2 naming a bad value."""
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--steps", type=int, default=300, help="total optimizer steps (default 300)")
+    p.add_argument("--batch-size", type=int, default=64, help="global batch size when --per-worker-batch is not set")
+    p.add_argument("--per-worker-batch", type=int, default=0,
+                   help="each worker adds this many examples (global batch = this x workers; default 0: off)")
+    p.add_argument("--learning-rate", type=float, default=0.1, help="SGD (momentum 0.9) learning rate, default 0.1")
+    p.add_argument("--scale-lr", action="store_true",
+                   help="linear learning-rate scaling by worker count with warm-up (spot_training.training.distributed.lr)")
+    p.add_argument("--warmup-steps", type=int, default=20, help="warm-up steps of --scale-lr (default 20)")
+    p.add_argument("--hidden", type=int, default=64, help="hidden units of the MLP (default 64)")
+    p.add_argument("--save-every-steps", type=int, default=None,
+                   help="checkpoint cadence in steps (0: off; default: $SPOT_TRAINING_CHECKPOINT_EVERY_STEPS or "
+                        f"{DEFAULT_EVERY_STEPS})")
+    p.add_argument("--min-step-seconds", type=float, default=0.0,
+                   help="pace steps to take at least this long (tests and benchmarks: room for events)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--data-dir", type=Path, default=None, help="default $SPOT_TRAINING_DATA_DIR")
+    p.add_argument("--checkpoint-dir", type=Path, default=None, help="default $SPOT_TRAINING_CHECKPOINT_DIR")
+    p.add_argument("--log-dir", type=Path, default=None, help="default $SPOT_TRAINING_LOG_DIR")
+    args = p.parse_args(argv)
+    if args.save_every_steps is None:  # the node config's cadence (the agent's environment), else the contract's
+        try:
+            args.save_every_steps = default_every_steps()
+        except ValueError as exc:
+            p.error(str(exc))
+    for name in ("steps", "batch_size", "hidden"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    for name in ("per_worker_batch", "warmup_steps", "save_every_steps"):
+        if getattr(args, name) < 0:
+            p.error(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
+    if not args.learning_rate > 0:
+        p.error(f"--learning-rate must be > 0, got {args.learning_rate}")
+    return args
+
+
+def flat_digits(data_dir: Path | None) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``x_train, y_train, x_test, y_test`` of the digits (:func:`spot_training.training.datasets.load_digits`) with each
+    8x8 image flattened to one row of 64 (the trainers' MLP input). ``data_dir``: default
+    :func:`spot_training.training.datasets.default_data_dir`."""
+    data_dir = data_dir or default_data_dir()
+    x_train, y_train = load_digits(data_dir, "train", layout="NHWC")
+    x_test, y_test = load_digits(data_dir, "test", layout="NHWC")
+    return x_train.reshape(len(x_train), -1), y_train, x_test.reshape(len(x_test), -1), y_test
+
+
+def global_batch_size(args: argparse.Namespace, num_workers: int) -> int:
+    """Examples per optimizer step across all workers."""
+    return args.per_worker_batch * num_workers if args.per_worker_batch else args.batch_size
+
+
+def global_batch(step: int, *, batch_size: int, n: int, seed: int) -> np.ndarray:
+    """Indices (int64, (batch_size,)) of the global batch of ``step``."""
+    return batch_indices(step, batch_size=batch_size, n=n, seed=seed)
+
+
+def worker_shard(indices: np.ndarray, *, rank: int, num_workers: int) -> np.ndarray:
+    """Worker ``rank``'s part of a global batch (``numpy.array_split``; sizes differ by at most one).
+
+    Raises ValueError unless 0 <= rank < num_workers <= len(indices)."""
+    if not 0 <= rank < num_workers:
+        raise ValueError(f"rank must be in 0..num_workers-1, got rank={rank}, num_workers={num_workers}")
+    if num_workers > len(indices):
+        raise ValueError(f"global batch of {len(indices)} cannot be split across {num_workers} workers; "
+                         "raise --batch-size")
+    return np.array_split(indices, num_workers)[rank]
+
+
+def node_id() -> str:
+    """This process's id in the step logs: the node's ``SPOT_TRAINING_NODE_ID`` (the instance id, set by
+    the agent), else ``pid-<pid>``; with more than one process on a node (torchrun's
+    ``LOCAL_WORLD_SIZE`` > 1) ``-<LOCAL_RANK>`` is appended, so no two processes share a file."""
+    base = os.environ.get("SPOT_TRAINING_NODE_ID") or f"pid-{os.getpid()}"
+    if int(os.environ.get("LOCAL_WORLD_SIZE") or 1) > 1:
+        return f"{base}-{os.environ.get('LOCAL_RANK', '0')}"
+    return base
+
+
+def generation() -> int:
+    """The generation from ``SPOT_TRAINING_GENERATION`` (0 outside a cluster)."""
+    return int(os.environ.get("SPOT_TRAINING_GENERATION", "0"))
+
+
+class StepLog:
+    """``<log_dir>/steps-<node_id>.csv``: one flushed row per step this process ran
+    (``step`` = completed steps after it, ``generation``, ``rank``, ``num_workers``, ``loss``,
+    ``learning_rate``, ``wall_time`` in seconds since the epoch). Appends across generations.
+
+    Rank 0 also appends the row to ``<log_dir>/training_log.csv`` (:data:`TRAINING_LOG_FIELDS`) and, with
+    ``steps_total``, writes ``<log_dir>/progress.json`` once: the progress the node agent publishes
+    (docs/contracts.md), so ``spot-train status`` shows a cluster's step, loss and ETA."""
+
+    def __init__(self, log_dir: Path | None, *, steps_total: int | None = None) -> None:
+        directory = Path(log_dir) if log_dir else default_log_dir()
+        directory.mkdir(parents=True, exist_ok=True)
+        self.directory = directory
+        self.path = directory / f"steps-{node_id()}.csv"
+        self.steps_total = steps_total
+        self._file, self._writer = self._open(self.path, STEP_LOG_FIELDS)
+        self._progress: tuple | None = None
+
+    @staticmethod
+    def _open(path: Path, fields: tuple[str, ...]):
+        new = not path.exists() or path.stat().st_size == 0
+        handle = open(path, "a", newline="", buffering=1)
+        writer = csv.writer(handle)
+        if new:
+            writer.writerow(fields)
+        return handle, writer
+
+    def write(self, *, step: int, rank: int, num_workers: int, loss: float, learning_rate: float) -> None:
+        now = f"{time.time():.3f}"
+        self._writer.writerow([step, generation(), rank, num_workers, f"{loss:.6f}", f"{learning_rate:.6g}", now])
+        if rank != 0:
+            return
+        if self._progress is None:
+            self._progress = self._open(self.directory / TRAINING_LOG, TRAINING_LOG_FIELDS)
+            if self.steps_total is not None:
+                progress = self.directory / PROGRESS_FILE
+                tmp = progress.with_name(f".progress.json.{os.getpid()}.tmp")
+                tmp.write_text(json.dumps({"steps_total": int(self.steps_total)}))
+                os.replace(tmp, progress)
+        self._progress[1].writerow([step, generation(), num_workers, f"{loss:.6f}", f"{learning_rate:.6g}", now])
+
+    def close(self) -> None:
+        self._file.close()
+        if self._progress is not None:
+            self._progress[0].close()
+
+
+def write_result(log_dir: Path | None, payload: dict) -> Path:
+    """Write ``<log_dir>/result.json`` atomically (final step, test accuracy, ...); returns the path."""
+    directory = Path(log_dir) if log_dir else default_log_dir()
+    path = directory / "result.json"
+    tmp = path.with_name(f".tmp-result-{os.getpid()}")
+    tmp.write_text(json.dumps(payload, sort_keys=True))
+    os.replace(tmp, path)
+    return path
+
+
+def pace(started: float, min_seconds: float) -> None:
+    """Sleep so that a step that began at ``started`` (perf_counter) lasts at least ``min_seconds``."""
+    left = min_seconds - (time.perf_counter() - started)
+    if left > 0:
+        time.sleep(left)
+
+
+def run_and_exit(main: Callable[[], int], *, hard_exit: bool) -> None:
+    """Run ``main()`` and end the process with its status: 0..255 from ``main`` or its ``SystemExit``
+    (Python's rule: ``None`` is 0, a non-int is 1), 1 after any other exception (traceback on stderr).
+
+    ``hard_exit``: flush the logs and stdio, then ``os._exit`` instead of ``sys.exit``: the trainers use
+    it where interpreter shutdown blocks in the framework's teardown after everything durable is done
+    (the reasons are in each trainer's ``run``). Never returns.
+    """
+    try:
+        code = main()
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except BaseException:  # noqa: BLE001 - report, then exit non-zero so the agent / torchrun sees the failure
+        import traceback
+
+        traceback.print_exc()
+        code = 1
+    if hard_exit:
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)

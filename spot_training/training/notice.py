@@ -1,0 +1,177 @@
+"""Interruption notices inside the training process: signals, the request file, the save cadence.
+
+The node agent watches instance metadata; the trainer only sees what docs/contracts.md fixes:
+``SIGTERM`` = finish the current step, save, exit 0; ``SIGUSR1`` or the file named by
+``SPOT_TRAINING_CHECKPOINT_REQUEST_FILE`` = save an extra checkpoint and keep training. This module
+polls nothing from AWS. Signal handlers only set flags (the loop acts between steps), because a
+handler that saves would run in the middle of a step with half-updated weights.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Callable, Iterable
+
+from spot_training import contract
+
+__all__ = ["NoticeHandler", "SaveSchedule", "REQUEST_FILE_ENV", "request_file_from_env"]
+
+REQUEST_FILE_ENV = contract.ENV_CHECKPOINT_REQUEST_FILE
+_FROM_ENV = object()
+
+
+def request_file_from_env(environ=None) -> Path | None:
+    """The path in ``SPOT_TRAINING_CHECKPOINT_REQUEST_FILE``, or None when unset or empty."""
+    value = (environ if environ is not None else os.environ).get(REQUEST_FILE_ENV, "")
+    return Path(value) if value else None
+
+
+class NoticeHandler:
+    """Turns stop and checkpoint signals (and the request file) into flags the training loop polls.
+
+    request_file: path whose existence requests an extra checkpoint; the file is deleted when the
+    request is consumed. Default: ``$SPOT_TRAINING_CHECKPOINT_REQUEST_FILE`` (None when unset).
+    stop_signals: signals that request a stop (default ``(SIGTERM,)``).
+    checkpoint_signals: signals that request an extra checkpoint (default ``(SIGUSR1,)``).
+
+    Use as a context manager, or call :meth:`install` / :meth:`uninstall`; installing must happen
+    in the main thread (Python delivers signals there), else ValueError from ``signal.signal``.
+    The previous handlers are restored on uninstall.
+    """
+
+    def __init__(
+        self,
+        *,
+        request_file: str | os.PathLike | None = _FROM_ENV,  # type: ignore[assignment]
+        stop_signals: Iterable[int] = (signal.SIGTERM,),
+        checkpoint_signals: Iterable[int] = (signal.SIGUSR1,),
+    ) -> None:
+        self.request_file = request_file_from_env() if request_file is _FROM_ENV else (
+            Path(request_file) if request_file is not None else None)
+        self.stop_signals = tuple(stop_signals)
+        self.checkpoint_signals = tuple(checkpoint_signals)
+        overlap = set(self.stop_signals) & set(self.checkpoint_signals)
+        if overlap:
+            raise ValueError(
+                f"a signal cannot both stop and request a checkpoint. Received: {sorted(overlap)} in both "
+                "stop_signals and checkpoint_signals"
+            )
+        self._stop = threading.Event()
+        self._checkpoint = threading.Event()
+        self._previous: dict[int, object] = {}
+        self.stop_signal: int | None = None
+
+    # -- installation
+    def install(self) -> "NoticeHandler":
+        """Install the handlers (idempotent) and return self."""
+        if self._previous:
+            return self
+        for sig in self.stop_signals:
+            self._previous[sig] = signal.signal(sig, self._on_stop)
+        for sig in self.checkpoint_signals:
+            self._previous[sig] = signal.signal(sig, self._on_checkpoint)
+        self._take_over_early_notice()
+        return self
+
+    def _take_over_early_notice(self) -> None:
+        # A signal caught by spot_training.training.early_notice before this handler existed (the script imported
+        # it on its first line) counts as if it had arrived here.
+        early = sys.modules.get("spot_training.training.early_notice")
+        if early is None:
+            return
+        if early.stop_requested.is_set() and early.stop_signal in self.stop_signals:
+            self.stop_signal = early.stop_signal
+            self._stop.set()
+        if early.checkpoint_requested.is_set() and signal.SIGUSR1 in self.checkpoint_signals:
+            early.checkpoint_requested.clear()
+            self._checkpoint.set()
+
+    def uninstall(self) -> None:
+        """Restore the handlers that were there before :meth:`install`."""
+        for sig, previous in self._previous.items():
+            signal.signal(sig, previous)  # type: ignore[arg-type]
+        self._previous.clear()
+
+    def __enter__(self) -> "NoticeHandler":
+        return self.install()
+
+    def __exit__(self, *exc) -> None:
+        self.uninstall()
+
+    def _on_stop(self, signum, _frame) -> None:
+        self.stop_signal = signum
+        self._stop.set()
+
+    def _on_checkpoint(self, _signum, _frame) -> None:
+        self._checkpoint.set()
+
+    # -- what the loop polls
+    @property
+    def stop_requested(self) -> bool:
+        """True once a stop signal arrived (stays True)."""
+        return self._stop.is_set()
+
+    def request_stop(self) -> None:
+        """Ask for a stop from code (same effect as SIGTERM)."""
+        self._stop.set()
+
+    def request_checkpoint(self) -> None:
+        """Ask for an extra checkpoint from code (same effect as SIGUSR1)."""
+        self._checkpoint.set()
+
+    def consume_checkpoint_request(self) -> bool:
+        """True once per request (a checkpoint signal since the last call, or the request file
+        exists; the file is deleted). One stat() per call when a request file is configured."""
+        requested = self._checkpoint.is_set()
+        self._checkpoint.clear()
+        if self.request_file is not None:
+            try:
+                self.request_file.unlink()
+                requested = True
+            except FileNotFoundError:
+                pass
+        return requested
+
+
+class SaveSchedule:
+    """Save cadence by steps and/or seconds.
+
+    every_steps: save when the number of completed steps is a multiple of it (>= 1, or None).
+    every_seconds: save when at least this many seconds passed since the last save (> 0, or None).
+    Neither: only on demand (notices). clock: monotonic seconds (default ``time.monotonic``).
+    Step-based saves fall on the same steps in every run, which keeps resumed runs comparable.
+    """
+
+    def __init__(self, every_steps: int | None = 50, every_seconds: float | None = None, *,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        if every_steps is not None and (isinstance(every_steps, bool) or not isinstance(every_steps, int)
+                                        or every_steps < 1):
+            raise ValueError(f"every_steps must be an integer >= 1 or None. Received: every_steps={every_steps!r}")
+        if every_seconds is not None and (isinstance(every_seconds, bool)
+                                          or not isinstance(every_seconds, (int, float)) or every_seconds <= 0):
+            raise ValueError(f"every_seconds must be a number > 0 or None. Received: every_seconds={every_seconds!r}")
+        self.every_steps = every_steps
+        self.every_seconds = every_seconds
+        self.clock = clock
+        self._last_save = clock()
+
+    def due(self, step: int, now: float | None = None) -> bool:
+        """True when a save is due after ``step`` completed steps (``now`` in clock seconds)."""
+        if self.every_steps is not None and step > 0 and step % self.every_steps == 0:
+            return True
+        if self.every_seconds is not None:
+            now = self.clock() if now is None else now
+            return now - self._last_save >= self.every_seconds
+        return False
+
+    def saved(self, now: float | None = None) -> None:
+        """Record that a save happened (restarts the seconds timer)."""
+        self._last_save = self.clock() if now is None else now
+
+    def __repr__(self) -> str:
+        return f"SaveSchedule(every_steps={self.every_steps!r}, every_seconds={self.every_seconds!r})"
