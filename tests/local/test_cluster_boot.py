@@ -4,7 +4,7 @@ EFS directory as its ``/mnt/efs``, and a boot step that fails reports and shuts 
 
 Launch templates and instances live in the session's moto server (tests/conftest.py); the nodes run on
 loopback (``SPOT_TRAINING_TEST_LOOPBACK``), the fallback that needs the port offset. The whole drill,
-in network namespaces, is tests/localmode/test_cluster_drill.py.
+in network namespaces, is tests/local/test_cluster_drill.py.
 """
 
 from __future__ import annotations

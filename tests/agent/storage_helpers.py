@@ -93,7 +93,7 @@ def aws_state(ec2: Any) -> dict[str, Any]:
 
 def agent_command(config_path: Path, instance_id: str, az: str, blockdev_dir: Path, *,
                   timeouts: dict[str, float] | None = None, pause_after: str | None = None) -> list[str]:
-    """argv of the volume-step driver (tests/bootstrap/volume_agent.py)."""
+    """argv of the volume-step driver (tests/agent/volume_agent.py)."""
     argv = [sys.executable, str(AGENT), "--config", str(config_path), "--instance-id", instance_id, "--az", az,
             "--blockdev-dir", str(blockdev_dir), "--timeouts", json.dumps(timeouts if timeouts is not None else FAST)]
     if pause_after:

@@ -1,4 +1,4 @@
-"""A small local git repository for the code-fetching tests (tests/bootstrap/test_supervisor.py and
+"""A small local git repository for the code-fetching tests (tests/agent/test_supervisor.py and
 test_privilege.py): a stand-in for the https URL a real node clones."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Test driver: the agent's volume step as a real process (``python tests/bootstrap/volume_agent.py``).
+"""Test driver: the agent's volume step as a real process (``python tests/agent/volume_agent.py``).
 
 Like ``python -m spot_training.agent attach-volume`` but with the identity given on the command line (no IMDS)
 and the timeouts adjustable, so tests can race two agents and kill one at an exact step:
