@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 
 if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
 from spot_training.training.distributed.common import StepLog, flat_digits, generation, global_batch, parse_args, write_result
 from spot_training.training.distributed.lr import scaled_learning_rate

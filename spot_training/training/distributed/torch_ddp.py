@@ -50,7 +50,7 @@ from datetime import timedelta
 from pathlib import Path
 
 if __package__ in (None, ""):  # run as a script by torchrun: make `spot_training.training` importable from the repo root
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
 import numpy as np
 

@@ -29,7 +29,7 @@ from datetime import timedelta
 from pathlib import Path
 
 if __package__ in (None, ""):  # run as a script: make `spot_training.contract` importable from the repo root
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
 from spot_training import contract  # noqa: E402
 

@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 
 if __package__ in (None, ""):  # run as a script: make `spot_training.training` importable from the repo root
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
