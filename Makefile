@@ -25,7 +25,7 @@ CDK_FLAGS := --no-notices --no-version-reporting
 PYTEST := $(BIN)/python -m pytest
 
 BENCHES := synth checkpoint agent elastic boot move
-.PHONY: setup system-deps test test-fast demo synth $(addprefix bench-,$(BENCHES)) clean
+.PHONY: setup system-deps test test-unit test-fast demo synth $(addprefix bench-,$(BENCHES)) clean
 
 setup: system-deps $(STAMP) $(TORCH_STAMP) $(CHECKOV_STAMP) $(CDK)
 
@@ -64,11 +64,22 @@ $(CDK): package.json package-lock.json
 
 # TensorFlow, MXNet and PyTorch never share a process: the MXNet tests run in a pytest of their
 # own, the PyTorch tests in one of the PyTorch environment (--confcutdir: tests/conftest.py needs boto3).
+# `make test` (what CI runs) is every tier; each pytest prints its 30 slowest tests.
+DURATIONS := --durations=30
 test: setup
-	$(PYTEST) tests --ignore=tests/mxnet --ignore=tests/torch
-	$(PYTEST) tests/mxnet
-	$(TORCH_PYTEST) tests/torch
+	$(PYTEST) tests --ignore=tests/mxnet --ignore=tests/torch $(DURATIONS)
+	$(PYTEST) tests/mxnet $(DURATIONS)
+	$(TORCH_PYTEST) tests/torch $(DURATIONS)
 
+# The quick loop: the unit tier only (in-process; tests/tier_guard.py fails a test that starts a process,
+# opens a connection or builds a CDK construct without being marked integration or slow).
+UNIT := -m "not slow and not integration" -q
+test-unit: setup
+	TEST_TIER=unit $(PYTEST) tests --ignore=tests/mxnet --ignore=tests/torch --ignore=tests/infra $(UNIT)
+	TEST_TIER=unit $(PYTEST) tests/mxnet $(UNIT)
+	TEST_TIER=unit $(TORCH_PYTEST) tests/torch $(UNIT)
+
+# Unit and integration tiers, no end-to-end drills or real training runs.
 test-fast: setup
 	$(PYTEST) tests --ignore=tests/mxnet --ignore=tests/torch -m "not slow"
 	$(PYTEST) tests/mxnet -m "not slow"

@@ -18,6 +18,7 @@ import pytest
 from botocore.config import Config
 
 from spot_training.local.moto_server import MotoServer
+from tier_guard import pytest_collection_modifyitems, pytest_runtest_call  # noqa: F401  (the test tiers' hooks)
 
 REGION = "us-east-1"
 #: Any AMI id works: the server does not load moto's AMI catalogue and moto does not validate ids.

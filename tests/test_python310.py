@@ -7,6 +7,8 @@ or a venv of it), and the local wheel writer local mode's nodes use.
 
 from __future__ import annotations
 
+import pytest
+
 import subprocess
 import sys
 from pathlib import Path
@@ -25,11 +27,13 @@ def _vermin(*paths: str | Path) -> subprocess.CompletedProcess:
                           cwd=REPO, capture_output=True, text=True, timeout=600)
 
 
+@pytest.mark.integration
 def test_node_code_runs_on_python_3_10() -> None:
     done = _vermin(*NODE_CODE)
     assert done.returncode == 0, f"node code needs a Python newer than {TARGET}:\n{done.stdout}{done.stderr}"
 
 
+@pytest.mark.integration
 def test_the_check_catches_code_that_needs_3_11(tmp_path: Path) -> None:
     (tmp_path / "new.py").write_text("import tomllib\n\ntry:\n    pass\nexcept* ValueError:\n    pass\n")
     done = _vermin(tmp_path / "new.py")

@@ -47,6 +47,7 @@ def imds():
         yield emulator
 
 
+@pytest.mark.integration
 def test_emulator_enforces_imdsv2(imds):
     status, _ = _call(imds.endpoint + "/latest/meta-data/instance-id")
     assert status == 401
@@ -60,6 +61,7 @@ def test_emulator_enforces_imdsv2(imds):
     assert (status, body) == (200, "i-0abc")
 
 
+@pytest.mark.integration
 def test_client_reads_identity_and_tags(imds):
     client = ImdsClient(imds.endpoint)
     assert client.instance_id() == "i-0abc"
@@ -73,6 +75,7 @@ def test_client_reads_identity_and_tags(imds):
     assert imds.stats["token_puts"] == 1
 
 
+@pytest.mark.integration
 def test_tags_none_when_not_exposed():
     with ImdsEmulator(instance_id="i-1", availability_zone="us-east-1a") as emulator:
         assert ImdsClient(emulator.endpoint).tags() is None
@@ -108,6 +111,7 @@ def test_emulator_command_line_serves_moto_identity(ec2, moto_server):
         assert proc.wait(timeout=10) == 0
 
 
+@pytest.mark.integration
 def test_expired_token_gets_401_then_client_refreshes_once():
     server_clock = FakeClock()
     with ImdsEmulator(instance_id="i-2", availability_zone="us-east-1a", clock=server_clock) as emulator:
@@ -120,6 +124,7 @@ def test_expired_token_gets_401_then_client_refreshes_once():
         assert emulator.stats["token_puts"] == 2
 
 
+@pytest.mark.integration
 def test_revoked_token_is_refreshed_over_control_endpoint(imds):
     client = ImdsClient(imds.endpoint)
     client.instance_id()
@@ -129,6 +134,7 @@ def test_revoked_token_is_refreshed_over_control_endpoint(imds):
     assert (stats["token_puts"], stats["unauthorized"]) == (2, 1)
 
 
+@pytest.mark.integration
 def test_client_refreshes_token_before_it_expires(imds):
     clock = FakeClock()
     client = ImdsClient(imds.endpoint, token_ttl_s=100, refresh_margin_s=10, clock=clock)
@@ -141,6 +147,7 @@ def test_client_refreshes_token_before_it_expires(imds):
     assert imds.stats["token_puts"] == 2 and imds.stats["unauthorized"] == 0
 
 
+@pytest.mark.integration
 def test_403_is_fatal_with_a_clear_message(imds):
     assert _call(imds.endpoint + "/control/fail-mode", "POST", body={"status": 403})[0] == 200
     client = ImdsClient(imds.endpoint)
@@ -151,6 +158,7 @@ def test_403_is_fatal_with_a_clear_message(imds):
     assert [r["method"] for r in imds.stats["requests"] if r["path"] == "/latest/api/token"] == ["PUT"]
 
 
+@pytest.mark.integration
 def test_403_on_a_metadata_get_is_fatal(imds):
     client = ImdsClient(imds.endpoint)
     client.instance_id()
@@ -159,6 +167,7 @@ def test_403_on_a_metadata_get_is_fatal(imds):
         client.spot_instance_action()
 
 
+@pytest.mark.integration
 def test_timeouts_get_bounded_retries_then_a_clear_error(imds):
     _call(imds.endpoint + "/control/fail-mode", "POST", body={"delay_s": 1.5})
     sleeps: list[float] = []
@@ -174,18 +183,21 @@ def test_timeouts_get_bounded_retries_then_a_clear_error(imds):
     assert len(token_puts) == 3
 
 
+@pytest.mark.integration
 def test_one_slow_answer_is_retried_and_succeeds(imds):
     imds.set_fail_mode(delay_s=1.0, count=1)
     client = ImdsClient(imds.endpoint, timeout_s=0.3, attempts=3, sleep=lambda s: None)
     assert client.instance_id() == "i-0abc"
 
 
+@pytest.mark.integration
 def test_unreachable_endpoint_is_a_temporary_error():
     client = ImdsClient("http://127.0.0.1:9", timeout_s=0.2, attempts=2, sleep=lambda s: None)
     with pytest.raises(ImdsUnavailableError, match="did not answer PUT /latest/api/token after 2 attempts"):
         client.instance_id()
 
 
+@pytest.mark.integration
 def test_notices_404_means_none_then_posted_then_cleared(imds):
     client = ImdsClient(imds.endpoint)
     assert client.spot_instance_action() is None
@@ -211,6 +223,7 @@ def test_endpoint_from_config_then_environment_then_default(monkeypatch):
     assert resolve_endpoint("http://127.0.0.1:9999") == "http://127.0.0.1:9999"
 
 
+@pytest.mark.integration
 def test_token_never_reaches_the_log(imds):
     stream = io.StringIO()
     logger = logging.getLogger("spot_training.agent")

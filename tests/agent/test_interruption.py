@@ -61,6 +61,7 @@ def _wait_for(predicate, timeout: float = 20.0) -> None:
         time.sleep(0.05)
 
 
+@pytest.mark.integration
 def test_spot_notice_stops_a_real_trainer_cleanly_within_the_deadline(tmp_path, imds):
     sup = make_supervisor(tmp_path)
     syncs: list[float] = []
@@ -87,6 +88,7 @@ def test_spot_notice_stops_a_real_trainer_cleanly_within_the_deadline(tmp_path, 
     assert watcher.interrupted is not None and watcher.interrupted.detail["action"] == "terminate"
 
 
+@pytest.mark.integration
 def test_rebalance_recommendation_makes_the_trainer_save_an_extra_checkpoint(tmp_path, imds):
     sup = make_supervisor(tmp_path, env={"FAKE_STEPS": "150"})  # about 3 s of training
     watcher = InterruptionWatcher(imds_monitors(ImdsClient(imds.endpoint)), sup, poll_interval_s=0.2)
@@ -107,6 +109,7 @@ def test_rebalance_recommendation_makes_the_trainer_save_an_extra_checkpoint(tmp
     assert not sup.request_file.exists()  # the trainer consumed the request
 
 
+@pytest.mark.integration
 def test_same_notice_polled_twice_acts_once(imds):
     control = RecordingControl()
     watcher = InterruptionWatcher(imds_monitors(ImdsClient(imds.endpoint)), control, sync=lambda: None)
@@ -124,6 +127,7 @@ def test_same_notice_polled_twice_acts_once(imds):
     assert len(control.terminations) == 2
 
 
+@pytest.mark.integration
 def test_polls_on_its_interval_only(imds):
     now = [100.0]
     client = ImdsClient(imds.endpoint)
@@ -159,6 +163,7 @@ def test_trainer_that_does_not_exit_in_time_is_left_and_volume_synced_anyway():
     assert synced == [True]
 
 
+@pytest.mark.integration
 def test_imds_outage_while_polling_is_skipped_until_it_recovers(imds):
     control = RecordingControl()
     client = ImdsClient(imds.endpoint, timeout_s=0.2, attempts=2, sleep=lambda s: None)
@@ -170,6 +175,7 @@ def test_imds_outage_while_polling_is_skipped_until_it_recovers(imds):
     assert [e.kind for e in watcher.poll_once()] == [SPOT_INTERRUPTION]
 
 
+@pytest.mark.integration
 def test_imds_403_while_polling_is_fatal(imds):
     watcher = InterruptionWatcher([RebalanceMonitor(ImdsClient(imds.endpoint))], RecordingControl())
     imds.set_fail_mode(status=403)
@@ -178,6 +184,7 @@ def test_imds_403_while_polling_is_fatal(imds):
     assert info.value.exit_code == ExitCode.CONFIG
 
 
+@pytest.mark.integration
 def test_interruption_during_restart_backoff_prevents_the_restart(tmp_path, imds):
     sup = make_supervisor(tmp_path, env={"FAKE_MODE": "crash"}, max_restarts=5, backoff_base_s=2.0,
                           backoff_max_s=2.0, rng=lambda: 1.0)
@@ -199,6 +206,7 @@ def test_interruption_during_restart_backoff_prevents_the_restart(tmp_path, imds
     assert time.monotonic() - started < 2.0 + 1.5
 
 
+@pytest.mark.integration
 def test_agent_failing_while_training_stops_the_trainer_first(tmp_path, imds):
     sup = make_supervisor(tmp_path, stop_timeout_s=20)
     watcher = InterruptionWatcher(imds_monitors(ImdsClient(imds.endpoint)), sup, poll_interval_s=0.1)

@@ -36,6 +36,7 @@ def _ec2(endpoint: str):
                         aws_access_key_id="testing", aws_secret_access_key="testing")
 
 
+@pytest.mark.integration
 def test_context_manager_serves_on_loopback_keeps_a_log_and_stops_by_pid(tmp_path):
     with MotoServer(tmp_path / "moto") as server:
         assert server.endpoint_url.startswith("http://127.0.0.1:")
@@ -49,6 +50,7 @@ def test_context_manager_serves_on_loopback_keeps_a_log_and_stops_by_pid(tmp_pat
     assert (tmp_path / "moto" / "moto_server.log").stat().st_size > 0
 
 
+@pytest.mark.integration
 def test_command_line_prints_the_endpoint_and_stops_on_sigterm(tmp_path):
     process = subprocess.Popen([sys.executable, "-m", "spot_training.local.moto_server", "--work-dir", str(tmp_path / "w")],
                                cwd=REPO, stdout=subprocess.PIPE, text=True)

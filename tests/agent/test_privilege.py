@@ -110,6 +110,7 @@ def test_planted_symlink_in_an_intermediate_component_is_not_followed(root):
     untouched(root)
 
 
+@pytest.mark.integration
 def test_user_owned_directories_are_still_created_and_given_to_the_user(root):
     sup = supervisor(root)
     assert sup.run().value == "completed"
@@ -147,6 +148,7 @@ def test_agent_log_still_written_on_a_clean_volume(root):
     assert "hello from the agent" in path.read_text()
 
 
+@pytest.mark.integration
 def test_planted_request_file_symlink_does_not_truncate_a_root_file(root):
     ckpt = root / "volume" / "checkpoints"
     ckpt.mkdir()
@@ -173,6 +175,7 @@ def _source_repo(base: Path) -> tuple[Path, str]:
     return two_version_repo(base)
 
 
+@pytest.mark.integration
 def test_planted_git_hook_and_config_never_run_as_root(root):
     repo, _ = _source_repo(root)
     code = {"type": "git", "url": str(repo), "ref": "v1"}
@@ -199,6 +202,7 @@ def test_planted_git_hook_and_config_never_run_as_root(root):
     assert (workspace / "VERSION").stat().st_uid == uid  # the checkout stays the user's
 
 
+@pytest.mark.integration
 def test_planted_workspace_symlink_is_not_followed_by_root(root):
     # The user points the workspace at a root-only checkout elsewhere (here: of the same repository).
     repo, _ = _source_repo(root)

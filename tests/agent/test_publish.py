@@ -232,6 +232,7 @@ class _BlackHole:
             conn.close()
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("endpoint", ["closed", "hung"])
 def test_unreachable_cloudwatch_neither_stops_nor_holds_up_training(tmp_path, monkeypatch, endpoint, capfd):
     hole = _BlackHole() if endpoint == "hung" else None

@@ -119,6 +119,7 @@ class FakeClock:
         self.now += seconds
 
 
+@pytest.mark.integration
 def test_runs_trainer_to_completion_with_the_contract_environment(tmp_path):
     sup = make_supervisor(tmp_path, env={"FAKE_STEPS": "5", "FAKE_DUMP_ENV": "1"})
     assert sup.run() is Outcome.COMPLETED
@@ -136,6 +137,7 @@ def test_runs_trainer_to_completion_with_the_contract_environment(tmp_path):
     assert (tmp_path / "dltraining" / "datasets").is_dir() and (tmp_path / "dltraining" / "logs").is_dir()
 
 
+@pytest.mark.integration
 def test_checkpoint_cadence_of_the_node_config_reaches_the_trainer_environment(tmp_path):
     # cdk.json -> node config `training.checkpoint_every_*` -> the trainer's environment (issue 14).
     config = base_config(tmp_path)
@@ -147,6 +149,7 @@ def test_checkpoint_cadence_of_the_node_config_reaches_the_trainer_environment(t
     assert env["SPOT_TRAINING_CHECKPOINT_EVERY_SECONDS"] == "90"
 
 
+@pytest.mark.integration
 def test_a_bad_checkpoint_cadence_is_a_config_error(tmp_path):
     config = base_config(tmp_path)
     config["training"]["checkpoint_every_steps"] = 0
@@ -154,6 +157,7 @@ def test_a_bad_checkpoint_cadence_is_a_config_error(tmp_path):
         parse_config(config)
 
 
+@pytest.mark.integration
 def test_crashing_trainer_is_restarted_with_bounded_backoff_then_given_up(tmp_path):
     clock = FakeClock()
     sup = make_supervisor(tmp_path, env={"FAKE_MODE": "crash"}, max_restarts=3, backoff_base_s=1.0,
@@ -166,6 +170,7 @@ def test_crashing_trainer_is_restarted_with_bounded_backoff_then_given_up(tmp_pa
     assert sup.restarts == 3 and clock.now == pytest.approx(1.0 + 2.0 + 3.0)
 
 
+@pytest.mark.integration
 def test_a_single_crash_is_restarted_and_training_resumes(tmp_path):
     sup = make_supervisor(tmp_path, env={"FAKE_MODE": "crash-once", "FAKE_STEPS": "3"})
     assert sup.run() is Outcome.COMPLETED
@@ -173,6 +178,7 @@ def test_a_single_crash_is_restarted_and_training_resumes(tmp_path):
     assert sup.restarts == 1
 
 
+@pytest.mark.integration
 def test_trainer_exit_74_checkpoint_storage_is_permanent_and_not_restarted(tmp_path):
     # docs/contracts.md: 74 = checkpoint storage full or unusable; a restart would fail the same way.
     sup = make_supervisor(tmp_path, env={"FAKE_MODE": "storage-full"}, max_restarts=5)
@@ -183,6 +189,7 @@ def test_trainer_exit_74_checkpoint_storage_is_permanent_and_not_restarted(tmp_p
     assert [e[0] for e in events(tmp_path)] == ["start"] and sup.restarts == 0
 
 
+@pytest.mark.integration
 def test_trainer_exit_78_checkpoint_mismatch_is_permanent_and_not_restarted(tmp_path):
     # docs/contracts.md: 78 = the newest checkpoint is another framework's, adapter's or model's.
     sup = make_supervisor(tmp_path, env={"FAKE_MODE": "checkpoint-mismatch"}, max_restarts=5)
@@ -192,6 +199,7 @@ def test_trainer_exit_78_checkpoint_mismatch_is_permanent_and_not_restarted(tmp_
     assert [e[0] for e in events(tmp_path)] == ["start"] and sup.restarts == 0
 
 
+@pytest.mark.integration
 def test_exit_0_without_completed_is_not_completion(tmp_path):
     sup = make_supervisor(tmp_path, env={"FAKE_MODE": "exit0"}, max_restarts=1)
     with pytest.raises(TrainerFailedError, match="exited 0 without writing COMPLETED"):
@@ -207,6 +215,7 @@ def test_never_starts_training_when_the_volume_is_not_mounted(tmp_path):
     assert not (tmp_path / "dltraining" / "checkpoints").exists()
 
 
+@pytest.mark.integration
 def test_volume_lost_before_a_restart_stops_restarts(tmp_path):
     mounted = iter([True, True, False])  # run(), first start, the restart
     sup = make_supervisor(tmp_path, env={"FAKE_MODE": "crash"}, is_mounted=lambda: next(mounted))
@@ -224,6 +233,7 @@ def test_completed_at_boot_goes_straight_to_cleanup(tmp_path):
     assert events(tmp_path) == [] and sup.starts == 0
 
 
+@pytest.mark.integration
 def test_agent_stop_sends_sigterm_and_is_not_completion(tmp_path):
     sup = make_supervisor(tmp_path)
     outcome: list[Outcome] = []
@@ -239,6 +249,7 @@ def test_agent_stop_sends_sigterm_and_is_not_completion(tmp_path):
     assert events(tmp_path)[-1][0] == "sigterm-checkpoint"
 
 
+@pytest.mark.integration
 def test_request_checkpoint_by_signal(tmp_path):
     sup = make_supervisor(tmp_path, checkpoint_request="signal")
     thread = threading.Thread(target=sup.run)
@@ -261,6 +272,7 @@ def test_request_checkpoint_without_a_trainer_says_so(tmp_path):
     assert make_supervisor(tmp_path).request_checkpoint() is False
 
 
+@pytest.mark.integration
 def test_drops_privileges_to_the_training_user(tmp_path):
     # A root that "nobody" can traverse (pytest's tmp_path is 0700); a shell trainer, since the
     # venv's interpreter lives under /root, which "nobody" cannot read.
@@ -297,6 +309,7 @@ def test_missing_asset_directory_is_a_config_error(tmp_path):
         make_supervisor(tmp_path, config=config).run()
 
 
+@pytest.mark.integration
 def test_git_code_is_cloned_at_the_pinned_ref_idempotently(tmp_path):
     repo, v2 = two_version_repo(tmp_path, {"trainer.py": TRAINER})
 
@@ -328,6 +341,7 @@ def test_git_clone_needs_the_volume_mounted(tmp_path):
     assert not (tmp_path / "dltraining" / "workspace").exists()
 
 
+@pytest.mark.integration
 def test_agent_sigterm_reaches_grandchildren_in_the_group(tmp_path):
     """A shell wrapper around the trainer: SIGTERM goes to the whole process group."""
     config = base_config(tmp_path)
@@ -352,6 +366,7 @@ def test_agent_sigterm_reaches_grandchildren_in_the_group(tmp_path):
 @pytest.mark.parametrize("program,reason", [("/nonexistent/python", "No such file or directory"),
                                             ("not-executable", "Permission denied"),
                                             ("garbage", "Exec format error")])
+@pytest.mark.integration
 def test_a_command_that_cannot_run_is_a_config_error(tmp_path, program, reason):
     if program != "/nonexistent/python":
         path = tmp_path / program
@@ -364,6 +379,7 @@ def test_a_command_that_cannot_run_is_a_config_error(tmp_path, program, reason):
         make_supervisor(tmp_path, config=config).run()
 
 
+@pytest.mark.integration
 def test_process_group_kill_reaches_children_in_sessions_of_their_own(tmp_path):
     """torchrun starts each rank with start_new_session: SIGKILL of its group misses them, and once it
     dies they are reparented, so ProcessGroup.kill must list the descendants before any signal."""

@@ -33,6 +33,7 @@ def _probe_prefix(python: str) -> str:
                           text=True, check=True).stdout.strip()
 
 
+@pytest.mark.integration
 def test_builds_once_then_reuses_without_pip(tmp_path: Path, offline_pip: Path) -> None:
     root = tmp_path / "envs"
     lines: list[str] = []
@@ -48,6 +49,7 @@ def test_builds_once_then_reuses_without_pip(tmp_path: Path, offline_pip: Path) 
     assert second["seconds"] < first["seconds"]
 
 
+@pytest.mark.integration
 def test_key_follows_requirements_and_interpreter() -> None:
     interpreter = trainer_env.probe(sys.executable)
     a = trainer_env.env_key(interpreter, ["x>=1", "y"], False)
@@ -57,6 +59,7 @@ def test_key_follows_requirements_and_interpreter() -> None:
     assert a != trainer_env.env_key({**interpreter, "version": "3.10.12"}, ["x>=1", "y"], False)
 
 
+@pytest.mark.integration
 def test_half_built_environment_is_never_used(tmp_path: Path, offline_pip: Path) -> None:
     """A node that died mid-build leaves a build directory without the link: the next one builds anew."""
     root = tmp_path / "envs"
@@ -71,6 +74,7 @@ def test_half_built_environment_is_never_used(tmp_path: Path, offline_pip: Path)
     assert _probe_prefix(result["python"]) == str(root / key)
 
 
+@pytest.mark.integration
 def test_broken_requirement_fails_after_bounded_attempts_and_leaves_nothing(tmp_path: Path, offline_pip: Path) -> None:
     root = tmp_path / "envs"
     lines: list[str] = []
@@ -83,6 +87,7 @@ def test_broken_requirement_fails_after_bounded_attempts_and_leaves_nothing(tmp_
     assert list(root.iterdir()) == []  # no link, no build directory
 
 
+@pytest.mark.integration
 def test_inherit_site_packages_sees_the_base_interpreters_packages(tmp_path: Path, offline_pip: Path) -> None:
     result = trainer_env.ensure(sys.executable, tmp_path / "envs", [PROBE_DISTRIBUTION], inherit_site_packages=True,
                                 log=lambda line: None)
@@ -95,6 +100,7 @@ def test_inherit_site_packages_sees_the_base_interpreters_packages(tmp_path: Pat
     assert subprocess.run([isolated["python"], "-c", "import pytest"], capture_output=True).returncode != 0
 
 
+@pytest.mark.integration
 def test_command_line_prints_json_and_exits_69_on_failure(tmp_path: Path, offline_pip: Path) -> None:
     argv = [sys.executable, "-m", "spot_training.agent.trainer_env", "ensure", "--python", sys.executable, "--root",
             str(tmp_path / "envs"), "--requirement", "no-such-package-xyz", "--attempts", "1"]
@@ -116,6 +122,7 @@ def _config(tmp_path: Path, command: list[str], venv: dict | None) -> dict:
     }
 
 
+@pytest.mark.integration
 def test_supervisor_runs_the_trainer_with_the_environments_python(tmp_path: Path, offline_pip: Path,
                                                                    caplog: pytest.LogCaptureFixture) -> None:
     trainer = ("import os, pathlib, sys, spot_training_probe; d = pathlib.Path(os.environ['SPOT_TRAINING_CHECKPOINT_DIR']); "
@@ -133,6 +140,7 @@ def test_supervisor_runs_the_trainer_with_the_environments_python(tmp_path: Path
     assert messages.count("environment built") == 1 and messages.count("environment reused") == 1
 
 
+@pytest.mark.integration
 def test_supervisor_without_venv_runs_training_python_as_it_is(tmp_path: Path) -> None:
     """An AMI that ships the framework: training.venv null, no environment is built."""
     trainer = ("import os, pathlib, sys; d = pathlib.Path(os.environ['SPOT_TRAINING_CHECKPOINT_DIR']); "
@@ -143,6 +151,7 @@ def test_supervisor_without_venv_runs_training_python_as_it_is(tmp_path: Path) -
     assert not (tmp_path / "mnt" / "envs").exists()
 
 
+@pytest.mark.integration
 def test_supervisor_reports_a_failed_build(tmp_path: Path, offline_pip: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     config = parse_config(_config(tmp_path, ["{python}", "-c", "pass"],
                                   {"requirements": ["no-such-package-xyz"], "root": str(tmp_path / "mnt" / "envs")}))

@@ -77,6 +77,7 @@ def test_fails_when_two_members_share_an_address():
                   workers=[dict(WORKERS[0], node_id="a"), dict(WORKERS[0], node_id="b")], now=0.0, reason="")
 
 
+@pytest.mark.integration
 def test_taken_port_is_refused_before_the_framework_starts():
     holder = socket.socket()
     holder.bind(("127.0.0.1", 0))

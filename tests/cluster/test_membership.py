@@ -226,6 +226,7 @@ def test_member_tag_removal_is_a_leave_only_after_the_tag_was_seen():
     assert MemberTagMonitor(FakeImds(None)).poll() is None  # tags not exposed in metadata
 
 
+@pytest.mark.integration
 def test_agent_with_a_bad_cluster_section_exits_78_and_registers_nothing(tmp_path):
     import os
     import subprocess

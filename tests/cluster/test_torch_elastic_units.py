@@ -64,6 +64,7 @@ def _until(agent, predicate, timeout=15.0):
     raise AssertionError("timed out")
 
 
+@pytest.mark.integration
 def test_coordinator_publishes_restarts_its_store_under_a_new_epoch_and_bumps_on_a_report(tmp_path):
     (tmp_path / "ckpt").mkdir()
     rdzv = RendezvousState(tmp_path / "cluster")
@@ -103,6 +104,7 @@ def _worker(tmp_path, script: str, monitors=()) -> TorchWorker:
                        log_dir=tmp_path / "logs", monitors=monitors, monitor_interval_s=0.0)
 
 
+@pytest.mark.integration
 def test_worker_waits_for_the_rendezvous_relaunches_and_reports_an_exit_it_did_not_ask_for(tmp_path):
     env_file = tmp_path / "env"
     # The stand-in records what torchrun would see: the opt-out of torch's shared rendezvous store, and
@@ -120,6 +122,7 @@ def test_worker_waits_for_the_rendezvous_relaunches_and_reports_an_exit_it_did_n
     assert env_file.read_text() == "1 i-w1"
 
 
+@pytest.mark.integration
 def test_worker_restarts_torchrun_when_the_epoch_moves_and_finishes_on_completed(tmp_path):
     worker = _worker(tmp_path, "import signal, sys, time; signal.signal(signal.SIGTERM, lambda *a: sys.exit(1)); time.sleep(60)")
     rdzv = worker.rdzv
@@ -145,6 +148,7 @@ class _Notice:
         return Event(kind="spot-interruption", id="n1", detail={}) if self.fired else None
 
 
+@pytest.mark.integration
 def test_worker_leaving_sigterms_only_its_torchrun_and_waits_for_it(tmp_path):
     marker = tmp_path / "saved"
     # torchrun stand-in: on SIGTERM it "checkpoints" for 1 s, then exits non-zero (as torchrun does).

@@ -152,6 +152,7 @@ def test_default_dirs_follow_the_contract_environment(monkeypatch, tmp_path):
     assert datasets.default_log_dir() == tmp_path / "l"
 
 
+@pytest.mark.integration
 def test_cli_writes_to_the_env_data_dir(tmp_path):
     env = {"SPOT_TRAINING_DATA_DIR": str(tmp_path), "PATH": "/usr/bin:/bin"}
     result = subprocess.run(
@@ -163,6 +164,7 @@ def test_cli_writes_to_the_env_data_dir(tmp_path):
     assert load_digits(tmp_path, "test")[0].shape[0] == 360
 
 
+@pytest.mark.integration
 def test_cli_fails_clearly_when_cifar10_cannot_be_fetched(tmp_path):
     # Port 1 on loopback refuses the connection at once: the "no network" case without waiting.
     code = prepare_data.main(["--dataset", "cifar10", "--out", str(tmp_path),

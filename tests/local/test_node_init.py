@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 import os
 import subprocess
 import sys
@@ -28,6 +30,7 @@ def _unit(tmp_path: Path, script: str, restart_prevent: str = "78 69") -> Path:
     return unit
 
 
+@pytest.mark.integration
 def test_unit_restarts_on_failure_until_a_prevented_status(tmp_path: Path) -> None:
     # Exits 75 twice (restarted), then 69 (RestartPreventExitStatus: not restarted).
     script = ('n=$(cat runs 2>/dev/null || echo 0); n=$((n+1)); echo $n > runs; echo "$GREETING" > greeting\n'
@@ -38,6 +41,7 @@ def test_unit_restarts_on_failure_until_a_prevented_status(tmp_path: Path) -> No
     assert (tmp_path / "greeting").read_text().strip() == "hello"  # the unit's Environment=
 
 
+@pytest.mark.integration
 def test_unit_is_not_restarted_after_success_or_a_shutdown(tmp_path: Path) -> None:
     script = 'n=$(cat runs 2>/dev/null || echo 0); echo $((n+1)) > runs; exit 0\n'
     assert run_unit(_unit(tmp_path, script), root=tmp_path, stop=_Stop()) == 0
@@ -50,6 +54,7 @@ def test_unit_is_not_restarted_after_success_or_a_shutdown(tmp_path: Path) -> No
     assert (tmp_path / "runs").read_text().strip() == "1"
 
 
+@pytest.mark.integration
 def test_node_init_runs_user_data_then_the_enabled_unit(tmp_path: Path) -> None:
     root = tmp_path / "root"
     user_data = tmp_path / "user-data"
@@ -70,6 +75,7 @@ systemctl daemon-reload && systemctl enable --now a.service
     assert (root / "run" / "local-init" / "start").read_text().split() == ["a.service"]
 
 
+@pytest.mark.integration
 def test_node_init_starts_nothing_when_the_user_data_fails(tmp_path: Path) -> None:
     user_data = tmp_path / "user-data"
     user_data.write_text("systemctl enable --now a.service\nshutdown -h now\nexit 1\n")
@@ -81,6 +87,7 @@ def test_node_init_starts_nothing_when_the_user_data_fails(tmp_path: Path) -> No
     assert "started a.service" not in done.stdout
 
 
+@pytest.mark.integration
 def test_stand_ins_refuse_to_run_outside_a_local_node() -> None:
     env = {k: v for k, v in os.environ.items() if k != "SPOT_TRAINING_ROOT"}
     for name in ("systemctl", "shutdown"):

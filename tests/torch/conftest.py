@@ -18,6 +18,7 @@ except ImportError:  # collected by the main environment's pytest: these run in 
     collect_ignore_glob = ["test_*.py"]
 
 from job_helpers import job_fixtures  # noqa: E402
+from tier_guard import pytest_collection_modifyitems, pytest_runtest_call  # noqa: E402,F401  (test tiers)
 from torch_jobs import TOTAL_STEPS, Job  # noqa: E402
 
 # digits_dir (session), job (killed at teardown) and reference_state: the final model and optimizer

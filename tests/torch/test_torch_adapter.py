@@ -188,6 +188,7 @@ def test_starting_the_loader_does_not_draw_from_torchs_generator(tmp_path: Path)
         assert torch.equal(torch.rand(3), expected)
 
 
+@pytest.mark.integration
 def test_gpu_benchmark_without_a_gpu_says_so_and_exits_0() -> None:
     import subprocess
     import sys

@@ -24,6 +24,7 @@ def _tree(path: Path) -> dict[str, bytes]:
     return {str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()}
 
 
+@pytest.mark.integration
 def test_checkpoint_path_that_is_a_file(job):
     job.checkpoint_dir.write_text("not a directory")
     assert job.run() == EXIT_STORAGE
@@ -48,6 +49,7 @@ def read_only_dir(tmp_path):
         subprocess.run(["umount", str(target)], check=False, capture_output=True)
 
 
+@pytest.mark.integration
 def test_read_only_checkpoint_directory(job, read_only_dir):
     job.extra_args = ("--checkpoint-dir", str(read_only_dir))
     assert job.run() == EXIT_STORAGE
@@ -71,6 +73,7 @@ def small_tmpfs(tmp_path):
         subprocess.run(["umount", str(target)], check=False, capture_output=True)
 
 
+@pytest.mark.integration
 def test_disk_full_names_the_path_keeps_the_previous_checkpoint_and_exits(job, small_tmpfs):
     job.extra_args = ("--checkpoint-dir", str(small_tmpfs), "--save-every-steps", "5")
     assert job.run() == EXIT_STORAGE, job.stderr_text()
@@ -86,6 +89,7 @@ def test_disk_full_names_the_path_keeps_the_previous_checkpoint_and_exits(job, s
     assert _tree(kept.path) == before
 
 
+@pytest.mark.integration
 def test_another_frameworks_checkpoint_is_refused_and_kept(job):
     store = CheckpointStore(job.checkpoint_dir, framework="tensorflow")
     store.save(lambda d: write_file(d / "weights.bin", [b"\0" * 64]), step=10, epoch=0)
@@ -96,6 +100,7 @@ def test_another_frameworks_checkpoint_is_refused_and_kept(job):
     assert _tree(job.checkpoint_dir) == before
 
 
+@pytest.mark.integration
 def test_changed_model_is_refused_naming_path_and_variable(job):
     assert job.run("--steps", "10") == 0  # a finished 10-step job with the default 16 channels
     before = _tree(job.checkpoint_dir)

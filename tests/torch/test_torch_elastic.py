@@ -99,6 +99,7 @@ def test_peer_stopped_rank_exit_code_rule() -> None:
     assert stop_exit_code(True, {}) == 0
 
 
+@pytest.mark.integration
 def test_rendezvous_store_refuses_a_port_in_use_and_exits_0_on_sigterm(tmp_path) -> None:
     port = _free_port()
     store = _start_store(tmp_path / "store.log", port)

@@ -25,6 +25,7 @@ def _interrupt(job: Job, sig: signal.Signals, at_rows: int, *more: str) -> int:
     return proc.wait(timeout=120)
 
 
+@pytest.mark.integration
 def test_sigterm_at_random_steps_resumes_bitwise(job, reference_state):
     rng = random.Random()
     stops = sorted(rng.sample(range(3, TOTAL_STEPS - 5), 2))
@@ -44,6 +45,7 @@ def test_sigterm_at_random_steps_resumes_bitwise(job, reference_state):
     assert_bitwise_equal(load_state(job.final_weights), reference_state)
 
 
+@pytest.mark.integration
 def test_sigkill_at_random_steps_resumes_from_the_newest_checkpoint(job, reference_state):
     rng = random.Random()
     kills = sorted(rng.sample(range(SAVE_EVERY + 2, TOTAL_STEPS - 3), 2))
@@ -65,6 +67,7 @@ def test_sigkill_at_random_steps_resumes_from_the_newest_checkpoint(job, referen
     assert_bitwise_equal(load_state(job.final_weights), reference_state)
 
 
+@pytest.mark.integration
 def test_corrupt_newest_checkpoint_falls_back_to_the_previous_one(job, reference_state):
     assert _interrupt(job, signal.SIGTERM, 25) == 0
     store = CheckpointStore(job.checkpoint_dir, framework="pytorch")
@@ -80,6 +83,7 @@ def test_corrupt_newest_checkpoint_falls_back_to_the_previous_one(job, reference
     assert_bitwise_equal(load_state(job.final_weights), reference_state)
 
 
+@pytest.mark.integration
 def test_sigterm_while_torch_is_imported_exits_0_without_a_step(job):
     """The example installs its SIGTERM handler before ``import torch`` (seconds): a notice in that
     window ends the job with exit 0 before any step instead of -15."""

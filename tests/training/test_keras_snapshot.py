@@ -3,6 +3,8 @@ step, even when the next save copies (into the other buffer set) before the writ
 
 from __future__ import annotations
 
+import pytest
+
 import json
 import os
 import subprocess
@@ -12,6 +14,7 @@ from pathlib import Path
 JOB = Path(__file__).with_name("snapshot_job.py")
 
 
+@pytest.mark.integration
 def test_background_saves_commit_their_own_step_while_buffers_are_reused(tmp_path):
     out = subprocess.run([sys.executable, str(JOB), str(tmp_path / "ckpt")], capture_output=True, text=True,
                          timeout=300, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})

@@ -67,6 +67,7 @@ CHILD = textwrap.dedent("""
 """)
 
 
+@pytest.mark.integration
 def test_a_child_keeps_running_on_sigusr1_and_request_file_and_exits_0_on_sigterm(tmp_path):
     request = tmp_path / "req"
     proc = subprocess.Popen([sys.executable, "-c", CHILD], stdout=subprocess.PIPE, text=True,

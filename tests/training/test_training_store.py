@@ -229,6 +229,7 @@ TORTURE_WRITER = textwrap.dedent("""
 """)
 
 
+@pytest.mark.integration
 def test_torture_sigkill_during_checkpoint_writes_always_leaves_a_valid_checkpoint(tmp_path):
     ck = tmp_path / "ck"
     script = tmp_path / "writer.py"
@@ -325,6 +326,7 @@ def test_write_file_entries_match_the_bytes_on_disk_and_cover_every_file(tmp_pat
     assert store.latest() is None
 
 
+@pytest.mark.integration
 def test_a_new_store_removes_only_temporaries_whose_writer_is_gone(tmp_path):
     """A checkpoint directory on EFS is shared by every node of a cluster: opening a store (every rank
     does) must not delete a temporary directory a live writer is filling, on this host or another one;
