@@ -3,7 +3,7 @@
 Commands:
 
 - ``run``: the whole boot sequence of a node: IMDS identity -> data volume (find, move, attach,
-  mount) -> EFS if configured -> supervise the trainer while watching for interruption notices ->
+  mount) -> EFS if configured -> the dataset from S3 if configured (once, verified) -> supervise the trainer while watching for interruption notices ->
   cancel the fleet when training completed. This is what the systemd unit runs.
 - ``check-config``: validate the config and print a summary; touches nothing.
 - ``attach-volume``: only the data-volume step (prints the mount point).
@@ -285,6 +285,15 @@ def _mount_efs(config: AgentConfig) -> None:
     efs.mount_efs(config.efs, region=config.region, log=logging.getLogger("spot_training.agent.efs"))
 
 
+def _prepare_dataset(config: AgentConfig) -> None:
+    """Bring ``config.dataset`` onto the volume before the trainer starts (spot_training.agent.dataset)."""
+    from spot_training.agent.dataset import prepare_dataset
+
+    result = prepare_dataset(config)
+    if result is not None:
+        log.info("dataset ready", extra={"dataset": result})
+
+
 def _is_mounted(devices: Any, mount_point: Path, *, device: str | None = None) -> Callable[[], bool]:
     """A check for the supervisor: something is mounted at ``mount_point`` and, when ``device`` is given
     (what the volume step mounted), it is still that device."""
@@ -433,6 +442,7 @@ def cmd_run(config: AgentConfig) -> ExitCode:
         mount_point = _attach_volume(config, ec2, identity, blockdev)
         _mount_efs(config)
         device = blockdev.mounted_source(str(mount_point))
+        _prepare_dataset(config)
         from spot_training.agent.snapshots import PeriodicSnapshots
 
         # Periodic snapshots while training (volume.snapshot_interval_s; 0: none), so a move copies little.
@@ -440,7 +450,8 @@ def cmd_run(config: AgentConfig) -> ExitCode:
                                       instance_id=identity.instance_id, log=logging.getLogger("spot_training.agent.snapshots")).start()
         try:
             outcome = _supervise(config, imds, _is_mounted(blockdev, mount_point, device=device), publisher,
-                                 on_environment_ready=lambda: _reset_failed_boots(config, ec2, identity))
+                                 on_environment_ready=lambda: (_reset_failed_boots(config, ec2, identity),
+                                                               snapshots.take_soon()))
         finally:
             snapshots.stop()
         if outcome is Outcome.COMPLETED:

@@ -108,6 +108,7 @@ def node_config(
     notice_poll_interval_s: float | None = None,
     checkpoint_every_steps: int | None = None,
     checkpoint_every_seconds: float | None = None,
+    dataset: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The node config dict (schema version 1, docs/contracts.md).
 
@@ -128,7 +129,9 @@ def node_config(
     to the ``spot_training.training`` section only when given (the agent exports them to the trainer as
     ``SPOT_TRAINING_CHECKPOINT_EVERY_STEPS`` / ``_SECONDS``); the trainer's default otherwise.
     ``monitoring``: the CloudWatch publishing section (``TrainingMonitoring.node_config()``); left out
-    when None. Raises nothing; the stack validated the values.
+    when None. ``dataset``: the ``dataset`` section (``uri``, ``unpack``) the agent syncs into
+    ``datasets/`` before the trainer starts (spot_training.infra.dataset); left out when None.
+    Raises nothing; the stack validated the values.
     """
     root = data_root or mount_point
     config: dict[str, Any] = {
@@ -174,6 +177,8 @@ def node_config(
         config["training"]["checkpoint_every_steps"] = checkpoint_every_steps
     if checkpoint_every_seconds is not None:
         config["training"]["checkpoint_every_seconds"] = checkpoint_every_seconds
+    if dataset is not None:
+        config["dataset"] = dict(dataset)
     return config
 
 
