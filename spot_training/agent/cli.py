@@ -272,6 +272,13 @@ def _require_efs_utils(config: AgentConfig) -> None:
     efs.require_mount_helper(config.efs)
 
 
+def _check_ami(config: AgentConfig) -> None:
+    """Exit 78 (boot step ``config``, final) naming what the AMI lacks (spot_training.agent.ami_check)."""
+    from spot_training.agent.ami_check import check_node
+
+    check_node(config, local_mode=_local_mode())
+
+
 def _mount_efs(config: AgentConfig) -> None:
     if config.efs is None:
         return
@@ -420,6 +427,7 @@ def cmd_run(config: AgentConfig) -> ExitCode:
     _require_efs_utils(config)
     imds = _imds(config)
     identity = _identity(imds, config)
+    _check_ami(config)
     if config.node_role != "single":
         # Parameter-server cluster nodes keep data, checkpoints and membership on EFS (no data volume).
         from spot_training.agent.cluster import run_node
