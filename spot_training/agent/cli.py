@@ -28,6 +28,7 @@ import logging
 import os
 import signal
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -360,8 +361,34 @@ def _start_publisher(config: AgentConfig, imds: Any, identity: Identity) -> Any:
             boot_time = dt.datetime.fromisoformat(pending.replace("Z", "+00:00")).timestamp()
     except Exception as exc:  # noqa: BLE001 - publishing is optional
         log.warning("instance type and launch time unknown for publishing", extra={"error": str(exc)})
-    return start_publisher(config, instance_id=identity.instance_id, instance_type=instance_type,
-                           availability_zone=identity.availability_zone, boot_time=boot_time)
+    publisher = start_publisher(config, instance_id=identity.instance_id, instance_type=instance_type,
+                                availability_zone=identity.availability_zone, boot_time=boot_time)
+    if publisher is not None:
+        _record_ledger(config, imds, identity, instance_type=instance_type, boot_time=boot_time)
+    return publisher
+
+
+def _record_ledger(config: AgentConfig, imds: Any, identity: Identity, *, instance_type: str,
+                   boot_time: float | None) -> None:
+    """Write this instance's cost-ledger record (``instance_ledger``: type, AZ, lifecycle, launch time)
+    into its log stream, where ``spot-train cost`` and ``status`` find it after EC2 has forgotten the
+    instance (about an hour after it terminated); the stream's last event bounds its end. The
+    lifecycle is IMDS's ``meta-data/instance-life-cycle`` (``spot``/``on-demand``); where IMDS does not
+    say, the node role's (fleet nodes are spot, a cluster's scheduler and servers on demand)."""
+    import datetime as dt
+
+    lifecycle = "spot" if config.node_role in ("single", "worker") else "on-demand"
+    try:
+        status, body = imds.get("meta-data/instance-life-cycle")
+        if status == 200 and body.strip() in ("spot", "on-demand", "scheduled"):
+            lifecycle = body.strip()
+    except Exception as exc:  # noqa: BLE001 - the role's default stands
+        log.debug("instance-life-cycle unknown", extra={"error": str(exc)})
+    launch = dt.datetime.fromtimestamp(boot_time if boot_time is not None else time.time(), tz=dt.timezone.utc)
+    log.info("instance ledger: launched", extra={
+        "event": "instance_ledger", "instance_id": identity.instance_id, "instance_type": instance_type,
+        "availability_zone": identity.availability_zone, "lifecycle": lifecycle,
+        "launch_time": launch.isoformat(timespec="seconds"), "node_role": config.node_role})
 
 
 def _reset_failed_boots(config: AgentConfig, ec2: Any, identity: Identity, autoscaling: Any = None) -> None:
