@@ -375,7 +375,8 @@ def boot_script(
     data volume (or EFS) once and reuses it (:mod:`spot_training.agent.trainer_env`). No ``set -e``: a failing
     command is a failed step, reported, never a silent end of the script. The environment variables
     :data:`ROOT_ENV`, :data:`AGENT_PYTHON_ENV` and :data:`CONSOLE_ENV` exist for local mode and are unset
-    on an instance. ``efs``: install amazon-efs-utils first (:func:`efs_utils_install_commands`).
+    on an instance. ``efs``: install amazon-efs-utils first (:func:`efs_utils_install_commands`; its
+    failure after the retry budget is the boot step ``efs-utils``).
     ``asset_url``, ``region`` and the config may hold CDK tokens.
     """
     archive = "$ST_ROOT/opt/spot-training/bootstrap.zip"
@@ -395,7 +396,7 @@ def boot_script(
         "SPOT_TRAINING_BOOT_FAILED",
         'chmod 0755 "$BOOT_FAILED"',
         *config_block(config_json),
-        # With EFS: amazon-efs-utils, retried itself; without it the agent exits 78 (a `config` boot failure).
+        # With EFS: amazon-efs-utils, retried with backoff for a bounded time, then a counted boot failure.
         *(efs_utils_install_commands() if efs else []),
         *_step_function(),
         f"fetch_agent() {{ aws s3 cp {_q(asset_url)} \"{archive}\" --only-show-errors; }}",
@@ -478,26 +479,40 @@ def extract_config(user_data_text: str) -> dict[str, Any]:
 #: Source of amazon-efs-utils and the release tag built at boot (docs/infra.md, "EFS mounts").
 EFS_UTILS_REPO = "https://github.com/aws/efs-utils"
 EFS_UTILS_REF = "v1.35.0"
-#: Attempts of the whole install (apt, clone, build, install) before the user data moves on; the
-#: agent then exits 78 naming the missing mount helper (spot_training.agent.efs).
-EFS_UTILS_ATTEMPTS = 3
+#: Seconds of backoff the whole install (apt, clone, build, install) may spend retrying before the
+#: boot fails at step ``efs-utils`` (counted: the node is replaced, up to the failed-boot bound),
+#: waits doubling from 15 s up to 120 s between attempts.
+EFS_UTILS_RETRY_BUDGET_S = 1200
+EFS_UTILS_FIRST_DELAY_S = 15
+EFS_UTILS_MAX_DELAY_S = 120
+#: How long apt-get waits for the dpkg lock (unattended-upgrades holds it at an Ubuntu instance's
+#: first boot) instead of failing at once: apt's ``DPkg::Lock::Timeout`` option, apt >= 1.9.11
+#: (Ubuntu 20.04+; apt.conf(5)).
+APT_LOCK_TIMEOUT_S = 600
+_APT_GET = f"DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout={APT_LOCK_TIMEOUT_S}"
 
 
-def efs_utils_install_commands(*, ref: str = EFS_UTILS_REF, attempts: int = EFS_UTILS_ATTEMPTS,
-                               retry_delay_s: int = 15) -> list[str]:
+def efs_utils_install_commands(*, ref: str = EFS_UTILS_REF, retry_budget_s: int = EFS_UTILS_RETRY_BUDGET_S,
+                               first_delay_s: int = EFS_UTILS_FIRST_DELAY_S,
+                               max_delay_s: int = EFS_UTILS_MAX_DELAY_S) -> list[str]:
     """User-data lines that build and install amazon-efs-utils unless ``mount.efs`` is already there.
 
-    Skipped in local mode (``SPOT_TRAINING_BLOCKDEV_DIR`` set, the switch the agent reads too). Retried ``attempts`` times, ``retry_delay_s`` x attempt seconds apart; every line returns 0 under
-    ``set -euo pipefail`` whatever happens, so a failed install does not end the user data: the agent
-    then stops with exit 78 and a message naming ``mount.efs`` (there is no anonymous NFS fallback).
+    Skipped in local mode (``SPOT_TRAINING_BLOCKDEV_DIR`` set, the switch the agent reads too). Every
+    ``apt-get`` waits up to :data:`APT_LOCK_TIMEOUT_S` seconds for the dpkg lock. A failed attempt is
+    retried after ``first_delay_s`` seconds, doubling up to ``max_delay_s``, while the waits add up
+    to at most ``retry_budget_s`` seconds (a mirror or GitHub outage clears with time); then the boot
+    fails at step ``efs-utils`` through ``$BOOT_FAILED`` (counted: a replacement node tries again, up
+    to the failed-boot bound), never as the agent's final ``config`` error. Every line returns 0
+    under ``set -euo pipefail`` when ``$BOOT_FAILED`` is not set.
 
     Raises:
-        ValueError: ``ref`` is not a plain git tag or branch name, or ``attempts`` < 1.
+        ValueError: ``ref`` is not a plain git tag or branch name, or a delay or budget is < 1.
     """
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._/-]*", ref):
         raise ValueError(f"ref: {ref!r} is not a git tag or branch name such as v1.35.0")
-    if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 1:
-        raise ValueError(f"attempts must be an integer >= 1, got {attempts!r}")
+    for name, value in (("retry_budget_s", retry_budget_s), ("first_delay_s", first_delay_s), ("max_delay_s", max_delay_s)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be an integer >= 1 (seconds), got {value!r}")
     work = "/tmp/spot-training-efs-utils"
     return [
         "spot_training_install_efs_utils() {",
@@ -505,17 +520,25 @@ def efs_utils_install_commands(*, ref: str = EFS_UTILS_REF, attempts: int = EFS_
         # Local mode's explicit switch (the agent's too): its EFS is a directory, nothing to install.
         "  [ -n \"${SPOT_TRAINING_BLOCKDEV_DIR:-}\" ] && return 0",
         f"  rm -rf {work}",
-        "  DEBIAN_FRONTEND=noninteractive apt-get update -q"
-        " && DEBIAN_FRONTEND=noninteractive apt-get -y -q install git binutils"
+        f"  {_APT_GET} update -q"
+        f" && {_APT_GET} -y -q install git binutils"
         f" && git clone --quiet --depth 1 --branch {ref} {EFS_UTILS_REPO} {work}"
         f" && (cd {work} && ./build-deb.sh)"
-        f" && DEBIAN_FRONTEND=noninteractive apt-get -y -q install {work}/build/amazon-efs-utils*deb",
+        f" && {_APT_GET} -y -q install {work}/build/amazon-efs-utils*deb",
         "}",
-        f"for attempt in $(seq 1 {attempts}); do",
-        "  if spot_training_install_efs_utils; then break; fi",
-        f"  echo \"spot-training: amazon-efs-utils install attempt $attempt of {attempts} failed\" >&2",
-        f"  if [ \"$attempt\" -lt {attempts} ]; then sleep $((attempt * {retry_delay_s})); fi",
+        f"st_efs_attempt=1; st_efs_waited=0; st_efs_delay={first_delay_s}",
+        "while ! spot_training_install_efs_utils; do",
+        f"  if [ $((st_efs_waited + st_efs_delay)) -gt {retry_budget_s} ]; then",
+        "    echo \"spot-training: amazon-efs-utils install failed $st_efs_attempt attempts over $st_efs_waited s of retries\" >&2",
+        "    if [ -n \"${BOOT_FAILED:-}\" ] && [ -x \"$BOOT_FAILED\" ]; then",
+        "      \"$BOOT_FAILED\" efs-utils \"amazon-efs-utils install failed $st_efs_attempt attempts over $st_efs_waited s of retries\"",
+        "      exit 1",
+        "    fi",
+        "    break",
+        "  fi",
+        "  echo \"spot-training: amazon-efs-utils install attempt $st_efs_attempt failed; retrying in $st_efs_delay s\" >&2",
+        "  sleep \"$st_efs_delay\"",
+        "  st_efs_waited=$((st_efs_waited + st_efs_delay)); st_efs_attempt=$((st_efs_attempt + 1))",
+        f"  st_efs_delay=$((st_efs_delay * 2)); if [ \"$st_efs_delay\" -gt {max_delay_s} ]; then st_efs_delay={max_delay_s}; fi",
         "done",
-        "if [ -z \"${SPOT_TRAINING_BLOCKDEV_DIR:-}\" ] && ! command -v mount.efs >/dev/null 2>&1; then"
-        " echo 'spot-training: amazon-efs-utils (mount.efs) is not installed; the agent will exit 78' >&2; fi",
     ]
