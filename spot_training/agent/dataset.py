@@ -42,6 +42,7 @@ download of one object nor checks it against a manifest taken before the transfe
 from __future__ import annotations
 
 import datetime as dt
+import errno
 import hashlib
 import json
 import logging
@@ -266,7 +267,8 @@ def sync_dataset(s3: Any, uri: str, dataset_dir: Path, *, unpack: bool = False,
         bytes transferred by this call, "seconds": float}``.
 
     Raises:
-        ConfigError: a bad URI, nothing under it, a denied read or a missing bucket (exit 78).
+        ConfigError: a bad URI, nothing under it, a denied read, a missing bucket, a dataset larger
+            than the volume or a directory the agent cannot write (exit 78).
         TemporaryError: transient failures went on past ``deadline_s`` (exit 75; a later run resumes).
     """
     from botocore.exceptions import BotoCoreError, ClientError
@@ -296,6 +298,11 @@ def sync_dataset(s3: Any, uri: str, dataset_dir: Path, *, unpack: bool = False,
         except (BotoCoreError, TemporaryError, OSError) as exc:
             if isinstance(exc, (UnsafePathError, ConfigError)):
                 raise
+            if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise ConfigError(f"dataset {uri!r} does not fit on the data volume under {dataset_dir} ({exc}); "
+                                  "deploy with a larger volume_size_gib") from exc
+            if isinstance(exc, OSError) and exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+                raise ConfigError(f"dataset directory {dataset_dir}: {exc}; the agent cannot write there") from exc
             error = exc
         attempt += 1
         delay = min(60.0, 2.0 * 2 ** (attempt - 1)) * (0.5 + rng() / 2)
@@ -348,14 +355,15 @@ def _sync_once(s3: Any, uri: str, dataset_dir: Path, *, unpack: bool, owner: tup
 def prepare_dataset(config: Any, *, owner: tuple[int, int] | None = None) -> dict[str, Any] | None:
     """The agent's dataset step: :func:`sync_dataset` of ``config.dataset`` into
     ``config.training.dataset_dir`` with an S3 client of the node's region, the files handed to
-    ``owner`` (default: ``training.user``'s uid and gid). Returns its result, or None when the
+    ``owner`` (default: ``training.user``'s uid and gid when the agent runs as root; else the files
+    stay the agent's user's, who is then also the trainer's). Returns its result, or None when the
     config has no ``dataset`` section. Raises what :func:`sync_dataset` raises."""
     dataset = getattr(config, "dataset", None)
     if dataset is None:
         return None
     import boto3
 
-    if owner is None:
+    if owner is None and os.geteuid() == 0:  # as the supervisor: only root hands files to the training user
         try:
             account = pwd.getpwnam(config.training.user)
             owner = (account.pw_uid, account.pw_gid)
