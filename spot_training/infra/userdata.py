@@ -368,7 +368,8 @@ def boot_script(
     1. write :func:`boot_failed_script` (nothing can fail before it exists);
     2. write the node config (:func:`config_block`);
     3. steps, each retried :data:`BOOT_STEP_ATTEMPTS` times and logged: ``fetch-agent`` (``aws s3 cp``
-       of ``asset_url``), ``unpack-agent``, ``agent-boto3`` (only when the AMI's Python lacks boto3),
+       of ``asset_url``), ``unpack-agent``, ``agent-boto3`` (only when the AMI's Python lacks boto3 or its botocore is older
+       than 1.38.10),
        ``start-agent`` (write the unit, ``systemctl enable --now``).
 
     The trainer's framework is not installed here: the agent builds its virtual environment on the
@@ -403,7 +404,8 @@ def boot_script(
         # The standard library unzips; the AMI need not have `unzip`.
         f'unpack_agent() {{ rm -rf "$CODE" && install -d -m 0755 "$CODE" && "$AGENT_PYTHON" -m zipfile -e "{archive}" "$CODE"; }}',
         "agent_boto3() {",
-        "  \"$AGENT_PYTHON\" -c 'import boto3' 2>/dev/null && return 0",
+        # boto3 present and its botocore new enough for the agent (spot_training.agent.ami_check): nothing to do.
+        "  \"$AGENT_PYTHON\" -c 'import boto3, botocore, sys; sys.exit(tuple(int(p) for p in botocore.__version__.split(\".\")[:3]) < (1, 38, 10))' 2>/dev/null && return 0",
         "  # Ubuntu 23.04+ marks the system Python externally managed (PEP 668); 22.04 does not know the flag.",
         f'  "$AGENT_PYTHON" -m pip install --quiet {_q(boto3_requirement)} \\',
         f'    || "$AGENT_PYTHON" -m pip install --quiet --break-system-packages {_q(boto3_requirement)}',

@@ -194,3 +194,32 @@ def test_efs_utils_step_is_skipped_in_local_mode(tmp_path: Path) -> None:
     result, calls = _efs_utils_script(tmp_path, helper_present=False, apt_fails=True, local_mode=True)
     assert result.returncode == 0 and "user-data-goes-on" in result.stdout
     assert calls == [] and "failed" not in result.stderr
+
+
+@pytest.mark.parametrize("botocore_version,installs", [("1.34.162", True), ("1.38.10", False), (None, True)])
+def test_agent_boto3_step_upgrades_an_amis_too_old_botocore(tmp_path: Path, botocore_version, installs) -> None:
+    """The boot step installs boto3 when the AMI's Python lacks it or has a botocore older than the
+    agent needs (1.38.10: VolumeInitializationRate), instead of starting an agent that cannot move a volume."""
+    from spot_training.infra.asset import BOTO3_REQUIREMENT
+    from spot_training.infra.userdata import boot_script
+
+    lines = boot_script(asset_url="s3://assets/a.zip", region="us-east-1", stack_name="S",
+                        volume_tags={"spot-training:stack": "S"}, config_json="{}", boto3_requirement=BOTO3_REQUIREMENT)
+    start = lines.index("agent_boto3() {")
+    function = "\n".join(lines[start:lines.index("}", start) + 1])
+    site = tmp_path / "site"
+    if botocore_version is not None:
+        for name in ("boto3", "botocore"):
+            (site / name).mkdir(parents=True)
+        (site / "botocore" / "__init__.py").write_text(f"__version__ = {botocore_version!r}\n")
+        (site / "boto3" / "__init__.py").write_text("")
+    calls = tmp_path / "calls"
+    python = tmp_path / "python3"
+    python.write_text(f'#!/bin/bash\nif [ "$1" = "-m" ]; then echo "$@" >> {calls}; exit 0; fi\n'
+                      f'PYTHONPATH={site} exec {sys.executable} -S "$@"\n')
+    python.chmod(0o755)
+    done = subprocess.run(["bash", "-c", f"AGENT_PYTHON={python}\n{function}\nagent_boto3"], capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    ran = calls.read_text().splitlines() if calls.exists() else []
+    assert ran == ([f"-m pip install --quiet {BOTO3_REQUIREMENT}"] if installs else [])
