@@ -1,7 +1,7 @@
 """Benchmark: boot -> first training step of a node, with the trainer's environment cold and warm (``make bench-boot``).
 
-In local mode (docs/localmode.md): the real CDK CLI deploys the single-node stack to a moto server, the
-digits go onto the data volume, and each node runs the launch template's own user data (AWS CLI against
+In local mode (docs/localmode.md): the real CDK CLI deploys the single-node stack to a moto server (its
+digits dataset goes to the local S3 as a CDK asset; the data volume is created empty), and each node runs the launch template's own user data (AWS CLI against
 moto), then the agent, which builds or reuses the trainer's virtual environment on the data volume
 (``training_requirements`` = the probe wheel, installed offline from a local wheel directory, with
 ``training_inherit_site_packages``: the frameworks come from the project's venv).
@@ -13,9 +13,12 @@ moto), then the agent, which builds or reuses the trainer's virtual environment 
 Per node: ``boot_to_first_step_s`` (node start -> the first training-log row that node's trainer
 wrote), ``user_data_s`` (the boot script, until the agent's unit is started), ``environment_s`` (the
 agent's environment step), ``pip_runs`` (pip processes the environment step ran: 0 is the goal on the
-warm path). Prints a table, then the figures as JSON on the last line. The trainer itself (TensorFlow
-import, restoring the checkpoint) is most of each figure; the goal is that the warm path installs
-nothing.
+warm path), and ``phases_s``: seconds from node start at which each boot phase ended, read from the
+agent's own log lines: ``agent_start`` (its first line), ``volume`` ("data volume mounted"),
+``dataset`` ("dataset ready": synced cold, present warm), ``environment`` ("environment built/reused"),
+``trainer_start`` ("training started"), ``first_step`` (the trainer's first row: its framework import
+and checkpoint restore, which the agent cannot see apart). Prints a table, then the figures as JSON
+on the last line. The goal is that the warm path installs and downloads nothing.
 """
 
 from __future__ import annotations
@@ -33,11 +36,17 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from spot_training.local.deploy import CdkCli, clients, local_context, stack_resources  # noqa: E402
-from spot_training.local.drill import TRAINER, _put_dataset, bootstrap_and_deploy  # noqa: E402
+from spot_training.infra.config import DEFAULT_FRAMEWORK, FRAMEWORKS  # noqa: E402
+from spot_training.local.drill import bootstrap_and_deploy  # noqa: E402
 from spot_training.local.injector import LOG_NAME, read_training_log  # noqa: E402
 from spot_training.local.moto_server import MotoServer  # noqa: E402
 from spot_training.local.nodes import LocalNode, NodeRunner  # noqa: E402
 
+#: The default framework's example trainer (the stack's default command without ``{python}``).
+TRAINER = FRAMEWORKS[DEFAULT_FRAMEWORK].training_command[1]
+#: Boot phases and the agent log message that ends each (see the module docstring).
+PHASE_MESSAGES = (("volume", ("data volume mounted",)), ("dataset", ("dataset ready",)),
+                  ("environment", ("environment built", "environment reused")), ("trainer_start", ("training started",)))
 _USER_DATA_S = re.compile(r"local-init: user data exited with status 0 after ([0-9.]+) s")
 
 
@@ -54,10 +63,31 @@ def _wait_first_step(node: LocalNode, after_step: float, timeout_s: float = 600.
     raise RuntimeError(f"no training step within {timeout_s} s; see {node.log_path}")
 
 
+def _phases(lines: list[dict], launched_at: float, boot_to_step_s: float) -> dict:
+    """Seconds from node start at which each phase ended (None: not seen in the log)."""
+    def at(entry: dict) -> float:
+        when = datetime.datetime.strptime(entry["time"], "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=datetime.timezone.utc)
+        return round(when.timestamp() - launched_at, 2)
+
+    timed = [e for e in lines if "time" in e]
+    phases: dict = {"agent_start": at(timed[0]) if timed else None}
+    for phase, messages in PHASE_MESSAGES:
+        found = next((e for e in timed if e.get("message") in messages), None)
+        phases[phase] = at(found) if found else None
+    phases["first_step"] = round(boot_to_step_s, 2)
+    return phases
+
+
 def _node_figures(node: LocalNode, boot_to_step_s: float) -> dict:
     text = node.log_path.read_text(errors="replace")
-    env_lines = [json.loads(line) for line in text.splitlines()
-                 if line.startswith("{") and '"message": "environment ' in line]
+    lines = []
+    for line in text.splitlines():
+        if line.startswith("{"):
+            try:
+                lines.append(json.loads(line))
+            except ValueError:
+                pass
+    env_lines = [e for e in lines if str(e.get("message", "")).startswith("environment ")]
     user_data = _USER_DATA_S.search(text)
     return {
         "instance_id": node.instance_id,
@@ -66,6 +96,7 @@ def _node_figures(node: LocalNode, boot_to_step_s: float) -> dict:
         "environment": env_lines[-1]["message"] if env_lines else None,
         "environment_s": env_lines[-1].get("seconds") if env_lines else None,
         "pip_runs": env_lines[-1].get("pip_attempts") if env_lines else None,
+        "phases_s": _phases(lines, node.launched_at, boot_to_step_s),
     }
 
 
@@ -82,7 +113,6 @@ def main() -> int:
         stack = stack_resources(aws, "SpotTraining")
         runner = NodeRunner(aws=aws, endpoint_url=server.endpoint_url, volumes_dir=server.volumes_dir, stack=stack,
                             work_dir=work)
-        _put_dataset(server.volumes_dir / stack.data_volume_id, runner.deployed_config())
         (cold,) = runner.sync()
         cold_figures = _node_figures(cold, _wait_first_step(cold, 0))
         time.sleep(3)  # a few steps and a checkpoint (every 20 steps) before the stop
@@ -101,10 +131,12 @@ def main() -> int:
     for name, f in (("cold", cold_figures), ("warm", warm_figures)):
         print(f"{name:6} {f['boot_to_first_step_s']:>19} {f['user_data_s']!s:>12} {f['environment']!s:>20} "
               f"{f['environment_s']!s:>7} {f['pip_runs']!s:>8}")
+        print("       phases (s from node start): " + ", ".join(f"{k} {v}" for k, v in f["phases_s"].items()))
     result = {
         "benchmark": "boot", "date": datetime.date.today().isoformat(),
         "cold": cold_figures, "warm": warm_figures,
         "warm_installs_nothing": warm_figures["environment"] == "environment reused" and warm_figures["pip_runs"] == 0,
+        "phases": ["agent_start", "volume", "dataset", "environment", "trainer_start", "first_step"],
     }
     print(json.dumps(result))
     return 0

@@ -3,7 +3,7 @@
 Commands:
 
 - ``run``: the whole boot sequence of a node: IMDS identity -> data volume (find, move, attach,
-  mount) -> EFS if configured -> supervise the trainer while watching for interruption notices ->
+  mount) -> EFS if configured -> the dataset from S3 if configured (once, verified) -> supervise the trainer while watching for interruption notices ->
   cancel the fleet when training completed. This is what the systemd unit runs.
 - ``check-config``: validate the config and print a summary; touches nothing.
 - ``attach-volume``: only the data-volume step (prints the mount point).
@@ -28,6 +28,7 @@ import logging
 import os
 import signal
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -272,6 +273,13 @@ def _require_efs_utils(config: AgentConfig) -> None:
     efs.require_mount_helper(config.efs)
 
 
+def _check_ami(config: AgentConfig) -> None:
+    """Exit 78 (boot step ``config``, final) naming what the AMI lacks (spot_training.agent.ami_check)."""
+    from spot_training.agent.ami_check import check_node
+
+    check_node(config, local_mode=_local_mode())
+
+
 def _mount_efs(config: AgentConfig) -> None:
     if config.efs is None:
         return
@@ -283,6 +291,15 @@ def _mount_efs(config: AgentConfig) -> None:
     from spot_training.agent import efs
 
     efs.mount_efs(config.efs, region=config.region, log=logging.getLogger("spot_training.agent.efs"))
+
+
+def _prepare_dataset(config: AgentConfig) -> None:
+    """Bring ``config.dataset`` onto the volume before the trainer starts (spot_training.agent.dataset)."""
+    from spot_training.agent.dataset import prepare_dataset
+
+    result = prepare_dataset(config)
+    if result is not None:
+        log.info("dataset ready", extra={"dataset": result})
 
 
 def _is_mounted(devices: Any, mount_point: Path, *, device: str | None = None) -> Callable[[], bool]:
@@ -344,8 +361,34 @@ def _start_publisher(config: AgentConfig, imds: Any, identity: Identity) -> Any:
             boot_time = dt.datetime.fromisoformat(pending.replace("Z", "+00:00")).timestamp()
     except Exception as exc:  # noqa: BLE001 - publishing is optional
         log.warning("instance type and launch time unknown for publishing", extra={"error": str(exc)})
-    return start_publisher(config, instance_id=identity.instance_id, instance_type=instance_type,
-                           availability_zone=identity.availability_zone, boot_time=boot_time)
+    publisher = start_publisher(config, instance_id=identity.instance_id, instance_type=instance_type,
+                                availability_zone=identity.availability_zone, boot_time=boot_time)
+    if publisher is not None:
+        _record_ledger(config, imds, identity, instance_type=instance_type, boot_time=boot_time)
+    return publisher
+
+
+def _record_ledger(config: AgentConfig, imds: Any, identity: Identity, *, instance_type: str,
+                   boot_time: float | None) -> None:
+    """Write this instance's cost-ledger record (``instance_ledger``: type, AZ, lifecycle, launch time)
+    into its log stream, where ``spot-train cost`` and ``status`` find it after EC2 has forgotten the
+    instance (about an hour after it terminated); the stream's last event bounds its end. The
+    lifecycle is IMDS's ``meta-data/instance-life-cycle`` (``spot``/``on-demand``); where IMDS does not
+    say, the node role's (fleet nodes are spot, a cluster's scheduler and servers on demand)."""
+    import datetime as dt
+
+    lifecycle = "spot" if config.node_role in ("single", "worker") else "on-demand"
+    try:
+        status, body = imds.get("meta-data/instance-life-cycle")
+        if status == 200 and body.strip() in ("spot", "on-demand", "scheduled"):
+            lifecycle = body.strip()
+    except Exception as exc:  # noqa: BLE001 - the role's default stands
+        log.debug("instance-life-cycle unknown", extra={"error": str(exc)})
+    launch = dt.datetime.fromtimestamp(boot_time if boot_time is not None else time.time(), tz=dt.timezone.utc)
+    log.info("instance ledger: launched", extra={
+        "event": "instance_ledger", "instance_id": identity.instance_id, "instance_type": instance_type,
+        "availability_zone": identity.availability_zone, "lifecycle": lifecycle,
+        "launch_time": launch.isoformat(timespec="seconds"), "node_role": config.node_role})
 
 
 def _reset_failed_boots(config: AgentConfig, ec2: Any, identity: Identity, autoscaling: Any = None) -> None:
@@ -411,6 +454,7 @@ def cmd_run(config: AgentConfig) -> ExitCode:
     _require_efs_utils(config)
     imds = _imds(config)
     identity = _identity(imds, config)
+    _check_ami(config)
     if config.node_role != "single":
         # Parameter-server cluster nodes keep data, checkpoints and membership on EFS (no data volume).
         from spot_training.agent.cluster import run_node
@@ -433,6 +477,7 @@ def cmd_run(config: AgentConfig) -> ExitCode:
         mount_point = _attach_volume(config, ec2, identity, blockdev)
         _mount_efs(config)
         device = blockdev.mounted_source(str(mount_point))
+        _prepare_dataset(config)
         from spot_training.agent.snapshots import PeriodicSnapshots
 
         # Periodic snapshots while training (volume.snapshot_interval_s; 0: none), so a move copies little.
@@ -440,7 +485,8 @@ def cmd_run(config: AgentConfig) -> ExitCode:
                                       instance_id=identity.instance_id, log=logging.getLogger("spot_training.agent.snapshots")).start()
         try:
             outcome = _supervise(config, imds, _is_mounted(blockdev, mount_point, device=device), publisher,
-                                 on_environment_ready=lambda: _reset_failed_boots(config, ec2, identity))
+                                 on_environment_ready=lambda: (_reset_failed_boots(config, ec2, identity),
+                                                               snapshots.take_soon()))
         finally:
             snapshots.stop()
         if outcome is Outcome.COMPLETED:

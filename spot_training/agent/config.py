@@ -140,6 +140,16 @@ class CodeConfig:
 
 
 @dataclass(frozen=True)
+class DatasetConfig:
+    """The job's dataset in S3 (spot_training.agent.dataset): ``uri`` is ``s3://bucket/prefix/`` (every
+    object under the prefix) or ``s3://bucket/key`` (one object; a zip archive extracted into
+    ``training.dataset_dir`` when ``unpack``). The agent brings it onto the volume once, verified."""
+
+    uri: str
+    unpack: bool = False
+
+
+@dataclass(frozen=True)
 class VenvConfig:
     """The trainer's virtual environment (``spot_training.agent.trainer_env``): ``requirements`` (pip specifiers)
     installed once into a venv of ``training.python`` under ``root`` (on the data volume or EFS) and
@@ -220,6 +230,8 @@ class AgentConfig:
     notice_poll_interval_s: float = DEFAULT_NOTICE_POLL_INTERVAL_S
     #: CloudWatch publishing; None (the key absent or null): nothing is published.
     monitoring: MonitoringConfig | None = None
+    #: The dataset the agent syncs into ``training.dataset_dir`` before the trainer starts; None: none.
+    dataset: DatasetConfig | None = None
     extensions: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
 
 
@@ -375,7 +387,8 @@ def parse_config(data: Any) -> AgentConfig:
     if root is None:
         raise ConfigError(problems=v.problems)
     v.keys(root, "", required=("schema_version", "region", "stack_name", "node_role", "volume", "training"),
-           optional=("efs", "cleanup", "imds_endpoint", "notice_poll_interval_s", "monitoring") + EXTENSION_KEYS)
+           optional=("efs", "cleanup", "imds_endpoint", "notice_poll_interval_s", "monitoring", "dataset")
+           + EXTENSION_KEYS)
 
     schema_version = v.integer(root, "schema_version", "", minimum=1)
     if schema_version is not None and schema_version != SCHEMA_VERSION:
@@ -402,6 +415,7 @@ def parse_config(data: Any) -> AgentConfig:
         _checkpoints_not_on_root_disk(v, training, volume, efs)
     cleanup = _cleanup(v, root)
     monitoring = _monitoring(v, root)
+    dataset = _dataset(v, root)
     imds_endpoint = None
     if root.get("imds_endpoint") is not None:
         imds_endpoint = v.string(root, "imds_endpoint", "")
@@ -424,7 +438,7 @@ def parse_config(data: Any) -> AgentConfig:
     return AgentConfig(schema_version=schema_version, region=region, stack_name=stack_name,
                        node_role=node_role, volume=volume, efs=efs, training=training, cleanup=cleanup,
                        imds_endpoint=imds_endpoint, notice_poll_interval_s=float(poll), monitoring=monitoring,
-                       extensions=MappingProxyType(extensions))
+                       dataset=dataset, extensions=MappingProxyType(extensions))
 
 
 def _volume(v: "_Validator", root: Mapping[str, Any], stack_name: str | None) -> VolumeConfig | None:
@@ -597,6 +611,33 @@ def _code(v: "_Validator", training: Mapping[str, Any]) -> CodeConfig | None:
             return None
         return CodeConfig(type="git", url=url, ref=ref)
     return None
+
+
+def _dataset(v: "_Validator", root: Mapping[str, Any]) -> DatasetConfig | None:
+    """None when absent or null (problems recorded when invalid)."""
+    if root.get("dataset") is None:
+        return None
+    section = v.object(root["dataset"], "dataset", allowed="null or an object")
+    if section is None:
+        return None
+    v.keys(section, "dataset", required=("uri",), optional=("unpack",))
+    from spot_training.agent.dataset import parse_uri
+
+    uri = v.string(section, "uri", "dataset")
+    if uri is not None:
+        try:
+            parse_uri(uri)
+        except ValueError as exc:
+            v.problem("dataset.uri", uri, str(exc).split(", got ")[0].replace("expected ", ""))
+            uri = None
+    unpack = section.get("unpack", False)
+    if not isinstance(unpack, bool):
+        v.problem("dataset.unpack", unpack, "true or false")
+        return None
+    if uri is not None and unpack and uri.endswith("/"):
+        v.problem("dataset.unpack", unpack, "false with a prefix URI (unpack extracts one zip object)")
+        return None
+    return DatasetConfig(uri=uri, unpack=unpack) if uri is not None else None
 
 
 def _monitoring(v: "_Validator", root: Mapping[str, Any]) -> MonitoringConfig | None:

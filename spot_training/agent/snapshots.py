@@ -51,6 +51,8 @@ class PeriodicSnapshots:
         self.instance_id = instance_id
         self.log = log or logging.getLogger(__name__)
         self._stop = threading.Event()
+        #: Set to take the next snapshot now instead of at the end of the interval (take_soon, stop).
+        self._soon = threading.Event()
         self._thread: threading.Thread | None = None
 
     # ---- one round --------------------------------------------------------------------------------
@@ -115,7 +117,11 @@ class PeriodicSnapshots:
 
     # ---- the thread -------------------------------------------------------------------------------
     def _run(self) -> None:
-        while not self._stop.wait(self.interval_s):
+        while True:
+            self._soon.wait(self.interval_s)
+            if self._stop.is_set():
+                return
+            self._soon.clear()
             try:
                 self.take()
             except Exception as error:  # noqa: BLE001 - a snapshot must never stop training
@@ -123,14 +129,23 @@ class PeriodicSnapshots:
                                  extra={"event": "periodic_snapshot_failed", "error": str(error)})
 
     def start(self) -> PeriodicSnapshots:
-        """Start the daemon thread (first snapshot after one interval); no thread when ``interval_s`` is 0."""
+        """Start the daemon thread (first snapshot after one interval, or at :meth:`take_soon`); no
+        thread when ``interval_s`` is 0."""
         if self.interval_s > 0 and self._thread is None:
             self._thread = threading.Thread(target=self._run, name="periodic-snapshots", daemon=True)
             self._thread.start()
         return self
 
+    def take_soon(self) -> None:
+        """Take the next snapshot now, then every ``interval_s`` seconds from it. The agent calls
+        this once the trainer's environment and the dataset are in place (and before the first
+        training step), so the first, full snapshot holds them and a move later copies only the
+        checkpoints written since. Nothing happens when snapshots are off (``interval_s`` 0)."""
+        self._soon.set()
+
     def stop(self, timeout_s: float = 5.0) -> None:
         """Stop the thread (a CreateSnapshot in flight completes on AWS's side)."""
         self._stop.set()
+        self._soon.set()
         if self._thread is not None:
             self._thread.join(timeout_s)

@@ -16,8 +16,10 @@ from aws_cdk import aws_s3_assets as s3_assets
 
 from .userdata import DEFAULT_MAX_FAILED_BOOTS, STOP_TIMEOUT_S, boot_script
 
-#: What the node agents install when the AMI's system Python lacks boto3 (requirements-agent.txt).
-BOTO3_REQUIREMENT = "boto3>=1.34,<2"
+#: What the node agents install when the AMI's system Python lacks boto3 or has one older than the
+#: agent needs (requirements-agent.txt): botocore 1.38.10 is the first with CreateVolume's
+#: VolumeInitializationRate (spot_training.agent.ami_check), and boto3 1.38.10 requires it.
+BOTO3_REQUIREMENT = "boto3>=1.38.10,<2"
 #: Where the node downloads the asset.
 ARCHIVE_PATH = "/opt/spot-training/bootstrap.zip"
 

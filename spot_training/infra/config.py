@@ -171,6 +171,7 @@ CONTEXT_KEYS: tuple[ContextKey, ...] = (
     ContextKey("training_user", "ubuntu", "-", "OS user that runs the trainer"),
     ContextKey("code_git_url", None, "-", "clone the training code from this git URL instead of using the bootstrap asset"),
     ContextKey("code_git_ref", None, "-", "commit or tag to check out (required with `code_git_url`)"),
+    ContextKey("dataset_uri", None, "-", "s3://bucket/prefix/ (or s3://bucket/key) whose objects the agent copies into datasets/ on the data volume before the trainer starts, once, verified (docs/infra.md, \"Your data\"); the nodes may read only that prefix; default: the examples' digits, a CDK asset of the stack; none: no dataset step"),
     ContextKey("mount_point", DEFAULT_MOUNT_POINT, "-", "where the data volume is mounted; datasets/, checkpoints/, logs/ live under it"),
     ContextKey("keep_snapshots", contract.default("keep_snapshots"), "snapshots",
                f"migration snapshots the agent keeps, {_range('keep_snapshots')} (and as many periodic ones)"),
@@ -396,6 +397,8 @@ class StackSettings(ContextSettings):
     training_user: str = "ubuntu"
     code_git_url: str | None = None
     code_git_ref: str | None = None
+    #: None: the default examples' digits asset; "none": no dataset step; else an s3:// URI.
+    dataset_uri: str | None = None
     mount_point: str = DEFAULT_MOUNT_POINT
     keep_snapshots: int = contract.default("keep_snapshots")
     snapshot_interval_minutes: int = 60
@@ -536,6 +539,13 @@ class StackSettings(ContextSettings):
             raise context_value_error("code_git_ref", v["code_git_ref"], "a commit or tag to check out, required when code_git_url is set")
         if out["code_git_ref"] and not out["code_git_url"]:
             raise context_value_error("code_git_url", v["code_git_url"], "a git URL, required when code_git_ref is set")
+        if v["dataset_uri"] is not None:
+            from .dataset import split_uri
+
+            uri = v["dataset_uri"]
+            if not (isinstance(uri, str) and uri.strip().lower() == "none"):
+                split_uri(uri)
+            out["dataset_uri"] = "none" if uri.strip().lower() == "none" else uri
         if v["mount_point"] is not None:
             mp = v["mount_point"]
             if not isinstance(mp, str) or not re.fullmatch(r"(/[A-Za-z0-9._-]+)+", mp):

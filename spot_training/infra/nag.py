@@ -57,6 +57,15 @@ ACKNOWLEDGEMENTS: tuple[tuple[type, str, list[object], str], ...] = (
         "and the count's one tag key, which a test asserts.",
     ),
     (
+        TrainingNodeRole,
+        "AwsSolutions-IAM5",
+        [cdk_nag.RegexAppliesTo(regex=r"/^Resource::arn:<AWS::Partition>:s3:::[a-z0-9][a-z0-9.-]+\/[^*]*\*$/g")],
+        "The job's dataset (-c dataset_uri=s3://bucket/prefix/): s3:GetObject on the objects under that one "
+        "prefix, which the agent lists and copies onto the data volume (spot_training/agent/dataset.py); "
+        "the object keys are the user's and not known at synth time. s3:ListBucket on the bucket is "
+        "conditioned on s3:prefix to the same prefix (spot_training/infra/dataset.py; a test asserts both).",
+    ),
+    (
         SpotFleetRole,
         "AwsSolutions-IAM4",
         ["Policy::arn:<AWS::Partition>:iam::aws:policy/service-role/AmazonEC2SpotFleetTaggingRole"],

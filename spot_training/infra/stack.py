@@ -19,6 +19,7 @@ from .filesystem import SharedFileSystem
 from .fis import SpotInterruptionDrill
 from .fleet import SpotTrainingFleet
 from .monitoring import RETENTION_DAYS, TrainingMonitoring
+from .dataset import add_dataset
 from .roles import TrainingNodeRole
 from .tags import DEPLOYMENT_TAG_KEY, PURPOSE_DATA_VOLUME, PURPOSE_TAG_KEY, STACK_TAG_KEY, deployment_tag_value
 from .userdata import SERVICE_NAME, node_config
@@ -188,6 +189,7 @@ class SpotTrainingStack(SettingsStack):
         self.node_role = TrainingNodeRole(self, "NodeRole", stack_tag_value=tag_value, assets=[self.bootstrap_asset.asset])
         if volume_key is not None:
             self.node_role.grant_volume_key(volume_key)
+        self.dataset_asset, dataset_section = add_dataset(self, settings.dataset_uri, self.node_role.role)
 
         self.file_system: SharedFileSystem | None = None
         efs_config = None
@@ -233,6 +235,7 @@ class SpotTrainingStack(SettingsStack):
             checkpoint_every_seconds=settings.checkpoint_every_seconds,
             requirements=settings.training_requirements,
             inherit_site_packages=settings.training_inherit_site_packages,
+            dataset=dataset_section,
         )
         if settings.adopt_volume_id:
             self.node_config["volume"]["adopt_volume_id"] = settings.adopt_volume_id

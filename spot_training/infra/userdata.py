@@ -108,6 +108,7 @@ def node_config(
     notice_poll_interval_s: float | None = None,
     checkpoint_every_steps: int | None = None,
     checkpoint_every_seconds: float | None = None,
+    dataset: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The node config dict (schema version 1, docs/contracts.md).
 
@@ -128,7 +129,9 @@ def node_config(
     to the ``spot_training.training`` section only when given (the agent exports them to the trainer as
     ``SPOT_TRAINING_CHECKPOINT_EVERY_STEPS`` / ``_SECONDS``); the trainer's default otherwise.
     ``monitoring``: the CloudWatch publishing section (``TrainingMonitoring.node_config()``); left out
-    when None. Raises nothing; the stack validated the values.
+    when None. ``dataset``: the ``dataset`` section (``uri``, ``unpack``) the agent syncs into
+    ``datasets/`` before the trainer starts (spot_training.infra.dataset); left out when None.
+    Raises nothing; the stack validated the values.
     """
     root = data_root or mount_point
     config: dict[str, Any] = {
@@ -174,6 +177,8 @@ def node_config(
         config["training"]["checkpoint_every_steps"] = checkpoint_every_steps
     if checkpoint_every_seconds is not None:
         config["training"]["checkpoint_every_seconds"] = checkpoint_every_seconds
+    if dataset is not None:
+        config["dataset"] = dict(dataset)
     return config
 
 
@@ -363,14 +368,16 @@ def boot_script(
     1. write :func:`boot_failed_script` (nothing can fail before it exists);
     2. write the node config (:func:`config_block`);
     3. steps, each retried :data:`BOOT_STEP_ATTEMPTS` times and logged: ``fetch-agent`` (``aws s3 cp``
-       of ``asset_url``), ``unpack-agent``, ``agent-boto3`` (only when the AMI's Python lacks boto3),
+       of ``asset_url``), ``unpack-agent``, ``agent-boto3`` (only when the AMI's Python lacks boto3 or its botocore is older
+       than 1.38.10),
        ``start-agent`` (write the unit, ``systemctl enable --now``).
 
     The trainer's framework is not installed here: the agent builds its virtual environment on the
     data volume (or EFS) once and reuses it (:mod:`spot_training.agent.trainer_env`). No ``set -e``: a failing
     command is a failed step, reported, never a silent end of the script. The environment variables
     :data:`ROOT_ENV`, :data:`AGENT_PYTHON_ENV` and :data:`CONSOLE_ENV` exist for local mode and are unset
-    on an instance. ``efs``: install amazon-efs-utils first (:func:`efs_utils_install_commands`).
+    on an instance. ``efs``: install amazon-efs-utils first (:func:`efs_utils_install_commands`; its
+    failure after the retry budget is the boot step ``efs-utils``).
     ``asset_url``, ``region`` and the config may hold CDK tokens.
     """
     archive = "$ST_ROOT/opt/spot-training/bootstrap.zip"
@@ -390,14 +397,15 @@ def boot_script(
         "SPOT_TRAINING_BOOT_FAILED",
         'chmod 0755 "$BOOT_FAILED"',
         *config_block(config_json),
-        # With EFS: amazon-efs-utils, retried itself; without it the agent exits 78 (a `config` boot failure).
+        # With EFS: amazon-efs-utils, retried with backoff for a bounded time, then a counted boot failure.
         *(efs_utils_install_commands() if efs else []),
         *_step_function(),
         f"fetch_agent() {{ aws s3 cp {_q(asset_url)} \"{archive}\" --only-show-errors; }}",
         # The standard library unzips; the AMI need not have `unzip`.
         f'unpack_agent() {{ rm -rf "$CODE" && install -d -m 0755 "$CODE" && "$AGENT_PYTHON" -m zipfile -e "{archive}" "$CODE"; }}',
         "agent_boto3() {",
-        "  \"$AGENT_PYTHON\" -c 'import boto3' 2>/dev/null && return 0",
+        # boto3 present and its botocore new enough for the agent (spot_training.agent.ami_check): nothing to do.
+        "  \"$AGENT_PYTHON\" -c 'import boto3, botocore, sys; sys.exit(tuple(int(p) for p in botocore.__version__.split(\".\")[:3]) < (1, 38, 10))' 2>/dev/null && return 0",
         "  # Ubuntu 23.04+ marks the system Python externally managed (PEP 668); 22.04 does not know the flag.",
         f'  "$AGENT_PYTHON" -m pip install --quiet {_q(boto3_requirement)} \\',
         f'    || "$AGENT_PYTHON" -m pip install --quiet --break-system-packages {_q(boto3_requirement)}',
@@ -473,26 +481,40 @@ def extract_config(user_data_text: str) -> dict[str, Any]:
 #: Source of amazon-efs-utils and the release tag built at boot (docs/infra.md, "EFS mounts").
 EFS_UTILS_REPO = "https://github.com/aws/efs-utils"
 EFS_UTILS_REF = "v1.35.0"
-#: Attempts of the whole install (apt, clone, build, install) before the user data moves on; the
-#: agent then exits 78 naming the missing mount helper (spot_training.agent.efs).
-EFS_UTILS_ATTEMPTS = 3
+#: Seconds of backoff the whole install (apt, clone, build, install) may spend retrying before the
+#: boot fails at step ``efs-utils`` (counted: the node is replaced, up to the failed-boot bound),
+#: waits doubling from 15 s up to 120 s between attempts.
+EFS_UTILS_RETRY_BUDGET_S = 1200
+EFS_UTILS_FIRST_DELAY_S = 15
+EFS_UTILS_MAX_DELAY_S = 120
+#: How long apt-get waits for the dpkg lock (unattended-upgrades holds it at an Ubuntu instance's
+#: first boot) instead of failing at once: apt's ``DPkg::Lock::Timeout`` option, apt >= 1.9.11
+#: (Ubuntu 20.04+; apt.conf(5)).
+APT_LOCK_TIMEOUT_S = 600
+_APT_GET = f"DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout={APT_LOCK_TIMEOUT_S}"
 
 
-def efs_utils_install_commands(*, ref: str = EFS_UTILS_REF, attempts: int = EFS_UTILS_ATTEMPTS,
-                               retry_delay_s: int = 15) -> list[str]:
+def efs_utils_install_commands(*, ref: str = EFS_UTILS_REF, retry_budget_s: int = EFS_UTILS_RETRY_BUDGET_S,
+                               first_delay_s: int = EFS_UTILS_FIRST_DELAY_S,
+                               max_delay_s: int = EFS_UTILS_MAX_DELAY_S) -> list[str]:
     """User-data lines that build and install amazon-efs-utils unless ``mount.efs`` is already there.
 
-    Skipped in local mode (``SPOT_TRAINING_BLOCKDEV_DIR`` set, the switch the agent reads too). Retried ``attempts`` times, ``retry_delay_s`` x attempt seconds apart; every line returns 0 under
-    ``set -euo pipefail`` whatever happens, so a failed install does not end the user data: the agent
-    then stops with exit 78 and a message naming ``mount.efs`` (there is no anonymous NFS fallback).
+    Skipped in local mode (``SPOT_TRAINING_BLOCKDEV_DIR`` set, the switch the agent reads too). Every
+    ``apt-get`` waits up to :data:`APT_LOCK_TIMEOUT_S` seconds for the dpkg lock. A failed attempt is
+    retried after ``first_delay_s`` seconds, doubling up to ``max_delay_s``, while the waits add up
+    to at most ``retry_budget_s`` seconds (a mirror or GitHub outage clears with time); then the boot
+    fails at step ``efs-utils`` through ``$BOOT_FAILED`` (counted: a replacement node tries again, up
+    to the failed-boot bound), never as the agent's final ``config`` error. Every line returns 0
+    under ``set -euo pipefail`` when ``$BOOT_FAILED`` is not set.
 
     Raises:
-        ValueError: ``ref`` is not a plain git tag or branch name, or ``attempts`` < 1.
+        ValueError: ``ref`` is not a plain git tag or branch name, or a delay or budget is < 1.
     """
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._/-]*", ref):
         raise ValueError(f"ref: {ref!r} is not a git tag or branch name such as v1.35.0")
-    if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 1:
-        raise ValueError(f"attempts must be an integer >= 1, got {attempts!r}")
+    for name, value in (("retry_budget_s", retry_budget_s), ("first_delay_s", first_delay_s), ("max_delay_s", max_delay_s)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be an integer >= 1 (seconds), got {value!r}")
     work = "/tmp/spot-training-efs-utils"
     return [
         "spot_training_install_efs_utils() {",
@@ -500,17 +522,25 @@ def efs_utils_install_commands(*, ref: str = EFS_UTILS_REF, attempts: int = EFS_
         # Local mode's explicit switch (the agent's too): its EFS is a directory, nothing to install.
         "  [ -n \"${SPOT_TRAINING_BLOCKDEV_DIR:-}\" ] && return 0",
         f"  rm -rf {work}",
-        "  DEBIAN_FRONTEND=noninteractive apt-get update -q"
-        " && DEBIAN_FRONTEND=noninteractive apt-get -y -q install git binutils"
+        f"  {_APT_GET} update -q"
+        f" && {_APT_GET} -y -q install git binutils"
         f" && git clone --quiet --depth 1 --branch {ref} {EFS_UTILS_REPO} {work}"
         f" && (cd {work} && ./build-deb.sh)"
-        f" && DEBIAN_FRONTEND=noninteractive apt-get -y -q install {work}/build/amazon-efs-utils*deb",
+        f" && {_APT_GET} -y -q install {work}/build/amazon-efs-utils*deb",
         "}",
-        f"for attempt in $(seq 1 {attempts}); do",
-        "  if spot_training_install_efs_utils; then break; fi",
-        f"  echo \"spot-training: amazon-efs-utils install attempt $attempt of {attempts} failed\" >&2",
-        f"  if [ \"$attempt\" -lt {attempts} ]; then sleep $((attempt * {retry_delay_s})); fi",
+        f"st_efs_attempt=1; st_efs_waited=0; st_efs_delay={first_delay_s}",
+        "while ! spot_training_install_efs_utils; do",
+        f"  if [ $((st_efs_waited + st_efs_delay)) -gt {retry_budget_s} ]; then",
+        "    echo \"spot-training: amazon-efs-utils install failed $st_efs_attempt attempts over $st_efs_waited s of retries\" >&2",
+        "    if [ -n \"${BOOT_FAILED:-}\" ] && [ -x \"$BOOT_FAILED\" ]; then",
+        "      \"$BOOT_FAILED\" efs-utils \"amazon-efs-utils install failed $st_efs_attempt attempts over $st_efs_waited s of retries\"",
+        "      exit 1",
+        "    fi",
+        "    break",
+        "  fi",
+        "  echo \"spot-training: amazon-efs-utils install attempt $st_efs_attempt failed; retrying in $st_efs_delay s\" >&2",
+        "  sleep \"$st_efs_delay\"",
+        "  st_efs_waited=$((st_efs_waited + st_efs_delay)); st_efs_attempt=$((st_efs_attempt + 1))",
+        f"  st_efs_delay=$((st_efs_delay * 2)); if [ \"$st_efs_delay\" -gt {max_delay_s} ]; then st_efs_delay={max_delay_s}; fi",
         "done",
-        "if [ -z \"${SPOT_TRAINING_BLOCKDEV_DIR:-}\" ] && ! command -v mount.efs >/dev/null 2>&1; then"
-        " echo 'spot-training: amazon-efs-utils (mount.efs) is not installed; the agent will exit 78' >&2; fi",
     ]

@@ -1,7 +1,7 @@
 """The drill: the whole user story of docs/architecture.md on one machine, measured, with a report.
 
-moto server up -> ``cdk bootstrap`` -> ``cdk deploy SpotTraining`` (the real CLI) -> the digits data
-written onto the data volume -> the node runner starts the fleet's instance as a local node -> the
+moto server up -> ``cdk bootstrap`` -> ``cdk deploy SpotTraining`` (the real CLI; its digits dataset
+goes to the local S3 as a CDK asset, the data volume is created empty) -> the node runner starts the fleet's instance as a local node -> the
 injector interrupts it ``interruptions`` times (at least ``az_moves`` of them send the replacement to
 another Availability Zone, so the volume moves through a snapshot) -> training completes -> the agent
 cancels the fleet -> ``cdk destroy`` -> boto3 checks that no instance, volume, snapshot, fleet or stack
@@ -374,8 +374,10 @@ def run_drill(options: DrillOptions, *, on_event: Callable[[dict[str, Any]], Non
 
         runner = NodeRunner(aws=aws, endpoint_url=server.endpoint_url, volumes_dir=server.volumes_dir, stack=stack,
                             work_dir=work_dir, on_event=record)
-        _put_dataset(server.volumes_dir / stack.data_volume_id, runner.deployed_config())
-        record({"event": "phase", "phase": "data", "message": f"digits written onto {stack.data_volume_id}"})
+        # The data volume starts empty: the agent formats it and brings the dataset from the local S3
+        # (the stack's digits asset, or -c dataset_uri=...), the product's own path.
+        record({"event": "phase", "phase": "data", "message": f"{stack.data_volume_id} starts empty; the agent brings "
+                f"the dataset from S3 ({(runner.deployed_config().get('dataset') or {}).get('uri', 'none')})"})
 
         t = time.time()
         record({"event": "phase", "phase": "training", "message": "fleet instance -> local node"})
@@ -493,22 +495,6 @@ def read_back(endpoint_url: str, options: Any) -> dict[str, Any]:
     return {"aws_status": {"training": status["training"], "instances": status["instances"],
                            "alarms": status["alarms"]},
             "aws_interruptions": status["interruptions"], "cost": cost, "savings_pct": cost["savings_pct"]}
-
-
-def _put_dataset(volume_dir: Path, config: dict[str, Any]) -> None:
-    """Write the digits onto the data volume as a user would: a formatted volume holding ``datasets/``."""
-    from spot_training.training.examples.prepare_data import prepare_digits
-
-    mount_point = config["volume"]["mount_point"]
-    dataset_dir = config["training"]["dataset_dir"]
-    if not dataset_dir.startswith(mount_point + "/"):
-        raise DrillError(f"training.dataset_dir {dataset_dir!r} is not on the data volume ({mount_point})")
-    from spot_training.agent.blockdev import DirectoryBlockDevices
-
-    devices = DirectoryBlockDevices(volume_dir.parent)
-    if devices.has_filesystem(str(volume_dir)) is None:  # "mkfs", so the agent finds a file system, not a blank volume
-        devices.format(str(volume_dir), config["volume"]["fs_type"])
-    prepare_digits(volume_dir / dataset_dir[len(mount_point) + 1:])
 
 
 def _collect(node: Any, results: Path) -> None:

@@ -190,7 +190,82 @@ def stack_instances(aws: Aws, stack: str, *, now: dt.datetime) -> list[dict[str,
                         "end_estimated": end is None and state in ("stopped", "terminated"),
                         "lifecycle": i.get("InstanceLifecycle", "on-demand"),
                         "fleet_request_id": tags.get("aws:ec2spot:fleet-request-id")})
+    # What existed is the agents' ledger's to say: EC2 lists a terminated instance for about an hour
+    # only (EC2 API Reference, TerminateInstances). DescribeInstances fills in what is live.
+    seen = {i["instance_id"] for i in out}
+    for instance_id, item in ledger_instances(aws, stack).items():
+        if instance_id not in seen:
+            out.append({**item, "state": "terminated", "end_estimated": item["end_time"] is None,
+                        "source": "ledger"})
     return sorted(out, key=lambda x: x["launch_time"])
+
+
+#: The agents' ledger record (spot_training/agent/cli.py): one per instance, in the instance's log stream.
+LEDGER_EVENT = "instance_ledger"
+
+
+def ledger_instances(aws: Aws, stack: str) -> dict[str, dict[str, Any]]:
+    """Every instance the stack's agents recorded, from their ledger records in the stack's log group
+    (one stream per instance; kept for the group's retention, ``log_retention_days``), whether or not
+    EC2 still lists it: instance id -> ``instance_type``, ``availability_zone``, ``lifecycle``,
+    ``launch_time`` and ``end_time``: the spot interruption notice's termination time when the stream
+    has one, else the stream's last event (the agent publishes until it stops). Empty when the stack
+    has no log group (monitoring off).
+    """
+    try:
+        events = [e for e in _ledger_events(aws, stack)]
+    except OperationsError as error:
+        if error.exit_code == Exit.STACK_NOT_FOUND:
+            return {}
+        raise
+    last: dict[str, int] = {}
+    for stream in _paginate(aws.logs, "describe_log_streams", "logStreams", logGroupName=log_group(stack)):
+        if stream.get("lastEventTimestamp"):
+            last[stream["logStreamName"]] = stream["lastEventTimestamp"]
+    out: dict[str, dict[str, Any]] = {}
+    notices: dict[str, dt.datetime] = {}
+    for e in events:
+        data = _parsed(e)
+        if data.get("event") == "spot_interruption_notice" and data.get("time"):
+            try:
+                notices[e["instance_id"]] = _utc(dt.datetime.fromisoformat(str(data["time"]).replace("Z", "+00:00")))
+            except ValueError:
+                pass
+        if data.get("event") != LEDGER_EVENT or not data.get("launch_time"):
+            continue
+        out[e["instance_id"]] = {
+            "instance_id": e["instance_id"], "instance_type": data.get("instance_type", "unknown"),
+            "availability_zone": data.get("availability_zone", "unknown"), "lifecycle": data.get("lifecycle", "spot"),
+            "launch_time": _utc(dt.datetime.fromisoformat(str(data["launch_time"]).replace("Z", "+00:00"))),
+            "fleet_request_id": data.get("fleet_request_id")}
+    for instance_id, item in out.items():
+        ends = [t for t in (notices.get(instance_id),) if t is not None]
+        if instance_id in last:
+            ends.append(dt.datetime.fromtimestamp(last[instance_id] / 1000, tz=dt.timezone.utc))
+        item["end_time"] = max(ends) if ends else None
+    return out
+
+
+def _ledger_events(aws: Aws, stack: str) -> list[dict[str, Any]]:
+    """The ledger records and interruption notices of the stack's log group (a term filter, so a long
+    job's other lines are not read)."""
+    events: list[dict[str, Any]] = []
+    for term in (LEDGER_EVENT, "spot_interruption_notice"):
+        token = None
+        while True:
+            try:
+                response = _call("FilterLogEvents", aws.logs.filter_log_events, logGroupName=log_group(stack),
+                                 filterPattern=f'"{term}"', **({"nextToken": token} if token else {}))
+            except OperationsError as error:
+                if "ResourceNotFoundException" in str(error):
+                    raise OperationsError(f"log group {log_group(stack)!r} does not exist", Exit.STACK_NOT_FOUND) from None
+                raise
+            events += [{"timestamp": e["timestamp"], "instance_id": e["logStreamName"], "message": e["message"]}
+                       for e in response.get("events", [])]
+            token = response.get("nextToken")
+            if not token:
+                break
+    return sorted(events, key=lambda e: e["timestamp"])
 
 
 def _fleet(aws: Aws, fleet_id: str | None) -> dict[str, Any] | None:

@@ -150,3 +150,22 @@ def test_defaults_and_good_values(tmp_path):
     data["volume"].update(snapshot_interval_s=3600, initialization_rate_mibps=100)
     volume = parse_config(data).volume
     assert (volume.snapshot_interval_s, volume.initialization_rate_mibps) == (3600, 100)
+
+
+def test_first_snapshot_is_taken_as_soon_as_environment_and_dataset_are_in_place(ec2, tmp_path):
+    """With an hour's interval, nothing is snapshotted at start; take_soon (called by the agent once
+    the trainer's environment and the dataset are on the volume) snapshots at once, so a move later
+    copies only what training wrote since."""
+    periodic, volume_id = _attached(ec2, tmp_path, interval_s=3600)
+    periodic.start()
+    try:
+        time.sleep(0.5)
+        assert _periodic(ec2) == []
+        periodic.take_soon()
+        deadline = time.monotonic() + 10
+        while not _periodic(ec2) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert [s["VolumeId"] for s in _periodic(ec2)] == [volume_id]
+    finally:
+        periodic.stop()
+    assert periodic._thread is not None and not periodic._thread.is_alive()  # stop ends the wait at once

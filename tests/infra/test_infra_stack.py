@@ -317,6 +317,9 @@ def test_extract_config_reads_the_contract_config_from_user_data(default_synth: 
         "cleanup": {"cancel_fleet_on_success": True},
         "imds_endpoint": None,
         "monitoring": {"enabled": True, "log_group": "/spot-training/SpotTraining", "namespace": "SpotTraining"},
+        # The default job's dataset: the digits asset of the stack, synced and unpacked by the agent.
+        "dataset": {"uri": f"s3://cdk-hnb659fds-assets-123456789012-us-east-1/"
+                           f"{default_synth.stack.dataset_asset.asset.asset_hash}.zip", "unpack": True},
     }
 
 

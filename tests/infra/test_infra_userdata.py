@@ -86,23 +86,41 @@ def test_boto3_requirement_matches_requirements_agent() -> None:
     assert BOTO3_REQUIREMENT in lines
 
 
-def _efs_utils_script(tmp_path: Path, *, helper_present: bool, apt_fails: bool,
-                      local_mode: bool = False) -> tuple[subprocess.CompletedProcess, list[str]]:
+def _efs_utils_script(tmp_path: Path, *, helper_present: bool, apt_fails: bool, local_mode: bool = False,
+                      extra_env: dict[str, str] | None = None, lock: Path | None = None, fail_first: bool = False,
+                      builds: bool = False) -> tuple[subprocess.CompletedProcess, list[str]]:
     """Run the efs-utils step with real bash under set -euo pipefail; apt-get, git, sleep are stubs
-    that log their calls (nothing is installed or downloaded)."""
+    that log their calls (nothing is installed or downloaded). ``lock``: a file standing for a held
+    dpkg lock (apt-get waits for it only with DPkg::Lock::Timeout, as apt does); ``fail_first``: the
+    first ``apt-get update`` fails; ``builds``: git clone and build-deb.sh succeed and installing the
+    .deb puts a ``mount.efs`` on PATH."""
     from spot_training.infra.userdata import efs_utils_install_commands
 
     bin_dir, log = tmp_path / "bin", tmp_path / "calls.log"
     bin_dir.mkdir()
-    stubs = {"apt-get": f"echo apt-get \"$@\" >> {log}; exit {1 if apt_fails else 0}",
-             "git": f"echo git \"$@\" >> {log}; exit 1", "sleep": f"echo sleep \"$@\" >> {log}"}
+    apt = [f"echo apt-get \"$@\" >> {log}"]
+    if lock is not None:
+        apt.append(f'if [ -e {lock} ]; then case "$*" in *DPkg::Lock::Timeout=*) '
+                   f'while [ -e {lock} ]; do /bin/sleep 0.1; done; echo "apt-get waited for the lock" >> {log};; '
+                   '*) echo "E: Could not get lock /var/lib/dpkg/lock-frontend" >&2; exit 100;; esac; fi')
+    if fail_first:
+        apt.append(f'if [ ! -e {tmp_path}/apt-failed-once ]; then touch {tmp_path}/apt-failed-once; exit 100; fi')
+    if builds:
+        apt.append(f'case "$*" in *amazon-efs-utils*deb*) printf "#!/bin/bash\\nexit 0\\n" > {bin_dir}/mount.efs; '
+                   f'chmod +x {bin_dir}/mount.efs;; esac')
+    apt.append(f"exit {1 if apt_fails else 0}")
+    git = (f'echo git "$@" >> {log}; dest="${{@: -1}}"; mkdir -p "$dest"; '
+           'printf "#!/bin/bash\\nmkdir -p build && touch build/amazon-efs-utils_1_all.deb\\n" > "$dest/build-deb.sh"; '
+           'chmod +x "$dest/build-deb.sh"') if builds else f'echo git "$@" >> {log}; exit 1'
+    stubs = {"apt-get": "\n".join(apt), "git": git, "sleep": f"echo sleep \"$@\" >> {log}"}
     if helper_present:
         stubs["mount.efs"] = "exit 0"
     for name, body in stubs.items():
         (bin_dir / name).write_text(f"#!/bin/bash\n{body}\n")
         (bin_dir / name).chmod(0o755)
     script = "\n".join(efs_utils_install_commands())
-    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", **({"SPOT_TRAINING_BLOCKDEV_DIR": str(tmp_path / "volumes")} if local_mode else {})}
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", **({"SPOT_TRAINING_BLOCKDEV_DIR": str(tmp_path / "volumes")} if local_mode else {}),
+           **(extra_env or {})}
     result = subprocess.run(["bash", "-euo", "pipefail", "-c", script + "\necho user-data-goes-on"], env=env,
                             capture_output=True, text=True, timeout=60)
     return result, (log.read_text().splitlines() if log.exists() else [])
@@ -114,14 +132,48 @@ def test_efs_utils_step_does_nothing_when_mount_efs_is_there(tmp_path: Path) -> 
     assert calls == []
 
 
-def test_efs_utils_step_is_retried_then_lets_the_agent_report_exit_78(tmp_path: Path) -> None:
-    result, calls = _efs_utils_script(tmp_path, helper_present=False, apt_fails=True)
-    # set -euo pipefail does not end the user data: the agent starts and exits 78 naming mount.efs.
+def test_efs_utils_step_retries_with_backoff_for_its_budget_then_fails_the_boot_counted(tmp_path: Path) -> None:
+    """No transient failure is final: apt keeps failing, the install is retried with doubling waits
+    until the retry budget is spent; then the boot fails at step efs-utils (counted, replaced), not as
+    the agent's final config error."""
+    from spot_training.infra.userdata import EFS_UTILS_RETRY_BUDGET_S
+
+    boot_failed = tmp_path / "boot-failed"
+    boot_failed.write_text(f"#!/bin/bash\necho boot-failed \"$@\" >> {tmp_path / 'calls.log'}\n")
+    boot_failed.chmod(0o755)
+    result, calls = _efs_utils_script(tmp_path, helper_present=False, apt_fails=True,
+                                      extra_env={"BOOT_FAILED": str(boot_failed)})
+    waits = [int(c.split()[1]) for c in calls if c.startswith("sleep")]
+    assert waits[:5] == [15, 30, 60, 120, 120] and sum(waits) <= EFS_UTILS_RETRY_BUDGET_S < sum(waits) + 120
+    assert len([c for c in calls if c.startswith("apt-get") and " update" in c]) == len(waits) + 1
+    assert result.returncode == 1 and "user-data-goes-on" not in result.stdout  # the boot ends here
+    assert calls[-1].startswith(f"boot-failed efs-utils amazon-efs-utils install failed {len(waits) + 1} attempts")
+
+
+def test_efs_utils_apt_waits_for_a_held_dpkg_lock_instead_of_failing(tmp_path: Path) -> None:
+    """unattended-upgrades holds the dpkg lock at first boot: apt-get waits for it (DPkg::Lock::Timeout)
+    and the first attempt succeeds once the lock is released. The stand-in apt-get behaves as apt does:
+    without the option it fails at once with "Could not get lock"."""
+    lock = tmp_path / "dpkg-lock-held"
+    lock.touch()
+    releaser = subprocess.Popen(["bash", "-c", f"sleep 1.5; rm -f {lock}"])
+    try:
+        result, calls = _efs_utils_script(tmp_path, helper_present=False, apt_fails=False, lock=lock, builds=True)
+    finally:
+        releaser.wait(timeout=30)
     assert result.returncode == 0 and "user-data-goes-on" in result.stdout, result.stderr
-    assert [c for c in calls if c.startswith("apt-get update")] == ["apt-get update -q"] * 3
-    assert [c for c in calls if c.startswith("sleep")] == ["sleep 15", "sleep 30"]
-    assert "install attempt 3 of 3 failed" in result.stderr
-    assert "amazon-efs-utils (mount.efs) is not installed; the agent will exit 78" in result.stderr
+    assert not [c for c in calls if c.startswith("sleep")]  # no retry was needed: apt waited
+    assert any(c.startswith("apt-get waited for the lock") for c in calls), calls
+    assert all("-o DPkg::Lock::Timeout=600" in c for c in calls if c.startswith("apt-get ") and "waited" not in c)
+    assert (tmp_path / "bin" / "mount.efs").exists()
+
+
+def test_efs_utils_install_that_fails_once_succeeds_on_retry(tmp_path: Path) -> None:
+    result, calls = _efs_utils_script(tmp_path, helper_present=False, apt_fails=False, fail_first=True, builds=True)
+    assert result.returncode == 0 and "user-data-goes-on" in result.stdout, result.stderr
+    assert [c for c in calls if c.startswith("sleep")] == ["sleep 15"]
+    assert "attempt 1 failed; retrying in 15 s" in result.stderr
+    assert (tmp_path / "bin" / "mount.efs").exists()
 
 
 def test_efs_utils_step_builds_the_pinned_release_as_the_readme_says(tmp_path: Path) -> None:
@@ -129,7 +181,7 @@ def test_efs_utils_step_builds_the_pinned_release_as_the_readme_says(tmp_path: P
 
     result, calls = _efs_utils_script(tmp_path, helper_present=False, apt_fails=False)
     assert result.returncode == 0
-    assert "apt-get -y -q install git binutils" in calls
+    assert "apt-get -o DPkg::Lock::Timeout=600 -y -q install git binutils" in calls
     assert f"git clone --quiet --depth 1 --branch {EFS_UTILS_REF} https://github.com/aws/efs-utils /tmp/spot-training-efs-utils" in calls
     text = "\n".join(efs_utils_install_commands())
     assert "./build-deb.sh" in text and "build/amazon-efs-utils*deb" in text
@@ -141,4 +193,33 @@ def test_efs_utils_step_is_skipped_in_local_mode(tmp_path: Path) -> None:
     """Local mode's switch (SPOT_TRAINING_BLOCKDEV_DIR): its EFS is a directory; nothing is installed."""
     result, calls = _efs_utils_script(tmp_path, helper_present=False, apt_fails=True, local_mode=True)
     assert result.returncode == 0 and "user-data-goes-on" in result.stdout
-    assert calls == [] and "exit 78" not in result.stderr
+    assert calls == [] and "failed" not in result.stderr
+
+
+@pytest.mark.parametrize("botocore_version,installs", [("1.34.162", True), ("1.38.10", False), (None, True)])
+def test_agent_boto3_step_upgrades_an_amis_too_old_botocore(tmp_path: Path, botocore_version, installs) -> None:
+    """The boot step installs boto3 when the AMI's Python lacks it or has a botocore older than the
+    agent needs (1.38.10: VolumeInitializationRate), instead of starting an agent that cannot move a volume."""
+    from spot_training.infra.asset import BOTO3_REQUIREMENT
+    from spot_training.infra.userdata import boot_script
+
+    lines = boot_script(asset_url="s3://assets/a.zip", region="us-east-1", stack_name="S",
+                        volume_tags={"spot-training:stack": "S"}, config_json="{}", boto3_requirement=BOTO3_REQUIREMENT)
+    start = lines.index("agent_boto3() {")
+    function = "\n".join(lines[start:lines.index("}", start) + 1])
+    site = tmp_path / "site"
+    if botocore_version is not None:
+        for name in ("boto3", "botocore"):
+            (site / name).mkdir(parents=True)
+        (site / "botocore" / "__init__.py").write_text(f"__version__ = {botocore_version!r}\n")
+        (site / "boto3" / "__init__.py").write_text("")
+    calls = tmp_path / "calls"
+    python = tmp_path / "python3"
+    python.write_text(f'#!/bin/bash\nif [ "$1" = "-m" ]; then echo "$@" >> {calls}; exit 0; fi\n'
+                      f'PYTHONPATH={site} exec {sys.executable} -S "$@"\n')
+    python.chmod(0o755)
+    done = subprocess.run(["bash", "-c", f"AGENT_PYTHON={python}\n{function}\nagent_boto3"], capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    ran = calls.read_text().splitlines() if calls.exists() else []
+    assert ran == ([f"-m pip install --quiet {BOTO3_REQUIREMENT}"] if installs else [])

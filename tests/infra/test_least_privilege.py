@@ -56,7 +56,8 @@ def used_ec2_actions() -> set[str]:
             name = node.func.attr
             if name in ("get_waiter", "get_paginator") and node.args and isinstance(node.args[0], ast.Constant):
                 arg = node.args[0].value
-                used.add(client.get_waiter(arg).config.operation if name == "get_waiter" else methods[arg])
+                if name == "get_waiter" or arg in methods:  # another service's paginator (S3's) is not EC2's
+                    used.add(client.get_waiter(arg).config.operation if name == "get_waiter" else methods[arg])
             elif name == "get_waiter" or name == "get_paginator":
                 # spot_training.agent.ebs.Ebs.wait(waiter_name, ...): the names come from its callers.
                 pass
@@ -86,12 +87,48 @@ def test_every_granted_ec2_action_is_used_by_the_node_code(default_synth: Synth,
 def test_node_reads_only_the_bootstrap_asset_object(default_synth: Synth, cluster_synth: Synth) -> None:
     for synth in (default_synth, cluster_synth):
         for role in _node_roles(synth):
-            s3 = [s for s in _statements(synth, role) if any(a.startswith("s3:") for a in _actions(s))]
+            s3 = [s for s in _statements(synth, role) if any(a.startswith("s3:") for a in _actions(s))
+                  and not s.get("Sid", "").startswith("Dataset")]
             assert len(s3) == 1, s3
             assert _actions(s3[0]) == ["s3:GetObject"]
             resource = json.dumps(s3[0]["Resource"])
             # bucket ARN + "/" + the asset's object key (its content hash), no wildcard anywhere
             assert "*" not in resource and ".zip" in resource, resource
+
+
+def test_default_dataset_is_read_as_one_asset_object(default_synth: Synth) -> None:
+    """The default job's digits come from a CDK asset of the stack: the node may get that one
+    object and list only its key, nothing else of the assets bucket."""
+    (role,) = _node_roles(default_synth)
+    dataset = {s["Sid"]: s for s in _statements(default_synth, role) if s.get("Sid", "").startswith("Dataset")}
+    assert sorted(dataset) == ["DatasetList", "DatasetRead"]
+    assert _actions(dataset["DatasetRead"]) == ["s3:GetObject"]
+    read = json.dumps(dataset["DatasetRead"]["Resource"])
+    assert "*" not in read and ".zip" in read, read
+    assert _actions(dataset["DatasetList"]) == ["s3:ListBucket"]
+    prefix = dataset["DatasetList"]["Condition"]["StringLike"]["s3:prefix"]
+    assert ".zip" in json.dumps(prefix) and "*" not in json.dumps(prefix), prefix
+    config = json.dumps(default_synth.data)
+    assert '\\"unpack\\": true' in config or '"unpack": true' in config
+
+
+def test_user_dataset_prefix_is_the_only_readable_part_of_its_bucket(tmp_path: Path) -> None:
+    from infra_helpers import synth_stack
+
+    from spot_training.infra.config import StackSettings
+
+    synth = synth_stack(tmp_path, StackSettings.from_mapping({"dataset_uri": "s3://my-data-bucket/jobs/digits/"}))
+    (role,) = _node_roles(synth)
+    dataset = {s["Sid"]: s for s in _statements(synth, role) if s.get("Sid", "").startswith("Dataset")}
+    assert json.dumps(dataset["DatasetRead"]["Resource"]).endswith(':s3:::my-data-bucket/jobs/digits/*"]]}'), \
+        dataset["DatasetRead"]["Resource"]
+    assert _actions(dataset["DatasetRead"]) == ["s3:GetObject"]
+    assert _actions(dataset["DatasetList"]) == ["s3:ListBucket"]
+    assert json.dumps(dataset["DatasetList"]["Resource"]).endswith(':s3:::my-data-bucket"]]}')
+    assert dataset["DatasetList"]["Condition"] == {"StringLike": {"s3:prefix": ["jobs/digits/*"]}}
+    assert not synth.nag_errors, synth.nag_errors
+    # no dataset asset when the user names the data
+    assert not any("digits" in json.dumps(a) for a in synth.resources("AWS::CDK::Metadata").values())
 
 
 def test_session_manager_without_the_ssm_managed_policy(default_synth: Synth, cluster_synth: Synth) -> None:
