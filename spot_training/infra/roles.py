@@ -17,6 +17,7 @@ from collections.abc import Sequence
 
 import aws_cdk as cdk
 import constructs
+import jsii
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
 from aws_cdk import aws_s3_assets as s3_assets
@@ -50,6 +51,7 @@ DESCRIBE_ACTIONS: tuple[str, ...] = (
 )
 
 
+@jsii.implements(iam.IGrantable)
 class TrainingNodeRole(constructs.Construct):
     """The training nodes' instance role and instance profile, with exactly what the agents need.
 
@@ -72,6 +74,8 @@ class TrainingNodeRole(constructs.Construct):
       policy ``AmazonSSMManagedInstanceCore``, whose ``ssm:GetParameter(s)``, ``ssm:GetDocument``,
       ``ec2messages:*`` ... on ``*`` serve Run Command, State Manager and Patch Manager, which the
       nodes do not use).
+
+    An ``iam.IGrantable``: ``bucket.grant_read(node_role)`` grants the role.
 
     Attributes:
         role: the ``iam.Role`` (``ec2.amazonaws.com``).
