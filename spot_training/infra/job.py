@@ -121,7 +121,7 @@ class TrainingJob(constructs.Construct):
             vpc: the VPC of the nodes (an ``ec2.IVpc``: ``ec2.Vpc(...)`` or ``Vpc.from_lookup``).
             job_id: the identity; default: ``<stack name>-<construct path>`` (:func:`default_job_id`).
                 Letters, digits and hyphens, starting with a letter, 1..128 characters, unique in the app.
-            framework: ``tensorflow`` (default), ``mxnet`` or ``torch``: the training extra and default command.
+            framework: ``tensorflow`` (default), ``mxnet`` or ``pytorch``: the training extra and default command.
             training_command: the trainer's argv (list of strings); default: the framework's example.
             training_python: the interpreter the trainer runs with; default ``/usr/bin/python3``.
             vpc_subnets: where nodes launch; default: the VPC's public subnets.
@@ -188,6 +188,7 @@ class TrainingJob(constructs.Construct):
         self.node_role = TrainingNodeRole(self, "NodeRole", stack_tag_value=self.job_id, assets=[self.bootstrap_asset.asset])
         if volume_encryption_key is not None:
             self.node_role.grant_volume_key(volume_encryption_key)
+        _acknowledge_bucket_reads(self.node_role)
         for bucket in read_buckets:
             bucket.grant_read(self)
 
@@ -264,6 +265,27 @@ class TrainingJob(constructs.Construct):
     def grant_read_bucket(self, bucket: s3.IBucket, objects_key_pattern: str | None = None) -> iam.Grant:
         """Let the nodes read ``bucket`` (or the keys matching ``objects_key_pattern``): ``bucket.grant_read``."""
         return bucket.grant_read(self, objects_key_pattern)
+
+
+#: What aws-cdk-lib's ``Bucket.grant_read(job)`` grants, as cdk-nag names it (``applies_to``).
+BUCKET_READ_FINDINGS: tuple[str, ...] = ("Action::s3:GetObject*", "Action::s3:GetBucket*", "Action::s3:List*")
+
+
+def _acknowledge_bucket_reads(node_role: TrainingNodeRole) -> None:
+    """Acknowledge, on the node role only, the cdk-nag findings (AwsSolutions-IAM5) of a bucket read
+    grant to the job (``bucket.grant_read(job)``, :meth:`TrainingJob.grant_read_bucket`): aws-cdk-lib's
+    own read actions on the objects of a bucket the user named. Nothing else is acknowledged, so a
+    wider grant (write, ``*`` resources) still fails synth. cdk-nag is optional at run time."""
+    try:
+        import cdk_nag
+    except ImportError:  # no cdk-nag installed: nothing runs its checks either
+        return
+    cdk_nag.NagSuppressions.add_resource_suppressions(node_role, [cdk_nag.NagPackSuppression(
+        id="AwsSolutions-IAM5",
+        reason="Read access to a bucket the user granted to the job (bucket.grant_read(job)): aws-cdk-lib's "
+               "read actions (s3:GetObject*, s3:GetBucket*, s3:List*) on that bucket and its objects only.",
+        applies_to=[*BUCKET_READ_FINDINGS, cdk_nag.RegexAppliesTo(regex=r"/^Resource::<[A-Za-z0-9]+\.Arn>\/\*$/g")],
+    )], apply_to_children=True)
 
 
 def _stack_bootstrap_asset(stack: cdk.Stack) -> BootstrapAsset:
