@@ -183,3 +183,35 @@ def test_stack_takes_an_ivpc_and_buckets_to_read() -> None:
     statements = [s for p in template.find_resources("AWS::IAM::Policy").values()
                   for s in p["Properties"]["PolicyDocument"]["Statement"]]
     assert any("s3:GetObject*" in as_list(s["Action"]) and "Data" in json.dumps(s["Resource"]) for s in statements)
+
+
+def _docs_example(name: str) -> dict[str, Any]:
+    """Run the python block after ``<!-- docs-example: NAME -->`` in docs/infra.md; its namespace."""
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "infra.md").read_text()
+    block = text.split(f"<!-- docs-example: {name} -->\n```python\n", 1)[1].split("\n```", 1)[0]
+    namespace: dict[str, Any] = {}
+    exec(compile(block, f"docs/infra.md:{name}", "exec"), namespace)  # noqa: S102 - our own documentation
+    return namespace
+
+
+def test_docs_hand_wiring_trains_user_data_and_job_tag_on_instances() -> None:
+    """The pieces as docs/infra.md wires them: the launch template starts the agent with a config for the
+    job, the instances carry the job's tag (what the role's conditions require), and cdk-nag is clean."""
+    ns = _docs_example("pieces")
+    stack = ns["stack"]
+    data = assertions.Template.from_stack(stack).to_json()
+    (lt,) = _of(data, "AWS::EC2::LaunchTemplate").values()
+    config = extract_config(render_intrinsics(lt["Properties"]["LaunchTemplateData"]["UserData"]["Fn::Base64"]))
+    assert config["stack_name"] == "my-job" and config["volume"]["tags"][STACK_TAG] == "my-job"
+    (instance_spec,) = [s for s in lt["Properties"]["LaunchTemplateData"]["TagSpecifications"] if s["ResourceType"] == "instance"]
+    assert {"Key": STACK_TAG, "Value": "my-job"} in instance_spec["Tags"]
+    errors = assertions.Annotations.from_stack(stack).find_error("*", assertions.Match.any_value())
+    assert errors == []
+
+
+def test_docs_jobs_example_gives_each_job_its_own_volume() -> None:
+    ns = _docs_example("jobs")
+    data = assertions.Template.from_stack(ns["stack"]).to_json()
+    assert sorted(_tags(v)[STACK_TAG] for v in _of(data, "AWS::EC2::Volume").values()) == ["vision-resnet", "vision-vit"]
