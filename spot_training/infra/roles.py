@@ -180,6 +180,12 @@ class TrainingNodeRole(constructs.Construct):
             )
         )
 
+    def grant_cancel_own_fleet(self) -> None:
+        """Let the nodes cancel their own stack's spot fleet request (``ec2:CancelSpotFleetRequests`` on a
+        request tagged with this role's stack tag value): what a worker does when training completed.
+        Roles with ``data_volume_access`` have it already."""
+        self.role.add_to_principal_policy(_statement(self.stack_tag_value, "CancelOwnSpotFleet"))
+
     def allow_leaving_fleet(self) -> None:
         """Let a cluster worker leave its spot fleet (docs/contracts.md, "Parameter-server cluster").
 
@@ -265,6 +271,11 @@ class TrainingNodeRole(constructs.Construct):
     def grant_principal(self) -> iam.IPrincipal:
         """The role, for ``grant_*`` calls of other constructs (EFS, S3)."""
         return self.role
+
+
+def _statement(stack_tag_value: str, sid: str) -> iam.PolicyStatement:
+    """The statement ``sid`` of :func:`node_policy_statements`, for the grant methods that add one alone."""
+    return next(s for s in node_policy_statements(stack_tag_value) if s.sid == sid)
 
 
 def _arn(resource: str) -> str:
