@@ -215,3 +215,18 @@ def test_docs_jobs_example_gives_each_job_its_own_volume() -> None:
     ns = _docs_example("jobs")
     data = assertions.Template.from_stack(ns["stack"]).to_json()
     assert sorted(_tags(v)[STACK_TAG] for v in _of(data, "AWS::EC2::Volume").values()) == ["vision-resnet", "vision-vit"]
+
+
+def test_cluster_stack_takes_an_ivpc_and_subnets() -> None:
+    from spot_training.infra import DistributedTrainingStack
+
+    app = cdk.App()
+    network = cdk.Stack(app, "Network")
+    vpc = ec2.Vpc(network, "Vpc", ip_addresses=ec2.IpAddresses.cidr("10.99.0.0/16"), nat_gateways=0, max_azs=2,
+                  subnet_configuration=[ec2.SubnetConfiguration(name="Nodes", subnet_type=ec2.SubnetType.PUBLIC)])
+    stack = DistributedTrainingStack(app, vpc=vpc, vpc_subnets=ec2.SubnetSelection(subnet_group_name="Nodes"))
+    template = assertions.Template.from_stack(stack)
+    template.resource_count_is("AWS::EC2::VPC", 0)
+    template.resource_count_is("AWS::EFS::MountTarget", 2)
+    with pytest.raises(ValueError, match=r"vpc must be an ec2.IVpc .* got str"):
+        DistributedTrainingStack(cdk.App(), vpc="vpc-0abc")  # type: ignore[arg-type]
