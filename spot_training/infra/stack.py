@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
@@ -186,23 +187,20 @@ class SpotTrainingStack(SettingsStack):
         }
         # The one job of this stack: its id is the stack name (the tags of every earlier deployment),
         # and its construct id "Default" keeps the logical ids the parts had as the stack's children.
+        # Only what the user set goes to the job: the constructs own their defaults (TrainingVolume's size,
+        # SpotTrainingFleet's types and capacity, ...); a test keeps StackSettings' defaults equal to them.
+        given = user_set(settings)
+        props = {prop: given[key] for key, prop in CONSTRUCT_OWNED.items() if key in given}
         self.job = TrainingJob(
             self, "Default", vpc=self.vpc, job_id=self.stack_name, framework=settings.framework,
             training_command=settings.training_command, training_python=settings.training_python,
             vpc_subnets=selection, machine_image=machine_image(settings.image_id, settings.ami_ssm_parameter),
-            instance_types=settings.instance_types, target_capacity=settings.target_capacity,
-            allocation_strategy=settings.allocation_strategy, max_price=settings.max_price,
-            root_volume_size=settings.root_volume_size_gib, volume_size=settings.volume_size_gib,
-            volume_iops=settings.volume_iops, volume_throughput_mibps=settings.volume_throughput_mibps,
             volume_encryption_key=(kms.Key.from_key_arn(self, "VolumeKey", settings.volume_kms_key_arn)
                                    if settings.volume_kms_key_arn else None),
-            adopt_volume_id=settings.adopt_volume_id, pin_to_volume_az=settings.pin_to_volume_az,
-            file_system=self.file_system, read_buckets=read_buckets,
-            monitoring=settings.monitoring, log_retention=RETENTION_DAYS[settings.log_retention_days],
-            alarm_no_progress_minutes=settings.alarm_no_progress_minutes,
-            alarm_no_capacity_minutes=settings.alarm_no_capacity_minutes,
+            adopt_volume_id=settings.adopt_volume_id, file_system=self.file_system, read_buckets=read_buckets,
+            log_retention=RETENTION_DAYS[settings.log_retention_days],
             notification_email=settings.notification_email, monitoring_interval_s=settings.monitoring_interval_s,
-            retain_data=settings.retain_data, node_options=node_options,
+            node_options=node_options, **props,
         )
         job = self.job
         self.volume, self.node_role, self.fleet = job.volume, job.node_role, job.fleet
@@ -248,6 +246,23 @@ class SpotTrainingStack(SettingsStack):
 
     def _vpc(self, settings: StackSettings) -> ec2.IVpc:
         return new_vpc(self, settings.vpc_id, flow_logs=settings.vpc_flow_logs, private_subnets=settings.private_subnets)
+
+
+#: StackSettings field -> TrainingJob prop, for the props whose default the constructs own.
+CONSTRUCT_OWNED: dict[str, str] = {
+    "instance_types": "instance_types", "target_capacity": "target_capacity",
+    "allocation_strategy": "allocation_strategy", "max_price": "max_price",
+    "root_volume_size_gib": "root_volume_size", "volume_size_gib": "volume_size", "volume_iops": "volume_iops",
+    "volume_throughput_mibps": "volume_throughput_mibps", "pin_to_volume_az": "pin_to_volume_az",
+    "monitoring": "monitoring", "alarm_no_progress_minutes": "alarm_no_progress_minutes",
+    "alarm_no_capacity_minutes": "alarm_no_capacity_minutes", "retain_data": "retain_data",
+}
+
+
+def user_set(settings: StackSettings) -> dict[str, Any]:
+    """The fields of ``settings`` whose value differs from the field's declared default (what the user set)."""
+    return {f.name: getattr(settings, f.name) for f in dataclasses.fields(settings)
+            if f.default is dataclasses.MISSING or getattr(settings, f.name) != f.default}
 
 
 def machine_image(image_id: str | None, ami_ssm_parameter: str) -> ec2.IMachineImage:

@@ -230,3 +230,37 @@ def test_cluster_stack_takes_an_ivpc_and_subnets() -> None:
     template.resource_count_is("AWS::EFS::MountTarget", 2)
     with pytest.raises(ValueError, match=r"vpc must be an ec2.IVpc .* got str"):
         DistributedTrainingStack(cdk.App(), vpc="vpc-0abc")  # type: ignore[arg-type]
+
+
+def test_stack_settings_defaults_are_the_constructs_defaults() -> None:
+    """SpotTrainingStack passes only what the user set; the constructs own the defaults. Each settings
+    default must equal the construct's, or a user who leaves a key out would get another value than
+    docs/infra.md's table says."""
+    import dataclasses
+    import inspect
+
+    from spot_training.infra import StackSettings
+    from spot_training.infra.stack import CONSTRUCT_OWNED
+
+    defaults = {f.name: f.default for f in dataclasses.fields(StackSettings)}
+    construct_defaults = {}
+    for cls, renames in ((TrainingJob, {}), (TrainingVolume, {"size_gib": "volume_size", "iops": "volume_iops",
+                                                                "throughput_mibps": "volume_throughput_mibps"}),
+                         (SpotTrainingFleet, {"root_volume_size_gib": "root_volume_size"})):
+        for name, parameter in inspect.signature(cls.__init__).parameters.items():
+            if parameter.default is not inspect.Parameter.empty and (parameter.default is not None
+                                                                     or renames.get(name, name) not in construct_defaults):
+                construct_defaults[renames.get(name, name)] = parameter.default
+    for key, prop in CONSTRUCT_OWNED.items():
+        expected = construct_defaults[prop]
+        assert (tuple(expected) if isinstance(expected, (list, tuple)) else expected) == defaults[key], (key, prop)
+
+
+def test_stack_passes_only_what_the_user_set() -> None:
+    from spot_training.infra import StackSettings
+    from spot_training.infra.stack import user_set
+
+    settings = StackSettings.from_mapping({"volume_size_gib": "500", "target_capacity": "2"})
+    given = user_set(settings)
+    assert given["volume_size_gib"] == 500 and given["target_capacity"] == 2
+    assert "volume_iops" not in given and "instance_types" not in given and "monitoring" not in given
