@@ -284,7 +284,8 @@ def _acknowledge_bucket_reads(node_role: TrainingNodeRole) -> None:
         id="AwsSolutions-IAM5",
         reason="Read access to a bucket the user granted to the job (bucket.grant_read(job)): aws-cdk-lib's "
                "read actions (s3:GetObject*, s3:GetBucket*, s3:List*) on that bucket and its objects only.",
-        applies_to=[*BUCKET_READ_FINDINGS, cdk_nag.RegexAppliesTo(regex=r"/^Resource::<[A-Za-z0-9]+\.Arn>\/\*$/g")],
+        applies_to=[*BUCKET_READ_FINDINGS, cdk_nag.RegexAppliesTo(
+            regex=r"/^Resource::(<[A-Za-z0-9]+\.Arn>|arn:<AWS::Partition>:s3:::[a-z0-9.-]+)\/\*$/g")],
     )], apply_to_children=True)
 
 
