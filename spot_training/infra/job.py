@@ -144,7 +144,8 @@ class TrainingJob(constructs.Construct):
                 ``keep_snapshots``, ``snapshot_interval_s``, ``code``, ``requirements``, ...).
 
         Raises:
-            ValueError: a malformed or repeated ``job_id``, an unknown ``framework``, a ``training_command``
+            ValueError: a malformed or repeated ``job_id``, a ``vpc``, ``file_system`` or ``machine_image`` of
+                the wrong kind, an unknown ``framework``, a ``training_command``
                 that is not a list of strings, an unknown ``node_options`` key, or any part's ValueError.
         """
         super().__init__(scope, construct_id)
@@ -170,6 +171,15 @@ class TrainingJob(constructs.Construct):
         unknown = sorted(set(options) - _NODE_OPTIONS)
         if unknown:
             raise ValueError(f"node_options: unknown key(s) {unknown}; allowed: {sorted(_NODE_OPTIONS)}")
+        if not hasattr(vpc, "select_subnets"):
+            raise ValueError(f"vpc must be an ec2.IVpc (ec2.Vpc(...) or ec2.Vpc.from_lookup(...)), got {type(vpc).__name__}")
+        if file_system is not None and not isinstance(file_system, SharedFileSystem):
+            raise ValueError(f"file_system must be a SharedFileSystem (an EFS file system with the access point the "
+                             f"agents mount), got {type(file_system).__name__}; for an efs.FileSystem of your own use "
+                             "fs.connections.allow_default_port_from(job) and fs.grant_read_write(job)")
+        if machine_image is not None and not hasattr(machine_image, "get_image"):
+            raise ValueError(f"machine_image must be an ec2.IMachineImage (ec2.MachineImage.from_ssm_parameter(...)), "
+                             f"got {type(machine_image).__name__}")
         if not isinstance(monitoring, bool) or not isinstance(pin_to_volume_az, bool):
             raise ValueError(f"monitoring and pin_to_volume_az must be True or False, got {monitoring!r}, {pin_to_volume_az!r}")
 

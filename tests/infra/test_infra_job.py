@@ -161,6 +161,12 @@ def test_wrong_kind_and_unknown_types_fail_synth(stack: cdk.Stack) -> None:
                           instance_types=["z9.xlarge"])
     with pytest.raises(ValueError, match=r"vpc must be an ec2.IVpc"):
         SpotTrainingStack(cdk.App(), vpc="vpc-123")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"file_system must be a SharedFileSystem .* got FileSystem"):
+        TrainingJob(stack, "J1", vpc=vpc, file_system=efs.FileSystem(stack, "Fs", vpc=vpc))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"machine_image must be an ec2.IMachineImage .* got str"):
+        TrainingJob(stack, "J2", vpc=vpc, machine_image="ami-0123456789abcdef0")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"vpc must be an ec2.IVpc .* got str"):
+        TrainingJob(stack, "J3", vpc="vpc-123")  # type: ignore[arg-type]
 
 
 def test_unsupported_instance_type_warns(stack: cdk.Stack) -> None:
