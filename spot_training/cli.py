@@ -6,10 +6,10 @@
     spot-train local drill --cluster [--framework mxnet|pytorch] [--steps 800] [--workers 2] [--timeout 480]
     spot-train local up    [--work-dir out/local]     # moto server + cdk bootstrap + cdk deploy; stays up
     spot-train local down  [--work-dir out/local]     # cdk destroy, orphan check, server stopped by PID
-    spot-train status      [--stack S] [--region R] [--profile P] [--endpoint-url URL] [--work-dir DIR]
+    spot-train status      [--stack S] [--job ID] [--region R] [--profile P] [--endpoint-url URL] [--work-dir DIR]
                            [--json] [--watch [--interval 10]]
     spot-train logs        [--stack S] ... [--instance ID] [--follow] [--json]
-    spot-train cost        [--stack S] ... [--on-demand-price TYPE=USD ...] [--ebs-gb-month-price USD]
+    spot-train cost        [--stack S] [--job ID] ... [--on-demand-price TYPE=USD ...] [--ebs-gb-month-price USD]
                            [--snapshot-gb-month-price USD] [--json]
     spot-train drill --aws --region R [--instance-types ...] [--keep-stack] [--yes]
                                                       # a real account: deploy, FIS interruption, resume, destroy (spot_training/ops/aws_drill.py)
@@ -358,10 +358,12 @@ def cmd_down(args: argparse.Namespace) -> int:
 def _deployed_target(args: argparse.Namespace) -> tuple[dict[str, Any], str] | None:
     """``(connect kwargs, stack)`` for status/logs/cost: the deployed stack named on the command line,
     else the live local stack (``spot-train local up`` in ``--work-dir`` or out/local), else None."""
-    explicit = any(getattr(args, k, None) for k in ("stack", "region", "profile", "endpoint_url"))
+    explicit = any(getattr(args, k, None) for k in ("stack", "region", "profile", "endpoint_url", "job"))
     if explicit:
+        # --job alone: the job by its identity, whatever stack it lives in
+        default = None if getattr(args, "job", None) else "SpotTraining"
         return ({"region": args.region, "profile": args.profile, "endpoint_url": args.endpoint_url},
-                args.stack or "SpotTraining")
+                args.stack or default)
     candidates = [Path(args.work_dir)] if args.work_dir else [DEFAULT_UP_DIR]
     for work in candidates:
         state_path = _state_path(work)
@@ -410,7 +412,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
     def show(aws: Any, stack: str) -> int:
         while True:
-            report = ops.status_report(aws, stack, now=dt.datetime.now(dt.timezone.utc))
+            report = ops.status_report(aws, stack, now=dt.datetime.now(dt.timezone.utc), job=args.job)
             if args.json:
                 print(ops.to_json(report))
             else:
@@ -432,8 +434,9 @@ def cmd_logs(args: argparse.Namespace) -> int:
     from spot_training.ops import operations as ops
 
     def show(aws: Any, stack: str) -> int:
-        events = (ops.follow_logs(aws, stack, instance=args.instance, start_ms=None) if args.follow
-                  else ops.log_events(aws, stack, instance=args.instance))
+        group = args.job or stack  # a job's log group is /spot-training/<job id>
+        events = (ops.follow_logs(aws, group, instance=args.instance, start_ms=None) if args.follow
+                  else ops.log_events(aws, group, instance=args.instance))
         for event in events:
             print(json.dumps(event) if args.json else ops.format_log_line(event), flush=args.follow)
         return 0
@@ -471,9 +474,11 @@ def cmd_cost(args: argparse.Namespace) -> int:
         return 2
 
     def show(aws: Any, stack: str) -> int:
-        ops.describe_stack(aws, stack)
+        if stack is not None:
+            ops.describe_stack(aws, stack)
         report = ops.cost_report(aws, stack, now=dt.datetime.now(dt.timezone.utc), on_demand=prices,
-                                 ebs_gb_month=args.ebs_gb_month_price, snapshot_gb_month=args.snapshot_gb_month_price)
+                                 ebs_gb_month=args.ebs_gb_month_price, snapshot_gb_month=args.snapshot_gb_month_price,
+                                 job=args.job)
         sys.stdout.write(ops.to_json(report) + "\n" if args.json else ops.format_cost(report))
         return 0
 
@@ -545,6 +550,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
     def target(command: argparse.ArgumentParser) -> None:
         command.add_argument("--stack", default=None, help="stack name (default SpotTraining)")
+        command.add_argument("--job", default=None, help="a job id (TrainingJob; the spot-training:stack tag of its "
+                             "resources) instead of, or within, --stack")
         command.add_argument("--region", default=None, help="AWS region (default: the profile's / AWS_REGION)")
         command.add_argument("--profile", default=None, help="AWS profile (default: the standard credential chain)")
         command.add_argument("--endpoint-url", default=None, help="one endpoint for every AWS API (local mode's moto server)")

@@ -1,6 +1,6 @@
 """AWS CDK constructs and stacks for deep-learning training on EC2 Spot capacity.
 
-``from infra import SpotTrainingFleet, TrainingVolume, ...`` (see docs/infra.md). Exports load
+``from spot_training.infra import TrainingJob, SpotTrainingFleet, TrainingVolume, ...`` (see docs/infra.md). Exports load
 lazily (PEP 562), so ``from spot_training.infra.userdata import extract_config`` does not start aws-cdk-lib.
 """
 
@@ -21,6 +21,7 @@ _EXPORTS = {
     "BootstrapAsset": "asset",
     "DataCleanup": "cleanup",
     "SpotTrainingStack": "stack",
+    "TrainingJob": "job",
     "ParameterServerCluster": "cluster",
     "ClusterPorts": "cluster",
     "Framework": "cluster",

@@ -32,8 +32,8 @@ from .config import DEFAULT_TRAINING_PYTHON, FRAMEWORK_CPU_REQUIREMENTS, FRAMEWO
 from .config import training_requirements as checked_requirements
 from .filesystem import SharedFileSystem
 from .fleet import (DEFAULT_INSTANCE_TYPES, AllocationStrategy, SpotTrainingFleet, keep_stack_tag_off_root_volumes,
-                    validate_instance_type)
-from .roles import TrainingNodeRole, node_policy_statements
+                    root_volume_gib, validate_instance_type)
+from .roles import TrainingNodeRole
 from .tags import CLUSTER_MEMBER_TAG_KEY, CLUSTER_MEMBER_TAG_VALUE, PURPOSE_DATA_VOLUME, PURPOSE_TAG_KEY, STACK_TAG_KEY
 from .userdata import node_config
 # Where cluster nodes mount the shared file system (datasets/, checkpoints/, logs/ and cluster/ live
@@ -123,6 +123,26 @@ class ClusterPorts:
             else:
                 out.append((port, port))
         return out
+
+
+def _training_command(framework: Framework, training_command: Sequence[str] | None) -> tuple[str, ...]:
+    """The trainer argv: ``training_command`` checked, or the framework's default (ValueError naming it)."""
+    command = tuple(training_command) if training_command is not None else DEFAULT_TRAINING_COMMANDS[framework]
+    if isinstance(training_command, str) or not command or not all(isinstance(p, str) and p for p in command):
+        raise ValueError(f"training_command must be a non-empty list of strings such as {list(DEFAULT_TRAINING_COMMANDS[framework])}, got {training_command!r}")
+    return command
+
+
+def _requirements(framework: Framework, roles: Sequence[str], training_requirements: Sequence[str] | None,
+                  training_python: str | None) -> dict[str, Any]:
+    """Role -> pip requirements: the framework's GPU build on workers and CPU build elsewhere when neither
+    is given, else the given ones (checked) on every role."""
+    if training_requirements is None and training_python is None:
+        return {role: FRAMEWORK_REQUIREMENTS[framework.value] if role == "worker"
+                else FRAMEWORK_CPU_REQUIREMENTS[framework.value] for role in roles}
+    given = checked_requirements(list(training_requirements) if training_requirements is not None else None,
+                                 framework=framework.value, python_given=True, key="training_requirements")
+    return dict.fromkeys(roles, given)
 
 
 def _count(prop: str, value: object, lo: int, hi: int, unit: str) -> int:
@@ -260,16 +280,91 @@ class ParameterServerCluster(constructs.Construct):
                 requirement, or a root volume size outside 8..16384 GiB.
         """
         super().__init__(scope, construct_id)
+        self._check_props(framework, num_servers, min_workers, desired_workers, max_workers, torch_max_restarts,
+                          torch_shutdown_timeout_s, torch_nproc_per_node, ports)
+        root_volume_size_gib = root_volume_gib(root_volume_size_gib, prop="root_volume_size_gib")
+        validate_instance_type(scheduler_instance_type, prop="scheduler_instance_type")
+        validate_instance_type(server_instance_type, prop="server_instance_type")
+        command = _training_command(framework, training_command)
+        python = training_python if training_python is not None else DEFAULT_TRAINING_PYTHON
+        if not isinstance(python, str) or not python.startswith("/"):
+            raise ValueError(f"training_python must be an absolute path to a Python interpreter such as /usr/bin/python3, got {training_python!r}")
+        requirements = _requirements(framework, self.roles, training_requirements, training_python)
+
+        stack = cdk.Stack.of(self)
+        tag_value = stack_tag_value or stack.stack_name
+        self._vpc = vpc
+        subnets = vpc_subnets or ec2.SubnetSelection(subnet_type=ec2.SubnetType.PUBLIC)
+        self.security_group = self._members_security_group(vpc)
+        self.connections = ec2.Connections(security_groups=[self.security_group])
+        self.file_system = file_system or SharedFileSystem(
+            self, "SharedFileSystem", vpc=vpc, vpc_subnets=subnets, removal_policy=file_system_removal_policy
+        )
+        self.file_system.allow_from(self.connections)
+        self.bootstrap_asset = bootstrap_asset or BootstrapAsset(self, "BootstrapAsset")
+        self.node_role, self.worker_role = self._roles(tag_value)
+
+        common = {
+            "region": stack.region, "stack_name": tag_value,
+            # The schema requires a volume section; cluster nodes attach no data volume and ignore it.
+            "volume_tags": {STACK_TAG_KEY: tag_value, PURPOSE_TAG_KEY: PURPOSE_DATA_VOLUME},
+            "framework": framework.value, "python": python, "command": command, "user": training_user, "code": code,
+            "efs": {"file_system_id": self.file_system.file_system_id, "access_point_id": self.file_system.access_point_id,
+                    "mount_point": EFS_MOUNT_POINT},
+            "imds_endpoint": imds_endpoint, "data_root": EFS_MOUNT_POINT, "cluster": self._cluster_section(),
+            "monitoring": monitoring, "inherit_site_packages": training_inherit_site_packages,
+            "notice_poll_interval_s": _checked("notice_poll_interval_s", notice_poll_interval_s),
+            "checkpoint_every_steps": _checked("checkpoint_every_steps", checkpoint_every_steps),
+            "checkpoint_every_seconds": _checked("checkpoint_every_seconds", checkpoint_every_seconds),
+        }
+        self.node_configs: dict[str, dict[str, Any]] = {}
+        user_data: dict[str, ec2.UserData] = {}
+        for role in self.roles:
+            # Completion ends every agent (plan state ``completed``); workers then cancel their spot fleet
+            # (spot_training.agent.fleet_actions.finish_node). Scheduler and servers are in Auto Scaling groups.
+            self.node_configs[role] = node_config(**common, node_role=role, requirements=requirements[role],
+                                                  cancel_fleet_on_success=role == "worker")
+            user_data[role] = self.bootstrap_asset.user_data(self.node_configs[role], region=stack.region,
+                                                             stop_timeout_s=AGENT_STOP_TIMEOUT_S)
+
+        self.scheduler_launch_template, self.scheduler_group = self._on_demand_group(
+            "Scheduler", scheduler_instance_type, 1, machine_image, user_data["scheduler"], subnets, root_volume_size_gib
+        )
+        self.server_launch_template: ec2.LaunchTemplate | None = None
+        self.server_group: autoscaling.AutoScalingGroup | None = None
+        if "server" in self.roles:
+            self.server_launch_template, self.server_group = self._on_demand_group(
+                "Server", server_instance_type, self.num_servers, machine_image, user_data["server"], subnets,
+                root_volume_size_gib
+            )
+        self.worker_fleet = SpotTrainingFleet(
+            self, "WorkerFleet", vpc=vpc, vpc_subnets=subnets, machine_image=machine_image,
+            instance_profile=self.worker_role.instance_profile, user_data=user_data["worker"],
+            instance_types=worker_instance_types, target_capacity=self.desired_workers,
+            allocation_strategy=allocation_strategy, max_price=max_price, security_group=self.security_group,
+            root_volume_size_gib=root_volume_size_gib, stack_tag_value=tag_value, instance_metadata_tags=True,
+        )
+        cdk.Tags.of(self.worker_fleet.launch_template).add(CLUSTER_MEMBER_TAG_KEY, CLUSTER_MEMBER_TAG_VALUE)
+
+        # Nodes must find their permissions and the EFS mount targets in place when they boot.
+        for dependent in (g for g in (self.scheduler_group, self.server_group) if g is not None):
+            dependent.node.add_dependency(self.node_role, self.file_system)
+        self.worker_fleet.resource.node.add_dependency(self.worker_role, self.file_system)
+
+    def _check_props(self, framework: Framework, num_servers: int, min_workers: int, desired_workers: int,
+                     max_workers: int, torch_max_restarts: int, torch_shutdown_timeout_s: int, torch_nproc_per_node: int,
+                     ports: ClusterPorts | None) -> None:
+        """Validate and keep the framework, the counts, the torchrun settings and the ports (ValueError naming the prop)."""
         if not isinstance(framework, Framework):
             raise ValueError(f"framework must be a Framework ({', '.join(f.name for f in Framework)}), got {framework!r}")
         self.framework = framework
+        self.roles: tuple[str, ...] = (("scheduler", "worker") if framework is Framework.PYTORCH
+                                       else ("scheduler", "server", "worker"))
         self.num_servers = _count("num_servers", num_servers, 1, MAX_SERVERS, "parameter-server nodes")
         self.torch_max_restarts = _count("torch_max_restarts", torch_max_restarts, 0, MAX_TORCH_MAX_RESTARTS, "restarts")
         self.torch_shutdown_timeout_s = _count("torch_shutdown_timeout_s", torch_shutdown_timeout_s, 5,
                                                MAX_TORCH_SHUTDOWN_TIMEOUT_S, "seconds")
         self.torch_nproc_per_node = _count("torch_nproc_per_node", torch_nproc_per_node, 1, MAX_TORCH_NPROC_PER_NODE, "processes")
-        is_torch = framework is Framework.PYTORCH
-        roles = ("scheduler", "worker") if is_torch else ("scheduler", "server", "worker")
         self.min_workers = _count("min_workers", min_workers, 1, MAX_WORKERS, "instances")
         self.max_workers = _count("max_workers", max_workers, 1, MAX_WORKERS, "instances")
         self.desired_workers = _count("desired_workers", desired_workers, 1, MAX_WORKERS, "instances")
@@ -278,171 +373,65 @@ class ParameterServerCluster(constructs.Construct):
                 "worker counts must satisfy min_workers <= desired_workers <= max_workers, got "
                 f"min_workers={min_workers}, desired_workers={desired_workers}, max_workers={max_workers}"
             )
-        if isinstance(root_volume_size_gib, bool) or not isinstance(root_volume_size_gib, int) or not 8 <= root_volume_size_gib <= 16384:
-            raise ValueError(f"root_volume_size_gib must be an integer from 8 to 16384 (GiB), got {root_volume_size_gib!r}")
-        validate_instance_type(scheduler_instance_type, prop="scheduler_instance_type")
-        validate_instance_type(server_instance_type, prop="server_instance_type")
         self.ports = (ports if ports is not None else ClusterPorts())
         if not isinstance(self.ports, ClusterPorts):
             raise ValueError(f"ports must be a ClusterPorts(scheduler=..., server=..., worker=...), got {ports!r}")
         self.ports.validate()
-        command = tuple(training_command) if training_command is not None else DEFAULT_TRAINING_COMMANDS[framework]
-        if isinstance(training_command, str) or not command or not all(isinstance(p, str) and p for p in command):
-            raise ValueError(f"training_command must be a non-empty list of strings such as {list(DEFAULT_TRAINING_COMMANDS[framework])}, got {training_command!r}")
-        python = training_python if training_python is not None else DEFAULT_TRAINING_PYTHON
-        if not isinstance(python, str) or not python.startswith("/"):
-            raise ValueError(f"training_python must be an absolute path to a Python interpreter such as /usr/bin/python3, got {training_python!r}")
-        if training_requirements is None and training_python is None:
-            requirements = {role: FRAMEWORK_REQUIREMENTS[framework.value] if role == "worker"
-                            else FRAMEWORK_CPU_REQUIREMENTS[framework.value] for role in roles}
-        else:
-            given = checked_requirements(
-                list(training_requirements) if training_requirements is not None else None,
-                framework=framework.value, python_given=True, key="training_requirements",
-            )
-            requirements = dict.fromkeys(roles, given)
 
-        stack = cdk.Stack.of(self)
-        tag_value = stack_tag_value or stack.stack_name
-        self._vpc = vpc
-        subnets = vpc_subnets or ec2.SubnetSelection(subnet_type=ec2.SubnetType.PUBLIC)
-
-        self.security_group = ec2.SecurityGroup(
-            self,
-            "SecurityGroup",
-            vpc=vpc,
+    def _members_security_group(self, vpc: ec2.IVpc) -> ec2.SecurityGroup:
+        """The members' one group: ingress from itself on the framework's ports only, all outbound."""
+        is_torch = self.framework is Framework.PYTORCH
+        group = ec2.SecurityGroup(
+            self, "SecurityGroup", vpc=vpc, allow_all_outbound=True,
             description=("pytorch TorchElastic cluster: members reach each other on the rendezvous and collective ports only"
                          if is_torch else
-                         f"{framework.value} parameter-server cluster: members reach each other on the framework ports only"),
-            allow_all_outbound=True,
+                         f"{self.framework.value} parameter-server cluster: members reach each other on the framework ports only"),
         )
-        self.connections = ec2.Connections(security_groups=[self.security_group])
         if is_torch:
             ingress = [((self.ports.scheduler, self.ports.scheduler), "torchrun c10d rendezvous on the coordinator"),
                        (TORCH_COLLECTIVE_PORTS, "gloo/NCCL collectives and the worker group's store between workers")]
         else:
-            ingress = [(r, f"{framework.value} cluster traffic between members (scheduler, servers, workers)")
+            ingress = [(r, f"{self.framework.value} cluster traffic between members (scheduler, servers, workers)")
                        for r in self.ports.ranges()]
         for (lo, hi), description in ingress:
             port = ec2.Port.tcp(lo) if lo == hi else ec2.Port.tcp_range(lo, hi)
             # Ingress only (Connections.allow_internally would also add an egress rule, which a group
             # that allows all outbound ignores with a warning).
-            self.security_group.add_ingress_rule(self.security_group, port, description)
+            group.add_ingress_rule(group, port, description)
+        return group
 
-        self.file_system = file_system or SharedFileSystem(
-            self, "SharedFileSystem", vpc=vpc, vpc_subnets=subnets, removal_policy=file_system_removal_policy
-        )
-        self.file_system.allow_from(self.connections)
-        self.bootstrap_asset = bootstrap_asset or BootstrapAsset(self, "BootstrapAsset")
-        # Workers get a role of their own: only they may lower the fleet's target and terminate
-        # themselves when asked to leave (spot_training.agent.fleet_actions.leave_fleet).
-        self.node_role, self.worker_role = (
-            TrainingNodeRole(
-                self,
-                construct_id,
-                stack_tag_value=tag_value,
-                assets=[self.bootstrap_asset.asset],
-                description=f"{nodes} of stack {tag_value}",
-                data_volume_access=False,
-            )
+    def _roles(self, tag_value: str) -> tuple[TrainingNodeRole, TrainingNodeRole]:
+        """The scheduler's/servers' role and the workers' own role (only workers may lower the fleet's target
+        and terminate themselves when asked to leave: spot_training.agent.fleet_actions.leave_fleet)."""
+        node_role, worker_role = (
+            TrainingNodeRole(self, construct_id, stack_tag_value=tag_value, assets=[self.bootstrap_asset.asset],
+                             description=f"{nodes} of stack {tag_value}", data_volume_access=False)
             for construct_id, nodes in (("NodeRole", "Scheduler and parameter-server nodes"),
                                         ("WorkerRole", "Spot worker nodes"))
         )
-        self.worker_role.allow_leaving_fleet()
+        worker_role.allow_leaving_fleet()
         # ... and may cancel the stack's worker fleet when training completed (docs/architecture.md, "The user's story", step 4).
-        self.worker_role.role.add_to_principal_policy(
-            next(s for s in node_policy_statements(tag_value) if s.sid == "CancelOwnSpotFleet"))
-        for role in (self.node_role, self.worker_role):
-            self.file_system.grant_read_write(role.role)
+        worker_role.grant_cancel_own_fleet()
+        for role in (node_role, worker_role):
+            self.file_system.grant_read_write(role)
         # Failed boots are counted where they outlive the instance, and bounded (spot_training/infra/userdata.py).
-        self.node_role.allow_boot_failure_reporting(counted_on="auto-scaling-group")
-        self.worker_role.allow_boot_failure_reporting(counted_on="fleet")
+        node_role.allow_boot_failure_reporting(counted_on="auto-scaling-group")
+        worker_role.allow_boot_failure_reporting(counted_on="fleet")
+        return node_role, worker_role
 
-        efs_config = {
-            "file_system_id": self.file_system.file_system_id,
-            "access_point_id": self.file_system.access_point_id,
-            "mount_point": EFS_MOUNT_POINT,
-        }
-        cluster_section: dict[str, Any] = {
-            "state_dir": STATE_DIR,
-            "num_servers": self.num_servers,
-            "min_workers": self.min_workers,
-            "scheduler_port": self.ports.scheduler,
-            "server_port": self.ports.server,
-            "worker_port": self.ports.worker,
+    def _cluster_section(self) -> dict[str, Any]:
+        """The node config's ``cluster`` section (docs/contracts.md, "Parameter-server cluster")."""
+        section: dict[str, Any] = {
+            "state_dir": STATE_DIR, "num_servers": self.num_servers, "min_workers": self.min_workers,
+            "scheduler_port": self.ports.scheduler, "server_port": self.ports.server, "worker_port": self.ports.worker,
             "member_tag": CLUSTER_MEMBER_TAG_KEY,
         }
-        if is_torch:
-            cluster_section.update({"num_servers": 0, "max_workers": self.max_workers,
-                                    "torch_max_restarts": self.torch_max_restarts,
-                                    "torch_shutdown_timeout_s": self.torch_shutdown_timeout_s,
-                                    "torch_nproc_per_node": self.torch_nproc_per_node})
-        self.node_configs: dict[str, dict[str, Any]] = {}
-        user_data: dict[str, ec2.UserData] = {}
-        for role in roles:
-            self.node_configs[role] = node_config(
-                region=stack.region,
-                stack_name=tag_value,
-                # The schema requires a volume section; cluster nodes attach no data volume and ignore it.
-                volume_tags={STACK_TAG_KEY: tag_value, PURPOSE_TAG_KEY: PURPOSE_DATA_VOLUME},
-                framework=framework.value,
-                python=python,
-                command=command,
-                user=training_user,
-                code=code,
-                efs=efs_config,
-                # Completion ends every agent (plan state ``completed``); workers then cancel their spot
-                # fleet (spot_training.agent.fleet_actions.finish_node). Scheduler and servers are in Auto Scaling groups.
-                cancel_fleet_on_success=role == "worker",
-                imds_endpoint=imds_endpoint,
-                node_role=role,
-                data_root=EFS_MOUNT_POINT,
-                cluster=cluster_section,
-                monitoring=monitoring,
-                requirements=requirements[role],
-                inherit_site_packages=training_inherit_site_packages,
-                notice_poll_interval_s=_checked("notice_poll_interval_s", notice_poll_interval_s),
-                checkpoint_every_steps=_checked("checkpoint_every_steps", checkpoint_every_steps),
-                checkpoint_every_seconds=_checked("checkpoint_every_seconds", checkpoint_every_seconds),
-            )
-            user_data[role] = self.bootstrap_asset.user_data(
-                self.node_configs[role], region=stack.region,
-                stop_timeout_s=AGENT_STOP_TIMEOUT_S,
-            )
-
-        self.scheduler_launch_template, self.scheduler_group = self._on_demand_group(
-            "Scheduler", scheduler_instance_type, 1, machine_image, user_data["scheduler"], subnets, root_volume_size_gib
-        )
-        self.server_launch_template: ec2.LaunchTemplate | None = None
-        self.server_group: autoscaling.AutoScalingGroup | None = None
-        if not is_torch:
-            self.server_launch_template, self.server_group = self._on_demand_group(
-                "Server", server_instance_type, self.num_servers, machine_image, user_data["server"], subnets,
-                root_volume_size_gib
-            )
-        self.worker_fleet = SpotTrainingFleet(
-            self,
-            "WorkerFleet",
-            vpc=vpc,
-            vpc_subnets=subnets,
-            machine_image=machine_image,
-            instance_profile=self.worker_role.instance_profile,
-            user_data=user_data["worker"],
-            instance_types=worker_instance_types,
-            target_capacity=self.desired_workers,
-            allocation_strategy=allocation_strategy,
-            max_price=max_price,
-            security_group=self.security_group,
-            root_volume_size_gib=root_volume_size_gib,
-            stack_tag_value=tag_value,
-            instance_metadata_tags=True,
-        )
-        cdk.Tags.of(self.worker_fleet.launch_template).add(CLUSTER_MEMBER_TAG_KEY, CLUSTER_MEMBER_TAG_VALUE)
-
-        # Nodes must find their permissions and the EFS mount targets in place when they boot.
-        for dependent in (g for g in (self.scheduler_group, self.server_group) if g is not None):
-            dependent.node.add_dependency(self.node_role, self.file_system)
-        self.worker_fleet.resource.node.add_dependency(self.worker_role, self.file_system)
+        if self.framework is Framework.PYTORCH:
+            section.update({"num_servers": 0, "max_workers": self.max_workers,
+                            "torch_max_restarts": self.torch_max_restarts,
+                            "torch_shutdown_timeout_s": self.torch_shutdown_timeout_s,
+                            "torch_nproc_per_node": self.torch_nproc_per_node})
+        return section
 
     def _on_demand_group(
         self,

@@ -40,6 +40,8 @@ class DistributedTrainingStack(SettingsStack):
         construct_id: str | None = None,
         *,
         settings: ClusterSettings | None = None,
+        vpc: ec2.IVpc | None = None,
+        vpc_subnets: ec2.SubnetSelection | None = None,
         **kwargs: Any,
     ) -> None:
         """Define the stack.
@@ -48,10 +50,14 @@ class DistributedTrainingStack(SettingsStack):
             scope: the app.
             construct_id: default: ``settings.stack_name``.
             settings: validated settings; default: ``ClusterSettings()`` (every default).
+            vpc: an ``ec2.IVpc`` of your own (then ``vpc_id``, ``vpc_flow_logs`` and ``private_subnets`` do
+                not apply); default: a new VPC, or ``vpc_id`` looked up.
+            vpc_subnets: where the nodes and mount targets go; default: the public subnets, or the
+                isolated ones with ``private_subnets``.
             kwargs: passed to ``cdk.Stack`` (``env`` overrides ``settings.base.account``/``region``).
 
         Raises:
-            ValueError: from the constructs, naming the bad prop.
+            ValueError: from the constructs, naming the bad prop; a ``vpc`` that is not an ``ec2.IVpc``.
         """
         settings = settings or ClusterSettings()
         base = settings.base
@@ -64,14 +70,17 @@ class DistributedTrainingStack(SettingsStack):
             **kwargs,
         )
         self.settings = settings
-        self.vpc = new_vpc(self, base.vpc_id, flow_logs=base.vpc_flow_logs, private_subnets=base.private_subnets)
+        if vpc is not None and not hasattr(vpc, "select_subnets"):
+            raise ValueError(f"vpc must be an ec2.IVpc (ec2.Vpc(...) or ec2.Vpc.from_lookup(...)), got {type(vpc).__name__}")
+        self.vpc = vpc if vpc is not None else new_vpc(self, base.vpc_id, flow_logs=base.vpc_flow_logs,
+                                                       private_subnets=base.private_subnets)
         code = {"type": "git", "url": base.code_git_url, "ref": base.code_git_ref} if base.code_git_url else None
         self.monitoring = self.add_monitoring(base)
         self.cluster = ParameterServerCluster(
             self,
             "Cluster",
             vpc=self.vpc,
-            vpc_subnets=node_subnets(base.private_subnets),
+            vpc_subnets=vpc_subnets or node_subnets(base.private_subnets),
             machine_image=machine_image(base.image_id, base.ami_ssm_parameter),
             framework=settings.framework,
             num_servers=settings.num_servers,

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import aws_cdk as cdk
 import constructs
+import jsii
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_efs as efs
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
 
 
+@jsii.implements(ec2.IConnectable)
 class SharedFileSystem(constructs.Construct):
     """EFS for the dataset, cluster checkpoints and cluster membership (one per stack).
 
@@ -88,9 +90,13 @@ class SharedFileSystem(constructs.Construct):
             posix_user=efs.PosixUser(uid=str(posix_uid), gid=str(posix_gid)),
         )
         self._granted: list[iam.IGrantable] = []
-        self.connections: ec2.Connections = self.file_system.connections
         self.file_system_id: str = self.file_system.file_system_id
         self.access_point_id: str = self.access_point.access_point_id
+
+    @property
+    def connections(self) -> ec2.Connections:
+        """The mount targets' ``ec2.Connections`` (default port 2049); ``ec2.IConnectable``."""
+        return self.file_system.connections
 
     def allow_from(self, other: ec2.IConnectable) -> None:
         """Open NFS (TCP 2049) on the mount targets to ``other`` (e.g. a fleet's ``connections``)."""

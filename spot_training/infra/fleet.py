@@ -37,6 +37,11 @@ DLAMI_SUPPORTED_FAMILIES: frozenset[str] = frozenset(
 )
 
 
+#: When :data:`DLAMI_SUPPORTED_FAMILIES` was last checked against the release notes (docs/infra.md,
+#: "Default instance types"); the list of existing types is botocore's ``InstanceType`` enum.
+DLAMI_SUPPORTED_FAMILIES_CHECKED = "2026-11-23"
+
+
 def instance_family(instance_type: str) -> str:
     """The family of an EC2 instance type: ``"g5"`` for ``"g5.xlarge"``, ``"p6-b200"`` for ``"p6-b200.48xlarge"``."""
     return instance_type.split(".", 1)[0]
@@ -45,6 +50,72 @@ def instance_family(instance_type: str) -> str:
 _INSTANCE_TYPE_RE = re.compile(
     r"^[a-z][a-z0-9-]*[0-9][a-z0-9-]*\.(nano|micro|small|medium|large|[0-9]*xlarge|metal(-[0-9]+xl)?)$"
 )
+
+
+def known_instance_types() -> frozenset[str]:
+    """Every EC2 instance type in botocore's EC2 service model (the ``InstanceType`` enum; as current as
+    the installed botocore, which AWS updates with each new type). Empty when botocore is missing."""
+    global _KNOWN_INSTANCE_TYPES
+    if _KNOWN_INSTANCE_TYPES is None:
+        try:
+            import botocore.session
+        except ImportError:  # a CDK-only install without boto3: no existence check
+            _KNOWN_INSTANCE_TYPES = frozenset()
+        else:
+            model = botocore.session.get_session().get_service_model("ec2")
+            _KNOWN_INSTANCE_TYPES = frozenset(model.shape_for("InstanceType").enum)
+    return _KNOWN_INSTANCE_TYPES
+
+
+_KNOWN_INSTANCE_TYPES: frozenset[str] | None = None
+
+
+def instance_type_name(value: object, *, prop: str = "instance_types") -> str:
+    """The name of an instance type given as ``ec2.InstanceType`` or ``str`` (``"g5.xlarge"``).
+
+    Raises:
+        ValueError: neither kind, or a malformed name (names ``prop``, the value and the expected form).
+    """
+    if isinstance(value, ec2.InstanceType):
+        value = value.to_string()
+    return validate_instance_type(value, prop=prop)
+
+
+def check_instance_types(scope: constructs.IConstruct, types: Sequence[str], *, prop: str = "instance_types") -> None:
+    """Fail synth on an instance type that does not exist (not in :func:`known_instance_types`), and warn
+    (a CDK warning annotation) on one whose family the default Deep Learning AMI does not support
+    (:data:`DLAMI_SUPPORTED_FAMILIES`, checked :data:`DLAMI_SUPPORTED_FAMILIES_CHECKED`): with that AMI
+    the trainer may find no GPU. An AMI of your own may support it, hence only a warning.
+
+    Raises:
+        ValueError: an unknown type (names it and ``prop``).
+    """
+    known = known_instance_types()
+    for name in types:
+        if known and name not in known:
+            raise ValueError(f"{prop}: {name!r} is not an EC2 instance type botocore knows; check the spelling "
+                             f"(such as g5.xlarge, g6.xlarge, g4dn.12xlarge)")
+        if instance_family(name) not in DLAMI_SUPPORTED_FAMILIES:
+            cdk.Annotations.of(scope).add_warning_v2(
+                "spot-training:unsupported-instance-type",
+                f"{prop}: {name} is not in the Deep Learning Base AMI's supported families "
+                f"({', '.join(sorted(DLAMI_SUPPORTED_FAMILIES))}; checked {DLAMI_SUPPORTED_FAMILIES_CHECKED}); "
+                "with the default AMI its GPU may not be usable")
+
+
+def root_volume_gib(value: object, *, prop: str = "root_volume_size") -> int:
+    """``value`` (``cdk.Size`` or whole GiB as int) in GiB, checked to 8..16384.
+
+    Raises:
+        ValueError: another kind, a size that is not whole GiB, or out of range.
+    """
+    if isinstance(value, cdk.Size):
+        value = value.to_gibibytes()
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or not 8 <= value <= 16384:
+        raise ValueError(f"{prop} must be an integer from 8 to 16384 (GiB), got {value!r} (or a cdk.Size of whole GiB)")
+    return value
 
 
 class AllocationStrategy(enum.Enum):
@@ -73,6 +144,7 @@ def validate_instance_type(value: object, *, prop: str = "instance_types") -> st
     return value
 
 
+@jsii.implements(ec2.IConnectable)
 class SpotTrainingFleet(constructs.Construct):
     """Spot capacity for training nodes: a launch template and a Spot Fleet request of type ``maintain``.
 
@@ -87,7 +159,8 @@ class SpotTrainingFleet(constructs.Construct):
     Attributes:
         launch_template: the ``ec2.LaunchTemplate``.
         security_group: the nodes' security group.
-        connections: the nodes' ``ec2.Connections`` (``fs.connections.allow_default_port_from(fleet)``).
+        connections: the nodes' ``ec2.Connections``; the fleet is an ``ec2.IConnectable``
+            (``fs.connections.allow_default_port_from(fleet)``).
         fleet_role: the role Spot Fleet assumes.
         resource: the ``ec2.CfnSpotFleet`` (construct id ``Resource``).
         fleet_request_id: the Spot Fleet request id (token).
@@ -102,14 +175,14 @@ class SpotTrainingFleet(constructs.Construct):
         machine_image: ec2.IMachineImage,
         instance_profile: iam.IInstanceProfile,
         user_data: ec2.UserData | None = None,
-        instance_types: Sequence[str] = DEFAULT_INSTANCE_TYPES,
+        instance_types: Sequence[str | ec2.InstanceType] = DEFAULT_INSTANCE_TYPES,
         target_capacity: int = 1,
         allocation_strategy: AllocationStrategy = AllocationStrategy.PRICE_CAPACITY_OPTIMIZED,
-        max_price: str | None = None,
+        max_price: str | float | None = None,
         vpc_subnets: ec2.SubnetSelection | None = None,
         security_group: ec2.ISecurityGroup | None = None,
         fleet_role: iam.IRole | None = None,
-        root_volume_size_gib: int = 150,
+        root_volume_size_gib: int | cdk.Size = 150,
         root_volume_encryption_key: kms.IKey | None = None,
         root_device_name: str = "/dev/sda1",
         key_pair: ec2.IKeyPair | None = None,
@@ -121,19 +194,22 @@ class SpotTrainingFleet(constructs.Construct):
         Args:
             vpc: the VPC to launch into.
             machine_image: the AMI (e.g. ``ec2.MachineImage.from_ssm_parameter(...)`` for the Deep Learning AMI).
-            instance_profile: the nodes' instance profile (``TrainingNodeRole.instance_profile``).
+            instance_profile: the nodes' ``iam.IInstanceProfile`` (``TrainingNodeRole.instance_profile``,
+                not the role construct itself).
             user_data: the nodes' user data; default: none.
-            instance_types: EC2 instance types (``g5.xlarge``), at least one, no duplicates;
+            instance_types: EC2 instance types (``"g5.xlarge"`` or ``ec2.InstanceType``), at least one, no
+                duplicates; a type botocore does not know fails synth, one outside the Deep Learning AMI's
+                families warns (:func:`check_instance_types`);
                 default: :data:`DEFAULT_INSTANCE_TYPES` (``g6.xlarge``, ``g5.xlarge``, ``g4dn.xlarge``).
             target_capacity: instances to keep running, >= 0 (0 pauses the fleet); default 1.
             allocation_strategy: default ``PRICE_CAPACITY_OPTIMIZED``.
-            max_price: highest price in USD per instance-hour as a decimal string (``"0.75"``);
+            max_price: highest price in USD per instance-hour (``"0.75"`` or ``0.75``);
                 default: none (the On-Demand price caps it).
             vpc_subnets: where instances may launch, one override per subnet; default: the VPC's
                 public subnets (a new VPC of ours has no NAT gateway).
             security_group: default: a new group that allows all outbound and no inbound traffic.
             fleet_role: the role Spot Fleet assumes; default: a new :class:`SpotFleetRole`.
-            root_volume_size_gib: encrypted gp3 root volume, GiB, 8..16384; default 150
+            root_volume_size_gib: encrypted gp3 root volume, GiB (int) or a ``cdk.Size``, 8..16384 GiB; default 150
                 (the Deep Learning AMI's snapshot needs more than 100).
             root_volume_encryption_key: an ``aws_kms.IKey`` for the root volume; default: the AWS managed EBS key.
             root_device_name: the AMI's root device; default ``/dev/sda1`` (Ubuntu AMIs).
@@ -145,7 +221,8 @@ class SpotTrainingFleet(constructs.Construct):
                 default false. Tag keys then must not contain ``/`` or spaces.
 
         Raises:
-            ValueError: an empty or malformed ``instance_types``, a negative ``target_capacity``,
+            ValueError: an empty, malformed or unknown ``instance_types``, an ``instance_profile`` that is
+                not an instance profile, a negative ``target_capacity``,
                 a ``max_price`` that is not a positive decimal, an out-of-range root volume size, or
                 an ``allocation_strategy`` that is not an :class:`AllocationStrategy`.
         """
@@ -154,7 +231,7 @@ class SpotTrainingFleet(constructs.Construct):
             raise ValueError(
                 f"instance_types must be a non-empty list of EC2 instance types such as ['g5.xlarge'], got {instance_types!r}"
             )
-        types = [validate_instance_type(t) for t in instance_types]
+        types = [instance_type_name(t) for t in instance_types]
         if len(set(types)) != len(types):
             raise ValueError(f"instance_types must not repeat a type, got {list(instance_types)!r}")
         if isinstance(target_capacity, bool) or not isinstance(target_capacity, int) or target_capacity < 0:
@@ -163,12 +240,17 @@ class SpotTrainingFleet(constructs.Construct):
             raise ValueError(
                 f"allocation_strategy must be an AllocationStrategy ({', '.join(s.name for s in AllocationStrategy)}), got {allocation_strategy!r}"
             )
+        if isinstance(max_price, (int, float)) and not isinstance(max_price, bool) and max_price > 0:
+            max_price = f"{max_price:.6f}".rstrip("0").rstrip(".")
         if max_price is not None and (
             not isinstance(max_price, str) or not re.fullmatch(r"\d+(\.\d+)?", max_price) or float(max_price) <= 0
         ):
-            raise ValueError(f"max_price must be a positive decimal string in USD per instance-hour such as '0.75', got {max_price!r}")
-        if isinstance(root_volume_size_gib, bool) or not isinstance(root_volume_size_gib, int) or not 8 <= root_volume_size_gib <= 16384:
-            raise ValueError(f"root_volume_size_gib must be an integer from 8 to 16384 (GiB), got {root_volume_size_gib!r}")
+            raise ValueError(f"max_price must be a positive decimal string in USD per instance-hour such as '0.75' (or a number), got {max_price!r}")
+        root_volume_size_gib = root_volume_gib(root_volume_size_gib, prop="root_volume_size_gib")
+        if not hasattr(instance_profile, "instance_profile_arn"):
+            hint = (" (pass the role's .instance_profile)" if hasattr(instance_profile, "instance_profile") else "")
+            raise ValueError(f"instance_profile must be an iam.IInstanceProfile, got {type(instance_profile).__name__}{hint}")
+        check_instance_types(self, types)
 
         stack = cdk.Stack.of(self)
         tag_value = stack_tag_value or stack.stack_name
@@ -180,7 +262,7 @@ class SpotTrainingFleet(constructs.Construct):
             description="Spot training nodes: no inbound rules (SSM Session Manager instead of SSH)",
             allow_all_outbound=True,
         )
-        self.connections = ec2.Connections(security_groups=[self.security_group])
+        self._connections = ec2.Connections(security_groups=[self.security_group])
         self.launch_template = ec2.LaunchTemplate(
             self,
             "LaunchTemplate",
@@ -258,6 +340,12 @@ class SpotTrainingFleet(constructs.Construct):
             ),
         )
         self.fleet_request_id: str = self.resource.ref
+
+    @property
+    def connections(self) -> ec2.Connections:
+        """The nodes' security group as ``ec2.Connections`` (``ec2.IConnectable``; a property, as jsii
+        reads interface members of a construct subclass only from the class)."""
+        return self._connections
 
 
 def keep_stack_tag_off_root_volumes(launch_template: ec2.LaunchTemplate) -> None:

@@ -96,7 +96,7 @@ ACKNOWLEDGEMENTS: tuple[tuple[type, str, list[object], str], ...] = (
     (
         DataCleanup,
         "AwsSolutions-IAM5",
-        [cdk_nag.RegexAppliesTo(regex=r"/^Resource::<DataCleanupHandler[A-Za-z0-9]*\.Arn>:\*$/g")],
+        [cdk_nag.RegexAppliesTo(regex=r"/^Resource::<[A-Za-z0-9]*DataCleanupHandler[A-Za-z0-9]*\.Arn>:\*$/g")],
         "custom_resources.Provider lets its framework function invoke every version of the handler "
         "(aws-cdk-lib's own grant).",
     ),

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 
 import aws_cdk as cdk
 import constructs
+import jsii
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
 from aws_cdk import aws_s3_assets as s3_assets
@@ -50,6 +51,7 @@ DESCRIBE_ACTIONS: tuple[str, ...] = (
 )
 
 
+@jsii.implements(iam.IGrantable)
 class TrainingNodeRole(constructs.Construct):
     """The training nodes' instance role and instance profile, with exactly what the agents need.
 
@@ -72,6 +74,8 @@ class TrainingNodeRole(constructs.Construct):
       policy ``AmazonSSMManagedInstanceCore``, whose ``ssm:GetParameter(s)``, ``ssm:GetDocument``,
       ``ec2messages:*`` ... on ``*`` serve Run Command, State Manager and Patch Manager, which the
       nodes do not use).
+
+    An ``iam.IGrantable``: ``bucket.grant_read(node_role)`` grants the role.
 
     Attributes:
         role: the ``iam.Role`` (``ec2.amazonaws.com``).
@@ -176,6 +180,12 @@ class TrainingNodeRole(constructs.Construct):
             )
         )
 
+    def grant_cancel_own_fleet(self) -> None:
+        """Let the nodes cancel their own stack's spot fleet request (``ec2:CancelSpotFleetRequests`` on a
+        request tagged with this role's stack tag value): what a worker does when training completed.
+        Roles with ``data_volume_access`` have it already."""
+        self.role.add_to_principal_policy(_statement(self.stack_tag_value, "CancelOwnSpotFleet"))
+
     def allow_leaving_fleet(self) -> None:
         """Let a cluster worker leave its spot fleet (docs/contracts.md, "Parameter-server cluster").
 
@@ -261,6 +271,11 @@ class TrainingNodeRole(constructs.Construct):
     def grant_principal(self) -> iam.IPrincipal:
         """The role, for ``grant_*`` calls of other constructs (EFS, S3)."""
         return self.role
+
+
+def _statement(stack_tag_value: str, sid: str) -> iam.PolicyStatement:
+    """The statement ``sid`` of :func:`node_policy_statements`, for the grant methods that add one alone."""
+    return next(s for s in node_policy_statements(stack_tag_value) if s.sid == sid)
 
 
 def _arn(resource: str) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
@@ -11,19 +12,16 @@ import jsii
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_kms as kms
 from aws_cdk import aws_logs as logs
+from aws_cdk import aws_s3 as s3
 
-from .asset import BOTO3_REQUIREMENT, BootstrapAsset
-from .cleanup import DataCleanup
+from .asset import BOTO3_REQUIREMENT
 from .config import StackSettings
 from .filesystem import SharedFileSystem
 from .fis import SpotInterruptionDrill
-from .fleet import SpotTrainingFleet
+from .job import TrainingJob
 from .monitoring import RETENTION_DAYS, TrainingMonitoring
-from .dataset import add_dataset
-from .roles import TrainingNodeRole
-from .tags import DEPLOYMENT_TAG_KEY, PURPOSE_DATA_VOLUME, PURPOSE_TAG_KEY, STACK_TAG_KEY, deployment_tag_value
-from .userdata import SERVICE_NAME, node_config
-from .volume import TrainingVolume
+from .tags import STACK_TAG_KEY
+from .userdata import SERVICE_NAME
 from spot_training.contract import EFS_MOUNT_POINT  # where the node mounts the shared file system, when there is one
 
 __all__ = ["BOTO3_REQUIREMENT", "EFS_MOUNT_POINT", "FixedImage", "SettingsStack", "SpotTrainingStack", "machine_image", "new_vpc", "node_subnets"]
@@ -137,6 +135,9 @@ class SpotTrainingStack(SettingsStack):
         construct_id: str | None = None,
         *,
         settings: StackSettings | None = None,
+        vpc: ec2.IVpc | None = None,
+        vpc_subnets: ec2.SubnetSelection | None = None,
+        read_buckets: Sequence[s3.IBucket] = (),
         **kwargs: Any,
     ) -> None:
         """Define the stack.
@@ -145,10 +146,15 @@ class SpotTrainingStack(SettingsStack):
             scope: the app.
             construct_id: default: ``settings.stack_name``.
             settings: validated settings; default: ``StackSettings()`` (every default).
+            vpc: an ``ec2.IVpc`` of your own (then ``settings.vpc_id``, ``vpc_flow_logs`` and
+                ``private_subnets`` do not apply); default: a new VPC, or ``settings.vpc_id`` looked up.
+            vpc_subnets: where the nodes (and EFS mount targets) go; default: the public subnets, or
+                the isolated ones with ``settings.private_subnets``.
+            read_buckets: S3 buckets the nodes may read (datasets); default: none.
             kwargs: passed to ``cdk.Stack`` (``env`` overrides ``settings.account``/``region``).
 
         Raises:
-            ValueError: from the constructs, naming the bad prop.
+            ValueError: from the constructs, naming the bad prop; a ``vpc`` that is not an ``ec2.IVpc``.
         """
         settings = settings or StackSettings()
         super().__init__(
@@ -158,125 +164,50 @@ class SpotTrainingStack(SettingsStack):
             **kwargs,
         )
         self.settings = settings
-        tag_value = self.stack_name
-        # One deployment of this stack name (issue 15 item 1): its data volume, copies and snapshots
-        # carry it, and agents and the cleanup act only on their own deployment's.
-        deployment = deployment_tag_value()
-
-        self.vpc = self._vpc(settings)
-        subnets = self.vpc.select_subnets(subnet_type=node_subnets(settings.private_subnets).subnet_type)
-
-        volume_key = (
-            kms.Key.from_key_arn(self, "VolumeKey", settings.volume_kms_key_arn) if settings.volume_kms_key_arn else None
-        )
-        # adopt_volume_id: the agent makes that retained volume this deployment's, so no new one.
-        self.volume: TrainingVolume | None = None if settings.adopt_volume_id else TrainingVolume(
-            self,
-            "DataVolume",
-            availability_zone=subnets.availability_zones[0],
-            size_gib=settings.volume_size_gib,
-            iops=settings.volume_iops,
-            throughput_mibps=settings.volume_throughput_mibps,
-            encryption_key=volume_key,
-            removal_policy=cdk.RemovalPolicy.RETAIN,
-            stack_tag_value=tag_value,
-            deployment_tag_value=deployment,
-        )
-        volume_tags = self.volume.tags if self.volume is not None else {
-            STACK_TAG_KEY: tag_value, PURPOSE_TAG_KEY: PURPOSE_DATA_VOLUME, DEPLOYMENT_TAG_KEY: deployment}
-
-        self.bootstrap_asset = BootstrapAsset(self, "BootstrapAsset")
-        self.node_role = TrainingNodeRole(self, "NodeRole", stack_tag_value=tag_value, assets=[self.bootstrap_asset.asset])
-        if volume_key is not None:
-            self.node_role.grant_volume_key(volume_key)
-        self.dataset_asset, dataset_section = add_dataset(self, settings.dataset_uri, self.node_role.role)
+        if vpc is not None and not hasattr(vpc, "select_subnets"):
+            raise ValueError(f"vpc must be an ec2.IVpc (ec2.Vpc(...) or ec2.Vpc.from_lookup(...)), got {type(vpc).__name__}")
+        self.vpc = vpc if vpc is not None else self._vpc(settings)
+        selection = vpc_subnets or node_subnets(settings.private_subnets)
 
         self.file_system: SharedFileSystem | None = None
-        efs_config = None
         if settings.efs:
-            self.file_system = SharedFileSystem(self, "SharedFileSystem", vpc=self.vpc, vpc_subnets=node_subnets(settings.private_subnets))
-            self.file_system.grant_read_write(self.node_role.role)
-            efs_config = {
-                "file_system_id": self.file_system.file_system_id,
-                "access_point_id": self.file_system.access_point_id,
-                "mount_point": EFS_MOUNT_POINT,
-            }
+            self.file_system = SharedFileSystem(self, "SharedFileSystem", vpc=self.vpc, vpc_subnets=selection)
 
-        # The log group must exist before any node writes to it; the alarms that need the fleet's id
-        # are added after the fleet (add_fleet_alarms).
-        self.monitoring = self.add_monitoring(settings)
-        if self.monitoring is not None:
-            self.monitoring.grant_publish(self.node_role.role)
-
-        code = (
-            {"type": "git", "url": settings.code_git_url, "ref": settings.code_git_ref}
-            if settings.code_git_url
-            else None
+        code = {"type": "git", "url": settings.code_git_url, "ref": settings.code_git_ref} if settings.code_git_url else None
+        node_options = {
+            "user": settings.training_user, "mount_point": settings.mount_point, "keep_snapshots": settings.keep_snapshots,
+            "snapshot_interval_s": settings.snapshot_interval_minutes * 60,
+            "initialization_rate_mibps": settings.volume_initialization_rate_mibps, "code": code,
+            "cancel_fleet_on_success": settings.cancel_fleet_on_success, "imds_endpoint": settings.imds_endpoint,
+            "notice_poll_interval_s": settings.notice_poll_interval_s,
+            "checkpoint_every_steps": settings.checkpoint_every_steps,
+            "checkpoint_every_seconds": settings.checkpoint_every_seconds,
+            "requirements": settings.training_requirements,
+            "inherit_site_packages": settings.training_inherit_site_packages,
+        }
+        # The one job of this stack: its id is the stack name (the tags of every earlier deployment),
+        # and its construct id "Default" keeps the logical ids the parts had as the stack's children.
+        # Only what the user set goes to the job: the constructs own their defaults (TrainingVolume's size,
+        # SpotTrainingFleet's types and capacity, ...); a test keeps StackSettings' defaults equal to them.
+        given = user_set(settings)
+        props = {prop: given[key] for key, prop in CONSTRUCT_OWNED.items() if key in given}
+        self.job = TrainingJob(
+            self, "Default", vpc=self.vpc, job_id=self.stack_name, framework=settings.framework,
+            training_command=settings.training_command, training_python=settings.training_python,
+            vpc_subnets=selection, machine_image=machine_image(settings.image_id, settings.ami_ssm_parameter),
+            volume_encryption_key=(kms.Key.from_key_arn(self, "VolumeKey", settings.volume_kms_key_arn)
+                                   if settings.volume_kms_key_arn else None),
+            adopt_volume_id=settings.adopt_volume_id, file_system=self.file_system, read_buckets=read_buckets,
+            log_retention=RETENTION_DAYS[settings.log_retention_days],
+            notification_email=settings.notification_email, monitoring_interval_s=settings.monitoring_interval_s,
+            dataset_uri=settings.dataset_uri, node_options=node_options, **props,
         )
-        self.node_config = node_config(
-            region=self.region,
-            stack_name=self.stack_name,
-            volume_tags=volume_tags,
-            framework=settings.framework,
-            python=settings.training_python,
-            command=settings.training_command,
-            user=settings.training_user,
-            mount_point=settings.mount_point,
-            keep_snapshots=settings.keep_snapshots,
-            snapshot_interval_s=settings.snapshot_interval_minutes * 60,
-            initialization_rate_mibps=settings.volume_initialization_rate_mibps,
-            code=code,
-            efs=efs_config,
-            cancel_fleet_on_success=settings.cancel_fleet_on_success,
-            imds_endpoint=settings.imds_endpoint,
-            monitoring=self.monitoring.node_config(interval_s=settings.monitoring_interval_s) if self.monitoring else None,
-            notice_poll_interval_s=settings.notice_poll_interval_s,
-            checkpoint_every_steps=settings.checkpoint_every_steps,
-            checkpoint_every_seconds=settings.checkpoint_every_seconds,
-            requirements=settings.training_requirements,
-            inherit_site_packages=settings.training_inherit_site_packages,
-            dataset=dataset_section,
-        )
-        if settings.adopt_volume_id:
-            self.node_config["volume"]["adopt_volume_id"] = settings.adopt_volume_id
-        user_data = self.bootstrap_asset.user_data(
-            self.node_config,
-            region=self.region,
-        )
-        # pin_to_volume_az: only the subnets of the data volume's AZ, so a replacement never lands
-        # elsewhere and the volume never moves (fewer spot capacity pools; docs/agent-storage.md).
-        fleet_subnets = (
-            node_subnets(settings.private_subnets, availability_zones=[subnets.availability_zones[0]])
-            if settings.pin_to_volume_az
-            else node_subnets(settings.private_subnets)
-        )
-        self.fleet = SpotTrainingFleet(
-            self,
-            "Fleet",
-            vpc=self.vpc,
-            vpc_subnets=fleet_subnets,
-            machine_image=machine_image(settings.image_id, settings.ami_ssm_parameter),
-            instance_profile=self.node_role.instance_profile,
-            user_data=user_data,
-            instance_types=settings.instance_types,
-            target_capacity=settings.target_capacity,
-            allocation_strategy=settings.allocation_strategy,
-            max_price=settings.max_price,
-            root_volume_size_gib=settings.root_volume_size_gib,
-            stack_tag_value=tag_value,
-        )
-        # Nodes must find their volume, their permissions and (if any) EFS mount targets in place.
-        self.fleet.resource.node.add_dependency(*[c for c in (self.volume, self.node_role) if c is not None])
-        if self.monitoring is not None:
-            self.fleet.resource.node.add_dependency(self.monitoring.log_group)
-            self.monitoring.add_capacity_alarm(self.fleet.fleet_request_id)
-        if self.file_system is not None:
-            self.file_system.allow_from(self.fleet.connections)
-            self.fleet.resource.node.add_dependency(self.file_system)
-
-        self.cleanup = DataCleanup(self, "DataCleanup", retain_data=settings.retain_data, stack_tag_value=tag_value,
-                                   deployment_tag_value=deployment)
-        self.cleanup.run_after(self.fleet.resource)
+        job = self.job
+        self.volume, self.node_role, self.fleet = job.volume, job.node_role, job.fleet
+        self.bootstrap_asset, self.monitoring, self.cleanup, self.node_config = (
+            job.bootstrap_asset, job.monitoring, job.cleanup, job.node_config)
+        self.dataset_asset = job.dataset_asset
+        tag_value = self.stack_name
 
         cdk.CfnOutput(self, "FleetRequestId", value=self.fleet.fleet_request_id, description="Spot Fleet request id")
         cdk.CfnOutput(
@@ -316,6 +247,23 @@ class SpotTrainingStack(SettingsStack):
 
     def _vpc(self, settings: StackSettings) -> ec2.IVpc:
         return new_vpc(self, settings.vpc_id, flow_logs=settings.vpc_flow_logs, private_subnets=settings.private_subnets)
+
+
+#: StackSettings field -> TrainingJob prop, for the props whose default the constructs own.
+CONSTRUCT_OWNED: dict[str, str] = {
+    "instance_types": "instance_types", "target_capacity": "target_capacity",
+    "allocation_strategy": "allocation_strategy", "max_price": "max_price",
+    "root_volume_size_gib": "root_volume_size", "volume_size_gib": "volume_size", "volume_iops": "volume_iops",
+    "volume_throughput_mibps": "volume_throughput_mibps", "pin_to_volume_az": "pin_to_volume_az",
+    "monitoring": "monitoring", "alarm_no_progress_minutes": "alarm_no_progress_minutes",
+    "alarm_no_capacity_minutes": "alarm_no_capacity_minutes", "retain_data": "retain_data",
+}
+
+
+def user_set(settings: StackSettings) -> dict[str, Any]:
+    """The fields of ``settings`` whose value differs from the field's declared default (what the user set)."""
+    return {f.name: getattr(settings, f.name) for f in dataclasses.fields(settings)
+            if f.default is dataclasses.MISSING or getattr(settings, f.name) != f.default}
 
 
 def machine_image(image_id: str | None, ami_ssm_parameter: str) -> ec2.IMachineImage:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import aws_cdk as cdk
 import constructs
 from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
 
 from .tags import DEPLOYMENT_TAG_KEY, PURPOSE_DATA_VOLUME, PURPOSE_TAG_KEY, STACK_TAG_KEY
@@ -16,6 +17,9 @@ MIN_THROUGHPUT_MIBPS, MAX_THROUGHPUT_MIBPS = 125, 1000
 
 
 def _check_int(prop: str, value: object, lo: int, hi: int, unit: str) -> int:
+    if prop == "size_gib" and isinstance(value, cdk.Size):
+        value = value.to_gibibytes(rounding=cdk.SizeRoundingBehavior.NONE)
+        value = int(value) if float(value).is_integer() else value
     if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
         raise ValueError(f"{prop} must be an integer from {lo} to {hi} ({unit}), got {value!r}")
     return value
@@ -45,7 +49,7 @@ class TrainingVolume(constructs.Construct):
         construct_id: str,
         *,
         availability_zone: str,
-        size_gib: int = 100,
+        size_gib: int | cdk.Size = 100,
         iops: int = 3000,
         throughput_mibps: int = 125,
         encryption_key: kms.IKey | None = None,
@@ -58,7 +62,7 @@ class TrainingVolume(constructs.Construct):
 
         Args:
             availability_zone: the AZ to create it in (the agent moves it later if needed).
-            size_gib: size in GiB, 1..16384; default 100.
+            size_gib: size as a ``cdk.Size`` or whole GiB (int), 1..16384 GiB; default 100.
             iops: provisioned IOPS, 3000..16000 and at most 500 per GiB; default 3000 (gp3 baseline).
             throughput_mibps: throughput in MiB/s, 125..1000 and at most IOPS/4; default 125 (gp3 baseline).
             encryption_key: a customer managed KMS key; default: the AWS managed key ``aws/ebs``.
@@ -74,7 +78,7 @@ class TrainingVolume(constructs.Construct):
                 value and the range), or ``iops`` above 500 per GiB, or throughput above IOPS/4.
         """
         super().__init__(scope, construct_id)
-        _check_int("size_gib", size_gib, MIN_SIZE_GIB, MAX_SIZE_GIB, "GiB")
+        size_gib = _check_int("size_gib", size_gib, MIN_SIZE_GIB, MAX_SIZE_GIB, "GiB")
         _check_int("iops", iops, MIN_IOPS, MAX_IOPS, "IOPS")
         _check_int("throughput_mibps", throughput_mibps, MIN_THROUGHPUT_MIBPS, MAX_THROUGHPUT_MIBPS, "MiB/s")
         if iops > 3000 and iops > 500 * size_gib:
@@ -105,3 +109,22 @@ class TrainingVolume(constructs.Construct):
         for key, value in self.tags.items():
             cdk.Tags.of(self.volume).add(key, value)
         self.volume_id: str = self.volume.volume_id
+
+    def grant_attach_volume(self, grantee: iam.IGrantable) -> iam.Grant:
+        """Let ``grantee`` attach and detach this data volume, and the copies the agent makes of it when
+        it moves between Availability Zones, to instances of the same job.
+
+        aws-cdk-lib's ``Volume.grant_attach_volume`` names this one volume's ARN, which the copies do not
+        have; the grant is therefore on volumes and instances tagged ``spot-training:stack`` = this
+        volume's value (the tag the copies and the job's instances carry).
+
+        Returns:
+            The ``iam.Grant`` (``ec2:AttachVolume``, ``ec2:DetachVolume``).
+        """
+        arn = f"arn:{cdk.Aws.PARTITION}:ec2:{cdk.Aws.REGION}:{cdk.Aws.ACCOUNT_ID}:"
+        return iam.Grant.add_to_principal(
+            grantee=grantee,
+            actions=["ec2:AttachVolume", "ec2:DetachVolume"],
+            resource_arns=[f"{arn}volume/*", f"{arn}instance/*"],
+            conditions={"StringEquals": {f"aws:ResourceTag/{STACK_TAG_KEY}": self.tags[STACK_TAG_KEY]}},
+        )

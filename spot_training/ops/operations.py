@@ -286,6 +286,15 @@ def _fleet(aws: Aws, fleet_id: str | None) -> dict[str, Any] | None:
             "fulfilled_capacity": int(fulfilled) if isinstance(fulfilled, float) and fulfilled.is_integer() else fulfilled}
 
 
+def job_fleet_id(aws: Aws, job: str) -> str | None:
+    """The newest spot fleet request tagged ``spot-training:stack`` = ``job`` (a job's identity,
+    spot_training.infra.job), or None. Spot Fleet's describe call takes no tag filter, hence the scan."""
+    configs = _paginate(aws.ec2, "describe_spot_fleet_requests", "SpotFleetRequestConfigs")
+    own = [c for c in configs if {t["Key"]: t["Value"] for t in c.get("Tags", [])}.get(STACK_TAG) == job]
+    own.sort(key=lambda c: _utc(c["CreateTime"]) if c.get("CreateTime") else dt.datetime.min.replace(tzinfo=dt.timezone.utc))
+    return own[-1]["SpotFleetRequestId"] if own else None
+
+
 def data_volumes(aws: Aws, stack: str) -> list[dict[str, Any]]:
     """The stack's data volume(s) (both stack tags), with id, AZ, size (GiB), type, state, attachment."""
     volumes = _paginate(aws.ec2, "describe_volumes", "Volumes", Filters=[
@@ -356,15 +365,18 @@ def training_summary(series: dict[str, list[tuple[dt.datetime, float]]], *, now:
             "completed": completed, "last_report": _iso(step[0]) if step else None}
 
 
-def alarms(aws: Aws, stack: str, *, now: dt.datetime | None = None) -> list[dict[str, Any]]:
+def alarms(aws: Aws, stack: str, *, now: dt.datetime | None = None, job: str | None = None) -> list[dict[str, Any]]:
     """The stack's CloudWatch alarms (names start with the stack name, as CloudFormation names them):
     name, ``state`` (CloudWatch's), description, and ``evaluated``: the state :func:`evaluate_alarm`
     gives a single-metric alarm from its metric's statistics up to ``now`` (None for metric-math
     alarms or without ``now``). Local mode's moto stores alarms without evaluating them, so there
-    ``evaluated`` is the one that means something."""
+    ``evaluated`` is the one that means something. With ``job``: only that job's alarms (their
+    descriptions start with ``<job id>:``, spot_training.infra.monitoring)."""
     found = _call("DescribeAlarms", aws.cloudwatch.describe_alarms, AlarmNamePrefix=f"{stack}-")
     out = []
     for a in found.get("MetricAlarms", []) + found.get("CompositeAlarms", []):
+        if job is not None and not a.get("AlarmDescription", "").startswith(f"{job}:"):
+            continue
         evaluated = None
         if now is not None and a.get("MetricName") and a.get("Statistic") and a.get("Period"):
             period, n = int(a["Period"]), int(a["EvaluationPeriods"])
@@ -600,11 +612,15 @@ def on_demand_price(aws: Aws, instance_type: str) -> float:
     raise OperationsError(f"the AWS Price List API has no Linux on-demand price for {instance_type} in {aws.region}")
 
 
-def cost_report(aws: Aws, stack: str, *, now: dt.datetime, on_demand: dict[str, float] | None = None,
-                ebs_gb_month: float | None = None, snapshot_gb_month: float | None = None) -> dict[str, Any]:
-    """What the stack's instances cost, per instance type and AZ, and what they would have cost on demand.
+def cost_report(aws: Aws, stack: str | None, *, now: dt.datetime, on_demand: dict[str, float] | None = None,
+                ebs_gb_month: float | None = None, snapshot_gb_month: float | None = None,
+                job: str | None = None) -> dict[str, Any]:
+    """What the stack's (or one job's) instances cost, per instance type and AZ, and what they would have cost on demand.
 
     Args:
+        stack: the stack whose tag value (its one job) is priced; reported as ``stack``.
+        job: price the instances, volume and snapshots tagged with this job id instead (a
+            ``TrainingJob``'s identity); reported as ``job``.
         on_demand: USD/hour per instance type given by the user (local mode states its price this way);
             types not in it are asked of the Price List API.
         ebs_gb_month, snapshot_gb_month: USD per GB-month for the data volume (its type's price) and
@@ -623,7 +639,10 @@ def cost_report(aws: Aws, stack: str, *, now: dt.datetime, on_demand: dict[str, 
     """
     on_demand = dict(on_demand or {})
     notes: list[str] = []
-    instances = [i for i in stack_instances(aws, stack, now=now) if i["state"] != "pending"]
+    tag = job or stack
+    if tag is None:
+        raise OperationsError("cost needs a stack or a job id", Exit.USAGE)
+    instances = [i for i in stack_instances(aws, tag, now=now) if i["state"] != "pending"]
     groups: dict[tuple[str, str], dict[str, Any]] = {}
     for i in instances:
         end = i["end_time"] or now
@@ -669,8 +688,8 @@ def cost_report(aws: Aws, stack: str, *, now: dt.datetime, on_demand: dict[str, 
     od_total = sum(r["on_demand_cost_usd"] for r in rows) if known else None
     savings = (1 - paid_total / od_total) * 100 if od_total and paid_total is not None else None
 
-    volumes = data_volumes(aws, stack)
-    snaps = snapshots(aws, stack)
+    volumes = data_volumes(aws, tag)
+    snaps = snapshots(aws, tag)
     volume_gb_hours = sum(v["size_gib"] * max(0.0, (now - v["create_time"]).total_seconds()) / 3600 for v in volumes)
     snapshot_gb_hours = sum(s["size_gib"] * max(0.0, (now - s["start_time"]).total_seconds()) / 3600 for s in snaps)
     storage = {
@@ -684,7 +703,7 @@ def cost_report(aws: Aws, stack: str, *, now: dt.datetime, on_demand: dict[str, 
         notes.append("EBS volume not priced (give --ebs-gb-month-price); GiB-hours shown")
     if snapshot_gb_month is None and snaps:
         notes.append("snapshots not priced (give --snapshot-gb-month-price); GiB-hours of their full size shown")
-    return {"stack": stack, "region": aws.region, "as_of": _iso(now), "rows": rows,
+    return {"stack": stack, "job": tag, "region": aws.region, "as_of": _iso(now), "rows": rows,
             "instance_hours": sum(r["hours"] for r in rows), "spot_cost_usd": spot_total, "cost_usd": paid_total,
             "on_demand_cost_usd": od_total, "savings_pct": savings,
             "on_demand_price_usd_per_hour": {k: on_demand[k] for k in sorted(on_demand) if k in sources},
@@ -692,32 +711,56 @@ def cost_report(aws: Aws, stack: str, *, now: dt.datetime, on_demand: dict[str, 
 
 
 # ---- status -----------------------------------------------------------------------------------------
-def status_report(aws: Aws, stack: str, *, now: dt.datetime, window_s: float = 14 * 24 * 3600) -> dict[str, Any]:
-    """Everything ``spot-train status`` shows (see the module docstring); raises OperationsError."""
-    info = describe_stack(aws, stack)
-    fleet = _fleet(aws, info["outputs"].get("FleetRequestId") or _stack_resource(aws, stack, "AWS::EC2::SpotFleet"))
-    instances = stack_instances(aws, stack, now=now)
+def status_report(aws: Aws, stack: str | None, *, now: dt.datetime, window_s: float = 14 * 24 * 3600,
+                  job: str | None = None) -> dict[str, Any]:
+    """Everything ``spot-train status`` shows (see the module docstring); raises OperationsError.
+
+    Args:
+        stack: the CloudFormation stack (its status, outputs and alarms); None with ``job``: the job alone.
+        job: a job id (spot_training.infra.job.TrainingJob): its instances, fleet request, data volume,
+            metrics and logs are those tagged with it; default: the stack's name (the single-node stack's job).
+
+    Raises:
+        OperationsError: no such stack; STACK_NOT_FOUND also when a job has no fleet request, instance or volume.
+    """
+    if stack is None and job is None:
+        raise OperationsError("status needs a stack or a job id", Exit.USAGE)
+    tag = job or stack
+    info = describe_stack(aws, stack) if stack is not None else None
+    if job is not None:
+        fleet_id = job_fleet_id(aws, job)
+    else:
+        fleet_id = info["outputs"].get("FleetRequestId") or _stack_resource(aws, stack, "AWS::EC2::SpotFleet")
+    fleet = _fleet(aws, fleet_id)
+    instances = stack_instances(aws, tag, now=now)
+    volumes = data_volumes(aws, tag)
+    if info is None and fleet is None and not instances and not volumes:
+        raise OperationsError(f"job {job!r} has no fleet request, instance or data volume in {aws.region} "
+                              "(check --job/--region)", Exit.STACK_NOT_FOUND)
+    created = info["created"] if info else min([i["launch_time"] for i in instances] + [v["create_time"] for v in volumes]
+                                                + [now - dt.timedelta(seconds=window_s)])
     if fleet is not None and fleet["fulfilled_capacity"] is None:
         fleet["fulfilled_capacity"] = sum(1 for i in instances if i["state"] in ("pending", "running"))
     # From the stack's creation (at most window_s back), in at most 1,440 periods of whole minutes:
     # one GetMetricData answer per metric on AWS, and seconds, not minutes, against moto.
-    start = max(now - dt.timedelta(seconds=window_s), info["created"] - dt.timedelta(minutes=1))
+    start = max(now - dt.timedelta(seconds=window_s), created - dt.timedelta(minutes=1))
     period = 60 * max(1, math.ceil((now - start).total_seconds() / 60 / 1440))
-    series = metric_series(aws, stack, start=start, end=now + dt.timedelta(minutes=1), period_s=period)
+    series = metric_series(aws, tag, start=start, end=now + dt.timedelta(minutes=1), period_s=period)
     try:
-        events = [e for e in log_events(aws, stack, start_ms=int(start.timestamp() * 1000))]
+        events = [e for e in log_events(aws, tag, start_ms=int(start.timestamp() * 1000))]
         history = interruption_history(events)
         logs_note = None
     except OperationsError as error:
         history, logs_note = [], str(error)
-    alarm_states = alarms(aws, stack, now=now)
+    alarm_states = alarms(aws, stack, now=now, job=job) if stack is not None else []
     return {
-        "stack": info["name"], "stack_status": info["status"], "region": aws.region, "as_of": _iso(now),
+        "stack": info["name"] if info else None, "stack_status": info["status"] if info else None, "job": tag,
+        "region": aws.region, "as_of": _iso(now),
         "fleet": fleet,
         "instances": [{**i, "launch_time": _iso(i["launch_time"]), "end_time": _iso(i["end_time"])} for i in instances],
         "training": training_summary(series, now=now),
         "interruptions": history,
-        "data_volume": [{**v, "create_time": _iso(v["create_time"])} for v in data_volumes(aws, stack)],
+        "data_volume": [{**v, "create_time": _iso(v["create_time"])} for v in volumes],
         "alarms": alarm_states,
         "notes": [logs_note] if logs_note else [],
     }
@@ -756,11 +799,20 @@ def _dur(seconds: float | None) -> str:
     return f"{h}h{m:02d}m" if h else (f"{m}m{s:02d}s" if m else f"{s}s")
 
 
+def _subject(report: dict[str, Any], *, status: bool = True) -> str:
+    """``stack S (STATUS)``, ``job J of stack S (STATUS)`` or ``job J``: what a report is about."""
+    stack, job = report.get("stack"), report.get("job")
+    of_stack = f"stack {stack}" + (f" ({report.get('stack_status')})" if status and report.get("stack_status") else "")
+    if job is None or job == stack:
+        return of_stack
+    return f"job {job}" + (f" of {of_stack}" if stack else "")
+
+
 def format_status(report: dict[str, Any]) -> str:
     """``spot-train status`` as text, every line within 100 columns."""
     t = report["training"]
     fleet = report["fleet"] or {}
-    lines = [f"stack {report['stack']} ({report['stack_status']}) in {report['region']}, as of {report['as_of']}",
+    lines = [f"{_subject(report)} in {report['region']}, as of {report['as_of']}",
              f"fleet {fleet.get('id', '-')}: {fleet.get('state', '-')}, target {fleet.get('target_capacity', '-')}, "
              f"fulfilled {fleet.get('fulfilled_capacity', '-')}", ""]
     step = f"{t['step']}/{t['steps_total']}" if t["step"] is not None else "no progress reported yet"
@@ -817,7 +869,7 @@ def _usd(value: float | None) -> str:
 
 def format_cost(report: dict[str, Any]) -> str:
     """``spot-train cost`` as text, every line within 100 columns."""
-    lines = [f"cost of stack {report['stack']} in {report['region']}, as of {report['as_of']}", ""]
+    lines = [f"cost of {_subject(report, status=False)} in {report['region']}, as of {report['as_of']}", ""]
     lines.append(table(["type", "AZ", "billed as", "instances", "hours", "cost", "on-demand cost"], [
         [r["instance_type"], r["availability_zone"], r["lifecycle"], r["instances"], f"{r['hours']:.3f}",
          _usd(r["cost_usd"]), _usd(r["on_demand_cost_usd"])] for r in report["rows"]]) if report["rows"] else "no instances")

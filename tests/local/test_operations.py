@@ -310,3 +310,53 @@ def test_tables_fit_100_columns():
     text = ops.table(["instance", "message"], [["i-0123456789abcdef0", "x" * 300]])
     assert max(len(line) for line in text.splitlines()) <= 100
     assert ops.progress_bar(50, 200).endswith(" 25.0%") and ops.progress_bar(None, 200).startswith("[?")
+
+
+# ---- jobs: found by their identity, not the stack name ------------------------------------------------
+def _job(server, job: str, instance_type: str) -> dict:
+    """A job (TrainingJob) in moto: its data volume, its spot fleet request and one spot instance, all
+    tagged spot-training:stack = job id."""
+    ec2 = _client(server, "ec2")
+    tags = [{"Key": "spot-training:stack", "Value": job}]
+    volume = ec2.create_volume(AvailabilityZone="us-east-1a", Size=50, VolumeType="gp3", TagSpecifications=[
+        {"ResourceType": "volume", "Tags": tags + [{"Key": "spot-training:purpose", "Value": "data-volume"}]}])
+    fleet = ec2.request_spot_fleet(SpotFleetRequestConfig={
+        "IamFleetRole": "arn:aws:iam::123456789012:role/fleet", "TargetCapacity": 0, "Type": "maintain",
+        "AllocationStrategy": "priceCapacityOptimized",
+        "LaunchSpecifications": [{"ImageId": "ami-12c6146b", "InstanceType": instance_type}],
+        "TagSpecifications": [{"ResourceType": "spot-fleet-request", "Tags": tags}]})["SpotFleetRequestId"]
+    instance = ec2.run_instances(
+        ImageId="ami-12c6146b", MinCount=1, MaxCount=1, InstanceType=instance_type, InstanceMarketOptions={"MarketType": "spot"},
+        Placement={"AvailabilityZone": "us-east-1a"}, TagSpecifications=[{"ResourceType": "instance", "Tags": tags}],
+    )["Instances"][0]["InstanceId"]
+    return {"volume_id": volume["VolumeId"], "fleet": fleet, "instance": instance}
+
+
+def test_status_and_cost_find_each_job_of_one_stack_by_its_id(moto_server, capsys):
+    """Two jobs in one stack ("Team"), tagged with their own ids: status and cost with --job show each
+    job's own fleet, instance, volume and cost, whatever the stack is called."""
+    template = {"Resources": {"Nothing": {"Type": "AWS::Logs::LogGroup", "Properties": {"LogGroupName": "/other"}}}}
+    _client(moto_server, "cloudformation").create_stack(StackName="Team", TemplateBody=json.dumps(template))
+    jobs = {"resnet-a": _job(moto_server, "resnet-a", "g5.xlarge"), "bert-b": _job(moto_server, "bert-b", "g6.xlarge")}
+    for job, made in jobs.items():
+        code, out, err = _run(capsys, "status", "--job", job, "--endpoint-url", moto_server.endpoint_url,
+                              "--region", "us-east-1", "--json")
+        assert code == 0, err
+        report = json.loads(out)
+        assert report["job"] == job and report["stack"] is None
+        assert report["fleet"]["id"] == made["fleet"]
+        assert [i["instance_id"] for i in report["instances"]] == [made["instance"]]
+        assert [v["volume_id"] for v in report["data_volume"]] == [made["volume_id"]]
+        code, out, err = _run(capsys, "cost", "--job", job, "--stack", "Team", "--endpoint-url", moto_server.endpoint_url,
+                              "--region", "us-east-1", "--json", "--on-demand-price", "g5.xlarge=1.006",
+                              "--on-demand-price", "g6.xlarge=0.805")
+        assert code == 0, err
+        cost = json.loads(out)
+        assert cost["job"] == job and cost["stack"] == "Team"
+        assert [r["instance_type"] for r in cost["rows"]] == ["g5.xlarge" if job == "resnet-a" else "g6.xlarge"]
+    code, text, _ = _run(capsys, "status", "--job", "bert-b", "--stack", "Team", "--endpoint-url", moto_server.endpoint_url,
+                         "--region", "us-east-1")
+    assert code == 0 and text.startswith("job bert-b of stack Team (CREATE_COMPLETE) in us-east-1")
+    code, _, err = _run(capsys, "status", "--job", "no-such-job", "--endpoint-url", moto_server.endpoint_url,
+                        "--region", "us-east-1")
+    assert code == 3 and "job 'no-such-job' has no fleet request, instance or data volume" in err
