@@ -324,8 +324,10 @@ def target_from_context(context: Mapping[str, Any], *, stack: str, region: str) 
     Raises:
         ValueError: a bad context value (the message names the key, the value and what is allowed).
     """
-    from .config import CONTEXT_KEYS, StackSettings
+    from .cluster_config import ClusterSettings
+    from .config import CONTEXT_KEYS, StackSettings, check_context_keys
 
+    check_context_keys(context, StackSettings.context_keys + ClusterSettings.context_keys)  # as app.py does
     if stack == "cluster":
         from .cluster_config import CLUSTER_CONTEXT_KEYS, SHARED_KEYS, ClusterSettings
 

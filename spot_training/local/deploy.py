@@ -23,6 +23,7 @@ Usage::
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import subprocess
 import sys
@@ -99,7 +100,7 @@ def local_context(
         "notice_poll_interval_s": str(LOCAL_NOTICE_POLL_INTERVAL_S),
     }
     if training_command is not None:
-        context["training_command"] = ",".join(training_command)
+        context["training_command"] = json.dumps(list(training_command))  # -c takes a JSON list as is
     context.update(dict(extra or {}))
     return context
 
