@@ -191,6 +191,7 @@ def test_full_width_digits_and_long_numbers_are_refused(key: str, value: str) ->
         StackSettings.from_mapping({key: value})
 
 
+@pytest.mark.slow
 def test_the_app_fails_synth_on_a_misspelled_context_key() -> None:
     """What ``cdk synth -c max_workrs=3`` runs: the app with the context in CDK_CONTEXT_JSON (it
     fails before any construct is built, so this costs an aws_cdk import)."""
