@@ -27,6 +27,7 @@ import constructs
 from aws_cdk import aws_autoscaling as autoscaling
 from aws_cdk import aws_ec2 as ec2
 
+from . import acknowledgements
 from .asset import BootstrapAsset
 from .config import DEFAULT_TRAINING_PYTHON, FRAMEWORK_CPU_REQUIREMENTS, FRAMEWORK_REQUIREMENTS, FRAMEWORKS
 from .config import training_requirements as checked_requirements
@@ -260,6 +261,7 @@ class ParameterServerCluster(constructs.Construct):
                 requirement, or a root volume size outside 8..16384 GiB.
         """
         super().__init__(scope, construct_id)
+        acknowledgements.attach(self)  # its nag/checkov acknowledgements, on its own resources
         if not isinstance(framework, Framework):
             raise ValueError(f"framework must be a Framework ({', '.join(f.name for f in Framework)}), got {framework!r}")
         self.framework = framework

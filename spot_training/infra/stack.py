@@ -12,6 +12,7 @@ from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_kms as kms
 from aws_cdk import aws_logs as logs
 
+from . import acknowledgements
 from .asset import BOTO3_REQUIREMENT, BootstrapAsset
 from .cleanup import DataCleanup
 from .config import StackSettings
@@ -85,6 +86,7 @@ class SettingsStack(cdk.Stack):
         kwargs.setdefault("description", default_description)
         self._pinned_azs = list(availability_zones) if availability_zones else None
         super().__init__(scope, construct_id or stack_name, **kwargs)
+        acknowledgements.attach(self)  # its nag/checkov acknowledgements, on its own resources
         cdk.Tags.of(self).add(STACK_TAG_KEY, self.stack_name)
 
     @property
