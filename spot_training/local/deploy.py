@@ -130,6 +130,7 @@ def cli_env(endpoint_url: str, *, home: Path, region: str = REGION) -> dict[str,
             "CDK_DISABLE_CLI_TELEMETRY": "true",
             "JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION": "1",
             "JSII_SILENCE_WARNING_UNTESTED_NODE_VERSION": "1",
+            "JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION": "14,16,18,20",
             "PATH": os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "/usr/bin:/bin")]),
         }
     )

@@ -10,6 +10,7 @@ from typing import Any
 
 os.environ.setdefault("JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION", "1")
 os.environ.setdefault("JSII_SILENCE_WARNING_UNTESTED_NODE_VERSION", "1")
+os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "14,16,18,20")
 
 import aws_cdk as cdk  # noqa: E402
 from aws_cdk import assertions  # noqa: E402
