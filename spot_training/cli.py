@@ -275,7 +275,28 @@ def cmd_cluster_drill(args: argparse.Namespace) -> int:
     return 0 if report["passed"] else 1
 
 
+#: What local mode imports or runs beyond the library: module -> what it is for.
+LOCAL_MODE_MODULES = {"moto": "the moto server that emulates AWS", "flask": "moto's server",
+                      "awscli": "the AWS CLI the nodes' user data runs"}
+
+
+def missing_local_extra(command: str) -> str | None:
+    """A message telling to install the ``[local]`` extra when a module local mode needs is missing, else None."""
+    import importlib.util
+
+    missing = [f"{name} ({why})" for name, why in LOCAL_MODE_MODULES.items() if importlib.util.find_spec(name) is None]
+    if not missing:
+        return None
+    return (f"spot-train local {command}: local mode needs {', '.join(missing)}, which a plain install of the "
+            "library leaves out; install the [local] extra with the trainer's framework, e.g. "
+            "pip install 'spot-training[local,tensorflow]' (from a checkout: pip install -e '.[local,tensorflow]')")
+
+
 def cmd_drill(args: argparse.Namespace) -> int:
+    message = missing_local_extra("drill")
+    if message:
+        print(message, file=sys.stderr)
+        return 2
     if args.cluster:
         return cmd_cluster_drill(args)
     from spot_training.local.drill import DrillOptions, run_drill
@@ -301,6 +322,10 @@ def _state_path(work_dir: Path) -> Path:
 
 
 def cmd_up(args: argparse.Namespace) -> int:
+    message = missing_local_extra("up")
+    if message:
+        print(message, file=sys.stderr)
+        return 2
     from spot_training.local.deploy import CdkCli, clients, local_context, stack_resources
     from spot_training.local.moto_server import MotoServer
 

@@ -67,3 +67,32 @@ def test_a_command_that_imports_aws_cdk_prints_no_raw_bytes() -> None:
     assert done.returncode == 2, done.stderr
     assert "context key 'target_capacity'" in done.stderr
     assert "b'" not in done.stdout + done.stderr and "!!!!" not in done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("command", [["local", "up"], ["local", "drill"]])
+def test_local_mode_without_the_local_extra_says_to_install_it(command: list[str], monkeypatch: pytest.MonkeyPatch,
+                                                               capsys: pytest.CaptureFixture[str], tmp_path) -> None:
+    """A pip install of the library alone has no moto: a clear message and exit 2, not a traceback."""
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "moto" else real(name, *a))
+    assert cli.main([*command, "--work-dir", str(tmp_path / "w")]) == 2
+    err = capsys.readouterr().err
+    assert "moto (the moto server that emulates AWS)" in err and "pip install 'spot-training[local,tensorflow]'" in err
+    assert not (tmp_path / "w").exists()  # nothing started
+
+
+def test_extras_keep_frameworks_out_of_a_cdk_only_install() -> None:
+    import tomllib
+    from pathlib import Path
+
+    project = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())["project"]
+    frameworks = ("tensorflow", "torch", "mxnet", "keras", "moto")
+    assert not [d for d in project["dependencies"] if d.startswith(frameworks)]
+    extras = project["optional-dependencies"]
+    assert {"pytorch", "tensorflow", "mxnet", "local"} <= set(extras)
+    assert any(d.startswith("torch") for d in extras["pytorch"]) and any(d.startswith("mxnet") for d in extras["mxnet"])
+    assert any(d.startswith("tensorflow") for d in extras["tensorflow"]) and any(d.startswith("moto[server") for d in extras["local"])
+    for name in cli.LOCAL_MODE_MODULES:  # everything local mode checks for comes with the extra
+        assert any(d.lower().startswith(name) or (name == "flask" and d.startswith("moto[server")) for d in extras["local"]), name
