@@ -17,9 +17,10 @@ DEB_PACKAGES := iproute2 procps
 export PATH := $(CURDIR)/$(BIN):$(CURDIR)/node_modules/.bin:$(PATH)
 export TF_CPP_MIN_LOG_LEVEL := 2
 export CDK_DISABLE_CLI_TELEMETRY := true
-# jsii (aws-cdk-lib's Python bridge) warns on every import that Node 20 is past end of life.
+# jsii (aws-cdk-lib's Python bridge) warns on every import, as raw bytes, that Node 20 is past end of life.
 export JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION := 1
 export JSII_SILENCE_WARNING_UNTESTED_NODE_VERSION := 1
+export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 14,16,18,20
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 CDK_FLAGS := --no-notices --no-version-reporting
 PYTEST := $(BIN)/python -m pytest

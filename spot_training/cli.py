@@ -24,10 +24,10 @@ credentials), otherwise the live local stack of ``spot-train local up`` (its mot
 ``drill`` exits 0 only when training completed, no step was lost, the final weights equal the
 uninterrupted baseline's and nothing is left after ``cdk destroy`` (the report's ``passed``); 1
 otherwise; 2 on bad arguments. ``up``/``down`` exit 0 on success and 1 on failure. ``status``/``logs``/``cost``:
-0 ok, 1 an AWS call failed (or, for ``status`` without a stack, nothing to report), 2 usage, 3 the stack
+0 ok, 1 an AWS call failed (``logs --instance`` an instance without logs) (or, for ``status`` without a stack, nothing to report), 2 usage, 3 the stack
 (or its log group) does not exist, 4 AWS unreachable or credentials missing/refused, 130 interrupted.
 ``preflight`` exits 0 when every check passed, 1 when one failed, 3 when none failed but one could
-not be answered, 2 on bad arguments or settings.
+not be answered, 2 on bad arguments or settings, 4 without AWS credentials.
 
 The live display: a progress bar with step, loss and ETA, and one line per event (interruption
 notice, checkpoint, AZ move, resume) as it happens; plain lines when stdout is not a terminal.
@@ -43,6 +43,19 @@ import sys
 import time
 from pathlib import Path
 from typing import Any, Callable, TextIO
+
+#: jsii (aws-cdk-lib's Python bridge, imported by the settings and the local commands) prints a banner
+#: as raw bytes (b'!!...') on every start under a Node.js release it has not tested, deprecated or past
+#: its end of life (@jsii/check-node reads these variables when its Node process starts; the
+#: end-of-life one lists the major versions to keep quiet about). Set before any import of aws_cdk;
+#: a user's own setting wins. README.md names the Node.js releases CDK supports.
+JSII_QUIET_ENV = {
+    "JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION": "1",
+    "JSII_SILENCE_WARNING_UNTESTED_NODE_VERSION": "1",
+    "JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION": "14,16,18,20",
+}
+for _name, _value in JSII_QUIET_ENV.items():
+    os.environ.setdefault(_name, _value)
 
 DEFAULT_DRILL_DIR = Path("out/demo")
 DEFAULT_UP_DIR = Path("out/local")
@@ -262,7 +275,28 @@ def cmd_cluster_drill(args: argparse.Namespace) -> int:
     return 0 if report["passed"] else 1
 
 
+#: What local mode imports or runs beyond the library: module -> what it is for.
+LOCAL_MODE_MODULES = {"moto": "the moto server that emulates AWS", "flask": "moto's server",
+                      "awscli": "the AWS CLI the nodes' user data runs"}
+
+
+def missing_local_extra(command: str) -> str | None:
+    """A message telling to install the ``[local]`` extra when a module local mode needs is missing, else None."""
+    import importlib.util
+
+    missing = [f"{name} ({why})" for name, why in LOCAL_MODE_MODULES.items() if importlib.util.find_spec(name) is None]
+    if not missing:
+        return None
+    return (f"spot-train local {command}: local mode needs {', '.join(missing)}, which a plain install of the "
+            "library leaves out; install the [local] extra with the trainer's framework, e.g. "
+            "pip install 'spot-training[local,tensorflow]' (from a checkout: pip install -e '.[local,tensorflow]')")
+
+
 def cmd_drill(args: argparse.Namespace) -> int:
+    message = missing_local_extra("drill")
+    if message:
+        print(message, file=sys.stderr)
+        return 2
     if args.cluster:
         return cmd_cluster_drill(args)
     from spot_training.local.drill import DrillOptions, run_drill
@@ -288,6 +322,10 @@ def _state_path(work_dir: Path) -> Path:
 
 
 def cmd_up(args: argparse.Namespace) -> int:
+    message = missing_local_extra("up")
+    if message:
+        print(message, file=sys.stderr)
+        return 2
     from spot_training.local.deploy import CdkCli, clients, local_context, stack_resources
     from spot_training.local.moto_server import MotoServer
 
@@ -319,7 +357,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     print(f"up: moto server {server.endpoint_url} (pid {server.pid}), stack {args.stack} deployed, "
           f"fleet {stack.fleet_request_id}\n"
           f"use it:  export AWS_ENDPOINT_URL={server.endpoint_url} AWS_ACCESS_KEY_ID=testing "
-          f"AWS_SECRET_ACCESS_KEY=testing AWS_REGION=us-east-1\n"
+          f"AWS_SECRET_ACCESS_KEY=testing AWS_DEFAULT_REGION=us-east-1\n"
           f"stop it: spot-train local down --work-dir {args.work_dir}")
     return 0
 
@@ -435,6 +473,12 @@ def cmd_logs(args: argparse.Namespace) -> int:
 
     def show(aws: Any, stack: str) -> int:
         group = args.job or stack  # a job's log group is /spot-training/<job id>
+        if args.instance:
+            streams = ops.log_stream_names(aws, group)
+            if args.instance not in streams:
+                raise ops.OperationsError(
+                    f"instance {args.instance!r} has no log stream in {ops.log_group(group)!r}; instances with logs: "
+                    + (", ".join(streams) if streams else "none yet"), ops.Exit.AWS_ERROR)
         events = (ops.follow_logs(aws, group, instance=args.instance, start_ms=None) if args.follow
                   else ops.log_events(aws, group, instance=args.instance))
         for event in events:
@@ -497,6 +541,28 @@ def _pid_alive(pid: Any) -> bool:
     return True
 
 
+def _seconds(text: str) -> float:
+    """``--interval``: seconds from 1 to 86400 (0 would redraw in a busy loop; negative sleeps fail)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 1 <= value <= 86400:  # also refuses nan and inf
+        raise argparse.ArgumentTypeError(f"got {text!r}; expected seconds from 1 to 86400")
+    return value
+
+
+def _price(text: str) -> float:
+    """A price in USD: a finite number >= 0 (a negative one would print $-0.00)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 <= value < 1e6:  # also refuses nan and inf
+        raise argparse.ArgumentTypeError(f"got {text!r}; expected a price in USD >= 0 such as 0.08")
+    return value
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     """Parse the command line (argparse exits 2 on a usage error)."""
     parser = argparse.ArgumentParser(prog="spot-train", description="Spot training: local mode (moto server, real CDK CLI).")
@@ -552,7 +618,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         command.add_argument("--stack", default=None, help="stack name (default SpotTraining)")
         command.add_argument("--job", default=None, help="a job id (TrainingJob; the spot-training:stack tag of its "
                              "resources) instead of, or within, --stack")
-        command.add_argument("--region", default=None, help="AWS region (default: the profile's / AWS_REGION)")
+        command.add_argument("--region", default=None, help="AWS region (default: the profile's / AWS_DEFAULT_REGION)")
         command.add_argument("--profile", default=None, help="AWS profile (default: the standard credential chain)")
         command.add_argument("--endpoint-url", default=None, help="one endpoint for every AWS API (local mode's moto server)")
         command.add_argument("--work-dir", type=Path, default=None,
@@ -562,7 +628,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     status = sub.add_parser("status", help="fleet, instances, training progress, interruptions, data volume")
     target(status)
     status.add_argument("--watch", action="store_true", help="redraw until training completes (Ctrl-C stops)")
-    status.add_argument("--interval", type=float, default=10.0, help="--watch: seconds between redraws (default 10)")
+    status.add_argument("--interval", type=_seconds, default=10.0, help="--watch: seconds between redraws, 1..86400 (default 10)")
     status.set_defaults(handler=cmd_status)
     logs = sub.add_parser("logs", help="the agents' and trainers' logs of every instance, in time order")
     target(logs)
@@ -573,8 +639,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     target(cost)
     cost.add_argument("--on-demand-price", action="append", metavar="TYPE=USD",
                       help="on-demand USD/hour of a type (repeatable); default: the AWS Price List API")
-    cost.add_argument("--ebs-gb-month-price", type=float, default=None, help="USD per GB-month of the data volume")
-    cost.add_argument("--snapshot-gb-month-price", type=float, default=None, help="USD per GB-month of snapshots")
+    cost.add_argument("--ebs-gb-month-price", type=_price, default=None, help="USD per GB-month of the data volume")
+    cost.add_argument("--snapshot-gb-month-price", type=_price, default=None, help="USD per GB-month of snapshots")
     cost.set_defaults(handler=cmd_cost)
     return parser.parse_args(argv)
 

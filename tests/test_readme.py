@@ -109,3 +109,18 @@ def test_the_contract_check_of_the_readme_can_fail(monkeypatch) -> None:
         assert "1..50" in str(exc)
     else:
         raise AssertionError("a README range that differs from the contract's went unnoticed")
+
+
+def test_the_first_screen_says_what_it_is_costs_needs_and_how_to_deploy_destroy_and_bring_a_script() -> None:
+    first_screen = " ".join(README[:README.index("## Try it locally")].split())
+    for needed in ("What it costs", "Prerequisites for a real account", "cdk deploy", "cdk destroy", "Your own script",
+                   "training_command", "PyTorch", "USD"):
+        assert needed in first_screen, needed
+    assert "as of 2026-11, spot-training 0.1.0" in first_screen  # the prices are dated, with the version
+
+
+def test_the_readme_names_no_path_outside_the_repository_and_pytorch_with_the_frameworks() -> None:
+    assert not re.search(r"(?<![\w.])\.\./", README), "README.md points outside the repository"
+    for match in re.finditer(r"TensorFlow(/Keras)?,? (and )?(Apache )?MXNet", README):
+        line = README[README.rfind("\n", 0, match.start()) + 1:README.find("\n", match.end())]
+        assert "PyTorch" in line, f"frameworks listed without PyTorch: {line}"

@@ -337,6 +337,11 @@ class Supervisor:
             ENV_REQUEST_FILE: str(self.request_file),
             "PYTHONUNBUFFERED": "1",
         })
+        # The library's own code directory (the asset holding spot_training/{contract,agent,training}) comes
+        # first on the trainer's import path, so a script cloned from git or copied from S3 can
+        # `import spot_training.training` wherever it lives; the node's own PYTHONPATH, if any, follows.
+        code_root = str(Path(__file__).resolve().parents[2])
+        env["PYTHONPATH"] = os.pathsep.join([code_root, *[p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != code_root]])
         if self.training.checkpoint_every_steps is not None:
             env[ENV_CHECKPOINT_EVERY_STEPS] = str(self.training.checkpoint_every_steps)
         if self.training.checkpoint_every_seconds is not None:

@@ -19,6 +19,7 @@ from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_logs as logs
 from aws_cdk import custom_resources as cr
 
+from . import acknowledgements
 from .tags import STACK_TAG_KEY
 
 HANDLER_DIR = Path(__file__).resolve().parent / "handlers" / "data_cleanup"
@@ -63,6 +64,7 @@ class DataCleanup(constructs.Construct):
             ValueError: ``retain_data`` is not a bool, or the handler file is missing.
         """
         super().__init__(scope, construct_id)
+        acknowledgements.attach(self)  # its nag/checkov acknowledgements, on its own resources
         if not isinstance(retain_data, bool):
             raise ValueError(f"retain_data must be True or False, got {retain_data!r}")
         if not (HANDLER_DIR / "index.py").is_file():

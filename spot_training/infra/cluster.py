@@ -27,6 +27,7 @@ import constructs
 from aws_cdk import aws_autoscaling as autoscaling
 from aws_cdk import aws_ec2 as ec2
 
+from . import acknowledgements
 from .asset import BootstrapAsset
 from .config import DEFAULT_TRAINING_PYTHON, FRAMEWORK_CPU_REQUIREMENTS, FRAMEWORK_REQUIREMENTS, FRAMEWORKS
 from .config import training_requirements as checked_requirements
@@ -280,6 +281,7 @@ class ParameterServerCluster(constructs.Construct):
                 requirement, or a root volume size outside 8..16384 GiB.
         """
         super().__init__(scope, construct_id)
+        acknowledgements.attach(self)  # its nag/checkov acknowledgements, on its own resources
         self._check_props(framework, num_servers, min_workers, desired_workers, max_workers, torch_max_restarts,
                           torch_shutdown_timeout_s, torch_nproc_per_node, ports)
         root_volume_size_gib = root_volume_gib(root_volume_size_gib, prop="root_volume_size_gib")

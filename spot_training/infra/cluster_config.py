@@ -40,7 +40,7 @@ from .config import (
     ContextSettings,
     StackSettings,
     context_int,
-    context_list,
+    context_command,
     context_value_error,
     contract_setting,
     instance_types,
@@ -76,7 +76,7 @@ CLUSTER_CONTEXT_KEYS: tuple[ContextKey, ...] = (
                f"{TORCH_COLLECTIVE_PORTS[0]}-{TORCH_COLLECTIVE_PORTS[1]} between members), {_PORTS}"),
     ContextKey("cluster_server_port", DEFAULT_SERVER_PORT, "TCP port", f"ps-lite server PORT (MXNet) / ps gRPC port (TensorFlow), {_PORTS}"),
     ContextKey("cluster_worker_port", DEFAULT_WORKER_PORT, "TCP port", f"ps-lite worker PORT (MXNet) / worker gRPC port (TensorFlow), {_PORTS}"),
-    ContextKey("cluster_training_command", None, "list", "trainer command; default per framework: "
+    ContextKey("cluster_training_command", None, "list", "trainer command (a list, or a shell-style string split with `shlex`); default per framework: "
                + "; ".join(f"{f.value}: {' '.join(c)}" for f, c in DEFAULT_TRAINING_COMMANDS.items())),
     ContextKey("cluster_torch_max_restarts", DEFAULT_TORCH_MAX_RESTARTS, "restarts", f"pytorch: torchrun `--max-restarts` (each join or leave costs one), 0..{MAX_TORCH_MAX_RESTARTS}"),
     ContextKey("cluster_torch_shutdown_timeout_s", DEFAULT_TORCH_SHUTDOWN_TIMEOUT_S, "seconds", f"pytorch: torchrun `--shutdown-timeout`, the workers' SIGTERM -> SIGKILL grace to agree on a step and checkpoint, 5..{MAX_TORCH_SHUTDOWN_TIMEOUT_S} (a spot notice gives 120)"),
@@ -113,7 +113,8 @@ class ClusterSettings(ContextSettings):
     server_instance_type: str = DEFAULT_SERVER_INSTANCE_TYPE
     worker_instance_types: tuple[str, ...] = DEFAULT_INSTANCE_TYPES
     ports: ClusterPorts = ClusterPorts()
-    training_command: tuple[str, ...] = DEFAULT_TRAINING_COMMANDS[Framework.MXNET]
+    #: None: the framework's (:data:`spot_training.infra.cluster.DEFAULT_TRAINING_COMMANDS`).
+    training_command: tuple[str, ...] = None  # type: ignore[assignment]
     training_python: str = DEFAULT_TRAINING_PYTHON
     torch_max_restarts: int = DEFAULT_TORCH_MAX_RESTARTS
     torch_shutdown_timeout_s: int = DEFAULT_TORCH_SHUTDOWN_TIMEOUT_S
@@ -132,71 +133,34 @@ class ClusterSettings(ContextSettings):
         if unknown:
             raise ValueError(f"unknown cluster setting(s) {unknown}; allowed: {', '.join(SHARED_KEYS + _CLUSTER_KEY_NAMES)}")
         base = StackSettings.from_mapping({k: raw.get(k) for k in SHARED_KEYS})
-        v = {k: raw.get(k) for k in _CLUSTER_KEY_NAMES}
-        out: dict[str, Any] = {"base": base}
+        return cls(base=base, **_check_cluster_settings(raw))
 
-        name = v["cluster_stack_name"] if v["cluster_stack_name"] is not None else "DistributedTraining"
-        # The same rule as stack_name; reuse its check so the two stacks accept the same names.
-        try:
-            StackSettings.from_mapping({"stack_name": name})
-        except ValueError:
-            raise context_value_error("cluster_stack_name", name, "a CloudFormation stack name: a letter, then up to 127 letters, digits or hyphens") from None
-        out["stack_name"] = name
-
-        framework = v["cluster_framework"] if v["cluster_framework"] is not None else Framework.MXNET.value
-        if framework not in [f.value for f in Framework]:
-            raise context_value_error("cluster_framework", framework, "one of " + ", ".join(f.value for f in Framework))
-        out["framework"] = Framework(framework)
-
-        for key, field, lo, hi, unit in (
-            ("cluster_num_servers", "num_servers", 1, MAX_SERVERS, "(nodes)"),
-            ("cluster_workers", "workers", 1, MAX_WORKERS, "(instances)"),
-            ("cluster_min_workers", "min_workers", 1, MAX_WORKERS, "(instances)"),
-            ("cluster_max_workers", "max_workers", 1, MAX_WORKERS, "(instances)"),
-            ("cluster_torch_max_restarts", "torch_max_restarts", 0, MAX_TORCH_MAX_RESTARTS, "(restarts)"),
-            ("cluster_torch_shutdown_timeout_s", "torch_shutdown_timeout_s", 5, MAX_TORCH_SHUTDOWN_TIMEOUT_S, "(seconds)"),
-            ("cluster_torch_nproc_per_node", "torch_nproc_per_node", 1, MAX_TORCH_NPROC_PER_NODE, "(processes)"),
-        ):
-            if v[key] is not None:
-                out[field] = context_int(key, v[key], lo, hi, unit)
-        lo_w, want, hi_w = (out.get(f, getattr(cls, f)) for f in ("min_workers", "workers", "max_workers"))
-        if lo_w > hi_w:
-            raise context_value_error("cluster_min_workers", v["cluster_min_workers"], f"at most cluster_max_workers={hi_w}")
-        if not lo_w <= want <= hi_w:
-            raise context_value_error("cluster_workers", want, f"from cluster_min_workers={lo_w} to cluster_max_workers={hi_w}")
-
-        for key, field in (("cluster_scheduler_instance_type", "scheduler_instance_type"),
-                           ("cluster_server_instance_type", "server_instance_type")):
-            if v[key] is not None:
-                out[field] = validate_instance_type(v[key], prop=f"context key {key!r}")
-        if v["cluster_worker_instance_types"] is not None:
-            out["worker_instance_types"] = instance_types("cluster_worker_instance_types", v["cluster_worker_instance_types"])
-
-        ports = {}
+    def __post_init__(self) -> None:
+        # The typed constructor validates exactly as the context path does (as StackSettings does):
+        # every field goes back to its cluster_* context form and through the same checks.
+        if not isinstance(self.base, StackSettings):
+            raise ValueError(f"base must be a StackSettings (the shared keys), got {type(self.base).__name__}")
+        if not isinstance(self.ports, ClusterPorts):
+            raise ValueError(f"ports must be a ClusterPorts, got {type(self.ports).__name__}")
+        raw: dict[str, Any] = {}
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if field.name in ("base", "ports"):
+                continue
+            if isinstance(value, tuple):
+                value = list(value)
+            elif isinstance(value, Framework):
+                value = value.value
+            raw[_FIELD_KEYS[field.name]] = value
         for role in ("scheduler", "server", "worker"):
-            key = f"cluster_{role}_port"
-            ports[role] = contract_setting(key, v[key], "port") if v[key] is not None else getattr(ClusterPorts(), role)
-        if len(set(ports.values())) != 3:
-            clash = next(r for r in ("worker", "server", "scheduler") if list(ports.values()).count(ports[r]) > 1)
-            raise context_value_error(f"cluster_{clash}_port", ports[clash], "a port different from the other two roles' ports "
-                       f"(scheduler={ports['scheduler']}, server={ports['server']}, worker={ports['worker']})")
-        out["ports"] = ClusterPorts(**ports)
+            raw[f"cluster_{role}_port"] = getattr(self.ports, role)
+        if raw["cluster_training_python"] == DEFAULT_TRAINING_PYTHON and self.training_requirements is None:
+            raw["cluster_training_python"] = None  # not "given": the framework's builds per role apply
+        checked = _check_cluster_settings(raw)
+        for field in dataclasses.fields(self):
+            if field.name != "base":
+                object.__setattr__(self, field.name, checked.get(field.name, field.default))
 
-        if v["cluster_training_command"] is not None:
-            out["training_command"] = tuple(context_list("cluster_training_command", v["cluster_training_command"]))
-        else:
-            out["training_command"] = DEFAULT_TRAINING_COMMANDS[out["framework"]]
-        python = v["cluster_training_python"]
-        if python is not None:
-            if not isinstance(python, str) or not re.fullmatch(r"(/[A-Za-z0-9._+-]+)+", python):
-                raise context_value_error("cluster_training_python", python, "an absolute path to a Python interpreter such as /usr/bin/python3")
-            out["training_python"] = python
-        if v["cluster_training_requirements"] is not None or python is not None:
-            out["training_requirements"] = training_requirements(
-                v["cluster_training_requirements"], framework=framework, python_given=True,
-                key="cluster_training_requirements",
-            )
-        return cls(**out)
 
     def describe(self) -> dict[str, Any]:
         """The ``cluster_*`` settings as plain JSON-able values."""
@@ -207,3 +171,86 @@ class ClusterSettings(ContextSettings):
             "torch_max_restarts": self.torch_max_restarts, "torch_shutdown_timeout_s": self.torch_shutdown_timeout_s,
             "torch_nproc_per_node": self.torch_nproc_per_node,
         }))
+
+
+#: Field of :class:`ClusterSettings` -> its context key.
+_FIELD_KEYS = {f.name: "cluster_" + f.name for f in dataclasses.fields(ClusterSettings)}
+
+
+def _check_cluster_settings(raw: Mapping[str, Any]) -> dict[str, Any]:
+    """The checked and converted ``cluster_*`` values of ``raw`` as :class:`ClusterSettings` fields
+    (context form; a missing or ``None`` value takes the default).
+
+    Raises:
+        ValueError: a bad value (naming the key, the value and what is allowed).
+    """
+    v = {k: raw.get(k) for k in _CLUSTER_KEY_NAMES}
+    out: dict[str, Any] = {}
+
+    name = v["cluster_stack_name"] if v["cluster_stack_name"] is not None else "DistributedTraining"
+    # The same rule as stack_name; reuse its check so the two stacks accept the same names.
+    try:
+        StackSettings.from_mapping({"stack_name": name})
+    except ValueError:
+        raise context_value_error("cluster_stack_name", name, "a CloudFormation stack name: a letter, then up to 127 letters, digits or hyphens") from None
+    out["stack_name"] = name
+
+    framework = v["cluster_framework"] if v["cluster_framework"] is not None else Framework.MXNET.value
+    if not isinstance(framework, str) or framework not in [f.value for f in Framework]:
+        raise context_value_error("cluster_framework", framework, "one of " + ", ".join(f.value for f in Framework))
+    out["framework"] = Framework(framework)
+
+    for key, field, lo, hi, unit in (
+        ("cluster_num_servers", "num_servers", 1, MAX_SERVERS, "(nodes)"),
+        ("cluster_workers", "workers", 1, MAX_WORKERS, "(instances)"),
+        ("cluster_min_workers", "min_workers", 1, MAX_WORKERS, "(instances)"),
+        ("cluster_max_workers", "max_workers", 1, MAX_WORKERS, "(instances)"),
+        ("cluster_torch_max_restarts", "torch_max_restarts", 0, MAX_TORCH_MAX_RESTARTS, "(restarts)"),
+        ("cluster_torch_shutdown_timeout_s", "torch_shutdown_timeout_s", 5, MAX_TORCH_SHUTDOWN_TIMEOUT_S, "(seconds)"),
+        ("cluster_torch_nproc_per_node", "torch_nproc_per_node", 1, MAX_TORCH_NPROC_PER_NODE, "(processes)"),
+    ):
+        if v[key] is not None:
+            out[field] = context_int(key, v[key], lo, hi, unit)
+    lo_w, want, hi_w = (out.get(f, _CLUSTER_DEFAULTS[f]) for f in ("min_workers", "workers", "max_workers"))
+    if lo_w > hi_w:
+        raise context_value_error("cluster_min_workers", v["cluster_min_workers"], f"at most cluster_max_workers={hi_w}")
+    if not lo_w <= want <= hi_w:
+        raise context_value_error("cluster_workers", want, f"from cluster_min_workers={lo_w} to cluster_max_workers={hi_w}")
+
+    for key, field in (("cluster_scheduler_instance_type", "scheduler_instance_type"),
+                       ("cluster_server_instance_type", "server_instance_type")):
+        if v[key] is not None:
+            if not isinstance(v[key], str) or len(v[key]) > 40:
+                raise context_value_error(key, v[key], "an EC2 instance type such as m5.large")
+            out[field] = validate_instance_type(v[key], prop=f"context key {key!r}")
+    if v["cluster_worker_instance_types"] is not None:
+        out["worker_instance_types"] = instance_types("cluster_worker_instance_types", v["cluster_worker_instance_types"])
+
+    ports = {}
+    for role in ("scheduler", "server", "worker"):
+        key = f"cluster_{role}_port"
+        ports[role] = contract_setting(key, v[key], "port") if v[key] is not None else getattr(ClusterPorts(), role)
+    if len(set(ports.values())) != 3:
+        clash = next(r for r in ("worker", "server", "scheduler") if list(ports.values()).count(ports[r]) > 1)
+        raise context_value_error(f"cluster_{clash}_port", ports[clash], "a port different from the other two roles' ports "
+                   f"(scheduler={ports['scheduler']}, server={ports['server']}, worker={ports['worker']})")
+    out["ports"] = ClusterPorts(**ports)
+
+    if v["cluster_training_command"] is not None:
+        out["training_command"] = context_command("cluster_training_command", v["cluster_training_command"])
+    else:
+        out["training_command"] = DEFAULT_TRAINING_COMMANDS[out["framework"]]
+    python = v["cluster_training_python"]
+    if python is not None:
+        if not isinstance(python, str) or not re.fullmatch(r"(/[A-Za-z0-9._+-]+)+", python):
+            raise context_value_error("cluster_training_python", python, "an absolute path to a Python interpreter such as /usr/bin/python3")
+        out["training_python"] = python
+    if v["cluster_training_requirements"] is not None or python is not None:
+        out["training_requirements"] = training_requirements(
+            v["cluster_training_requirements"], framework=framework, python_given=True,
+            key="cluster_training_requirements",
+        )
+    return out
+
+
+_CLUSTER_DEFAULTS = {f.name: f.default for f in dataclasses.fields(ClusterSettings)}

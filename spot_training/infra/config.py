@@ -10,9 +10,12 @@ allowed. ``docs/infra.md`` lists the same keys for users; a test keeps the two i
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
 import re
-from collections.abc import Callable, Mapping
+import reprlib
+import shlex
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, ClassVar
 
 from spot_training import contract
@@ -94,15 +97,20 @@ DEFAULT_TRAINING_COMMAND = FRAMEWORKS[DEFAULT_FRAMEWORK].training_command
 #: Public SSM parameter of the AWS Deep Learning Base AMI (x86_64, NVIDIA driver, Ubuntu 22.04).
 DEFAULT_AMI_SSM_PARAMETER = "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-ubuntu-22.04/latest/ami-id"
 
-_AZ_RE = re.compile(r"^[a-z]{2}(-[a-z]+)+-\d[a-z]$")
-_REGION_RE = re.compile(r"^[a-z]{2}(-[a-z]+)+-\d$")
-_ACCOUNT_RE = re.compile(r"^\d{12}$")
+_AZ_RE = re.compile(r"^[a-z]{2}(-[a-z]+)+-[0-9][a-z]$")
+_REGION_RE = re.compile(r"^[a-z]{2}(-[a-z]+)+-[0-9]$")
+_ACCOUNT_RE = re.compile(r"^[0-9]{12}$")
 _VPC_ID_RE = re.compile(r"^vpc-[0-9a-f]{8,17}$")
 _VOLUME_ID_RE = re.compile(r"^vol-[0-9a-f]{8,17}$")
 _AMI_ID_RE = re.compile(r"^ami-[0-9a-f]{8,17}$")
 _STACK_NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9-]{0,127}$")
-_MAX_PRICE_RE = re.compile(r"^\d+(\.\d+)?$")
+# ASCII digits only: ``\d`` also matches full-width ``７０００``, which CloudFormation's SpotPrice refuses
+# only at deploy. At most 6 integer digits (USD per hour) keep float() exact enough and bounded.
+_MAX_PRICE_RE = re.compile(r"^[0-9]{1,6}(\.[0-9]{1,10})?$")
 _EMAIL_RE = re.compile(r"^[^@\s]+@[^@\s]+\.[^@\s]+$")
+#: The largest target capacity of one Spot Fleet (Amazon EC2 User Guide, "Spot Fleet quotas":
+#: 10,000 target capacity per fleet).
+MAX_TARGET_CAPACITY = 10_000
 #: Retention periods CloudWatch Logs accepts (PutRetentionPolicy), in days.
 LOG_RETENTION_DAYS = (1, 3, 5, 7, 14, 30, 60, 90, 120, 150, 180, 365, 400, 545, 731, 1096, 1827, 2192, 2557, 2922, 3288, 3653)
 
@@ -121,12 +129,13 @@ def contract_setting(key: str, value: Any, name: str | None = None, *, or_none: 
     Raises:
         ValueError: naming the context key, the value and what is allowed.
     """
+    if not isinstance(value, (str, int, float)):  # a list or dict (nested thousands deep) is no number
+        raise context_value_error(key, value, f"a number, {_range(name or key)}" + (", or none" if or_none else ""))
     try:
         return contract.check(name or key, value, label=f"context key {key!r}")
     except contract.SettingError as exc:
-        if not or_none:
-            raise
-        raise context_value_error(key, value, exc.allowed + ", or none") from None
+        # Worded here so that the value is shortened (a 5000-digit string is named by its start).
+        raise context_value_error(key, value, exc.allowed + (", or none" if or_none else "")) from None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -149,7 +158,7 @@ CONTEXT_KEYS: tuple[ContextKey, ...] = (
     ContextKey("vpc_flow_logs", True, "bool", "VPC flow logs to CloudWatch Logs for a new VPC"),
     ContextKey("private_subnets", False, "bool", "nodes in private subnets without public IPs, reaching AWS through VPC endpoints (new VPC only; docs/infra.md, \"Private subnets\")"),
     ContextKey("instance_types", list(DEFAULT_INSTANCE_TYPES), "list", "EC2 instance types the fleet may launch"),
-    ContextKey("target_capacity", 1, "instances", "Spot Fleet target capacity (0 pauses the fleet)"),
+    ContextKey("target_capacity", 1, "instances", "Spot Fleet target capacity, 0..10000 (0 pauses the fleet)"),
     ContextKey("allocation_strategy", AllocationStrategy.PRICE_CAPACITY_OPTIMIZED.value, "-", "one of " + ", ".join(s.value for s in AllocationStrategy)),
     ContextKey("max_price", None, "USD/hour", "highest Spot price per instance-hour; default: the On-Demand price"),
     ContextKey("volume_size_gib", 100, "GiB", "data volume size, 1..16384"),
@@ -166,7 +175,7 @@ CONTEXT_KEYS: tuple[ContextKey, ...] = (
     ContextKey("training_requirements", None, "list", "pip requirements of the trainer's virtual environment (built from `training_python` on the data volume once, reused by every replacement); default: the framework's ("
                + "; ".join(f"{k}: {', '.join(v)}" for k, v in FRAMEWORK_REQUIREMENTS.items()) + ") when `training_python` is not set, else none; `[]`: none"),
     ContextKey("training_inherit_site_packages", False, "bool", "the trainer's virtual environment also sees `training_python`'s own packages (an AMI that ships a framework, plus a few `training_requirements`; local mode)"),
-    ContextKey("training_command", None, "list", "trainer command; `{python}` becomes `training_python`; default: the framework's ("
+    ContextKey("training_command", None, "list", "trainer command (a list, or a shell-style string split with `shlex`); `{python}` becomes `training_python`; default: the framework's ("
                + "; ".join(f"{k}: {' '.join(f.training_command)}" for k, f in FRAMEWORKS.items()) + ")"),
     ContextKey("training_user", "ubuntu", "-", "OS user that runs the trainer"),
     ContextKey("code_git_url", None, "-", "clone the training code from this git URL instead of using the bootstrap asset"),
@@ -210,9 +219,74 @@ CONTRACT_SETTINGS: dict[str, str] = {
 }
 
 
+#: Shortens the value quoted in an error: a 5000-digit string or a list nested 10000 deep is named
+#: by its start (reprlib bounds depth and length, so repr() cannot recurse without end).
+_VALUE_REPR = reprlib.Repr()
+_VALUE_REPR.maxstring = 120
+_VALUE_REPR.maxother = 120
+_VALUE_REPR.maxlevel = 4
+_VALUE_REPR.maxlist = _VALUE_REPR.maxtuple = _VALUE_REPR.maxdict = 12
+#: The longest integer a context key may spell (well beyond every limit, far below Python's
+#: int-from-string limit of 4300 digits, whose own error would not name the key).
+_MAX_INT_DIGITS = 18
+#: Longer than any EC2 instance type name (the longest are like ``u7in-32tb.224xlarge``).
+_MAX_INSTANCE_TYPE_CHARS = 40
+
+
 def context_value_error(key: str, value: Any, allowed: str) -> ValueError:
-    """The error for a bad context value: names the key, the value and what is ``allowed``."""
-    return ValueError(f"context key {key!r}: got {value!r}; allowed: {allowed}")
+    """The error for a bad context value: names the key, the value (shortened) and what is ``allowed``."""
+    return ValueError(f"context key {key!r}: got {_VALUE_REPR.repr(value)}; allowed: {allowed}")
+
+
+def check_context_keys(context: Mapping[str, Any], known: Iterable[str]) -> None:
+    """Refuse a context key that looks like a setting (snake_case) but is none of ``known``.
+
+    ``cdk synth -c max_workrs=3`` would otherwise be ignored silently. Keys CDK itself uses
+    (feature flags ``@aws-cdk/...``, ``aws:cdk:...``, lookup results ``key:account=...``, and
+    hyphenated or camelCase ones such as ``acknowledged-issue-numbers``) are not settings and pass.
+
+    Args:
+        context: every context key and value (``app.node.get_all_context()``, or cdk.json plus ``-c``).
+        known: the settings' context keys (``StackSettings.context_keys + ClusterSettings.context_keys``).
+
+    Raises:
+        ValueError: naming each unknown key and the nearest known one (difflib), if any.
+    """
+    names = tuple(dict.fromkeys(known))
+    problems = []
+    for key in sorted(k for k in context if isinstance(k, str) and re.fullmatch(r"[a-z][a-z0-9_]*", k)):
+        if key in names:
+            continue
+        near = difflib.get_close_matches(key, names, n=1, cutoff=0.6)
+        if not near:  # a fragment of a longer key (max_workrs -> cluster_max_workers)
+            near = difflib.get_close_matches(key, [n.split("_", 1)[-1] for n in names], n=1, cutoff=0.6)
+            near = [n for n in names if n.split("_", 1)[-1] == near[0]][:1] if near else []
+        problems.append(f"{key!r}" + (f" (did you mean {near[0]!r}?)" if near else ""))
+    if problems:
+        raise ValueError(f"unknown context key(s): {', '.join(problems)}; the settings are listed in docs/infra.md")
+
+
+def context_command(key: str, value: Any) -> tuple[str, ...]:
+    """A command line from context key ``key``: a list of strings (cdk.json, or a JSON list with
+    ``-c``), or a shell-style string split with :func:`shlex.split` (``-c "training_command={python}
+    my_train.py --epochs 3"`` is four arguments).
+
+    Raises:
+        ValueError: naming the key, the value and what is allowed.
+    """
+    allowed = 'a non-empty list of strings (the command line), or a shell-style string such as "{python} train.py --epochs 3"'
+    if isinstance(value, (list, tuple)):
+        value = list(value)
+    elif isinstance(value, str) and value.strip().startswith("["):
+        return tuple(context_list(key, value))
+    elif isinstance(value, str):
+        try:
+            value = shlex.split(value)
+        except ValueError as exc:  # "No closing quotation"
+            raise context_value_error(key, value, f"{allowed} ({exc})") from None
+    if not isinstance(value, list) or not value or not all(isinstance(v, str) and v for v in value):
+        raise context_value_error(key, value, allowed)
+    return tuple(value)
 
 
 def context_int(key: str, value: Any, lo: int, hi: int | None, unit: str) -> int:
@@ -221,9 +295,9 @@ def context_int(key: str, value: Any, lo: int, hi: int | None, unit: str) -> int
     allowed = f"an integer {unit} from {lo} to {hi}" if hi is not None else f"an integer {unit} >= {lo}"
     if isinstance(value, bool):
         raise context_value_error(key, value, allowed)
-    if isinstance(value, str) and re.fullmatch(r"[+-]?\d+", value.strip()):
+    if isinstance(value, str) and re.fullmatch(rf"[+-]?[0-9]{{1,{_MAX_INT_DIGITS}}}", value.strip()):
         number = int(value.strip())
-    elif isinstance(value, int):
+    elif isinstance(value, int) and abs(value) < 10 ** _MAX_INT_DIGITS:
         number = value
     else:
         raise context_value_error(key, value, allowed)
@@ -248,8 +322,8 @@ def context_list(key: str, value: Any) -> list[str]:
         if text.startswith("["):
             try:
                 value = json.loads(text)
-            except json.JSONDecodeError as exc:
-                raise context_value_error(key, value, allowed) from exc
+            except (json.JSONDecodeError, RecursionError):  # RecursionError: nested thousands deep
+                raise context_value_error(key, value, allowed) from None
         else:
             value = [item.strip() for item in text.split(",") if item.strip()]
     if not isinstance(value, list) or not value or not all(isinstance(v, str) and v for v in value):
@@ -275,6 +349,8 @@ def instance_types(key: str, value: Any) -> tuple[str, ...]:
         raise context_value_error(key, value, "a non-empty list of EC2 instance types such as g5.xlarge")
     types = context_list(key, value)
     for t in types:
+        if len(t) > _MAX_INSTANCE_TYPE_CHARS:  # quoted in full by validate_instance_type's message
+            raise context_value_error(key, value, "EC2 instance types such as g5.xlarge (FAMILY.SIZE)")
         validate_instance_type(t, prop=f"context key {key!r}")
     if len(set(types)) != len(types):
         raise context_value_error(key, value, "distinct instance types")
@@ -421,14 +497,26 @@ class StackSettings(ContextSettings):
     checkpoint_every_seconds: float | None = None
 
     def __post_init__(self) -> None:
-        if self.framework not in FRAMEWORKS:
-            raise context_value_error("framework", self.framework, "one of " + ", ".join(FRAMEWORKS))
-        defaults = FRAMEWORKS[self.framework]
+        # The typed constructor validates exactly as the context path does: every field goes back to
+        # its context form and through the same checks, then takes the checked (converted) value.
+        # A field left at None takes its default, as a context key that is not set does.
+        raw: dict[str, Any] = {}
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if isinstance(value, tuple):
+                value = list(value)
+            elif isinstance(value, AllocationStrategy):
+                value = value.value
+            raw[field.name] = value
+        if raw["volume_initialization_rate_mibps"] is None:
+            raw["volume_initialization_rate_mibps"] = "none"  # None here means EBS's default rate
+        if raw["training_python"] == DEFAULT_TRAINING_PYTHON:
+            raw["training_python"] = None  # not "given": the framework's requirements apply
+        checked = _check_stack_settings(raw)
+        for field in dataclasses.fields(self):
+            object.__setattr__(self, field.name, checked.get(field.name, field.default))
         if self.training_command is None:
-            object.__setattr__(self, "training_command", defaults.training_command)
-        if self.training_requirements is None:
-            own_python = self.training_python != DEFAULT_TRAINING_PYTHON
-            object.__setattr__(self, "training_requirements", () if own_python else defaults.requirements)
+            object.__setattr__(self, "training_command", FRAMEWORKS[self.framework].training_command)
 
     @classmethod
     def from_mapping(cls, raw: Mapping[str, Any]) -> StackSettings:
@@ -440,140 +528,8 @@ class StackSettings(ContextSettings):
         unknown = sorted(set(raw) - set(_KEY_NAMES))
         if unknown:
             raise ValueError(f"unknown setting(s) {unknown}; allowed: {', '.join(_KEY_NAMES)}")
-        v = {k: raw.get(k) for k in _KEY_NAMES}
-        out: dict[str, Any] = {}
+        return cls(**_check_stack_settings(raw))
 
-        stack_name = v["stack_name"] if v["stack_name"] is not None else "SpotTraining"
-        if not isinstance(stack_name, str) or not _STACK_NAME_RE.match(stack_name):
-            raise context_value_error("stack_name", stack_name, "a CloudFormation stack name: a letter, then up to 127 letters, digits or hyphens")
-        out["stack_name"] = stack_name
-        out["account"] = _as_optional_str(
-            "account", v["account"], _ACCOUNT_RE, "a 12-digit AWS account id"
-        )
-        out["region"] = _as_optional_str(
-            "region", v["region"], _REGION_RE, "an AWS region name such as us-east-1"
-        )
-        if v["availability_zones"] is not None:
-            azs = context_list("availability_zones", v["availability_zones"])
-            bad = [az for az in azs if not _AZ_RE.match(az)]
-            if bad or len(set(azs)) != len(azs):
-                raise context_value_error("availability_zones", v["availability_zones"], "distinct Availability Zone names such as us-east-1a")
-            if out["region"] and any(not az.startswith(out["region"]) for az in azs):
-                raise context_value_error("availability_zones", v["availability_zones"], f"Availability Zones of region {out['region']}")
-            out["availability_zones"] = tuple(azs)
-        out["vpc_id"] = _as_optional_str("vpc_id", v["vpc_id"], _VPC_ID_RE, "a VPC id such as vpc-0123456789abcdef0")
-        if out["vpc_id"] and not (out["account"] and out["region"]):
-            raise context_value_error("vpc_id", out["vpc_id"], "an existing VPC only together with an explicit account and region (Vpc.from_lookup needs them)")
-        if v["vpc_flow_logs"] is not None:
-            out["vpc_flow_logs"] = _as_bool("vpc_flow_logs", v["vpc_flow_logs"])
-        if v["private_subnets"] is not None:
-            out["private_subnets"] = _as_bool("private_subnets", v["private_subnets"])
-            if out["private_subnets"] and out["vpc_id"]:
-                raise context_value_error("private_subnets", v["private_subnets"],
-                           "false with vpc_id (private subnets and their VPC endpoints are made only in a new VPC; "
-                           "an existing VPC's nodes go in its public subnets)")
-
-        if v["instance_types"] is not None:
-            out["instance_types"] = instance_types("instance_types", v["instance_types"])
-        if v["target_capacity"] is not None:
-            out["target_capacity"] = context_int("target_capacity", v["target_capacity"], 0, None, "(instances)")
-        if v["allocation_strategy"] is not None:
-            names = [s.value for s in AllocationStrategy]
-            if v["allocation_strategy"] not in names:
-                raise context_value_error("allocation_strategy", v["allocation_strategy"], "one of " + ", ".join(names))
-            out["allocation_strategy"] = AllocationStrategy(v["allocation_strategy"])
-        if v["max_price"] is not None:
-            price = str(v["max_price"]) if isinstance(v["max_price"], (int, float)) and not isinstance(v["max_price"], bool) else v["max_price"]
-            if not isinstance(price, str) or not _MAX_PRICE_RE.match(price) or float(price) <= 0:
-                raise context_value_error("max_price", v["max_price"], "a positive decimal price in USD per instance-hour, such as 0.75")
-            out["max_price"] = price
-
-        if v["volume_size_gib"] is not None:
-            out["volume_size_gib"] = context_int("volume_size_gib", v["volume_size_gib"], 1, 16384, "(GiB)")
-        if v["volume_iops"] is not None:
-            out["volume_iops"] = context_int("volume_iops", v["volume_iops"], 3000, 16000, "(IOPS)")
-        if v["volume_throughput_mibps"] is not None:
-            out["volume_throughput_mibps"] = context_int("volume_throughput_mibps", v["volume_throughput_mibps"], 125, 1000, "(MiB/s)")
-        size, iops, tput = (out.get(k, getattr(cls, k)) for k in ("volume_size_gib", "volume_iops", "volume_throughput_mibps"))
-        if iops > 3000 and iops > 500 * size:
-            raise context_value_error("volume_iops", v["volume_iops"], f"at most 500 IOPS per GiB of volume_size_gib={size} (max {500 * size})")
-        if tput > 125 and tput * 4 > iops:
-            raise context_value_error("volume_throughput_mibps", v["volume_throughput_mibps"], f"at most volume_iops/4 = {iops // 4} MiB/s (gp3)")
-        out["volume_kms_key_arn"] = _as_optional_str(
-            "volume_kms_key_arn", v["volume_kms_key_arn"], re.compile(r"^arn:aws[a-z-]*:kms:"), "a KMS key ARN (arn:aws:kms:REGION:ACCOUNT:key/ID)"
-        )
-        out["adopt_volume_id"] = _as_optional_str(
-            "adopt_volume_id", v["adopt_volume_id"], _VOLUME_ID_RE, "an EBS volume id such as vol-0123456789abcdef0"
-        )
-        if v["root_volume_size_gib"] is not None:
-            out["root_volume_size_gib"] = context_int("root_volume_size_gib", v["root_volume_size_gib"], 8, 16384, "(GiB)")
-
-        out["image_id"] = _as_optional_str("image_id", v["image_id"], _AMI_ID_RE, "an AMI id such as ami-0123456789abcdef0")
-        if v["ami_ssm_parameter"] is not None:
-            if not isinstance(v["ami_ssm_parameter"], str) or not v["ami_ssm_parameter"].startswith("/"):
-                raise context_value_error("ami_ssm_parameter", v["ami_ssm_parameter"], "an SSM parameter name starting with /")
-            out["ami_ssm_parameter"] = v["ami_ssm_parameter"]
-
-        framework = v["framework"] if v["framework"] is not None else DEFAULT_FRAMEWORK
-        if framework not in FRAMEWORKS:
-            raise context_value_error("framework", framework, "one of " + ", ".join(FRAMEWORKS))
-        out["framework"] = framework
-        python = v["training_python"] if v["training_python"] is not None else DEFAULT_TRAINING_PYTHON
-        if not isinstance(python, str) or not re.fullmatch(r"(/[A-Za-z0-9._+-]+)+", python):
-            raise context_value_error("training_python", python, "an absolute path to a Python interpreter such as /usr/bin/python3")
-        out["training_python"] = python
-        out["training_requirements"] = training_requirements(
-            v["training_requirements"], framework=framework, python_given=v["training_python"] is not None
-        )
-        if v["training_command"] is not None:
-            out["training_command"] = tuple(context_list("training_command", v["training_command"]))
-        if v["training_user"] is not None:
-            if not isinstance(v["training_user"], str) or not re.fullmatch(r"[a-z_][a-z0-9_-]{0,31}", v["training_user"]):
-                raise context_value_error("training_user", v["training_user"], "a Linux user name such as ubuntu")
-            out["training_user"] = v["training_user"]
-        out["code_git_url"] = _as_optional_str(
-            "code_git_url", v["code_git_url"], re.compile(r"^(https://|ssh://|git@)\S+$"), "a git URL (https://..., ssh://... or git@host:path)"
-        )
-        out["code_git_ref"] = _as_optional_str("code_git_ref", v["code_git_ref"], re.compile(r"^\S+$"), "a commit or tag")
-        if out["code_git_url"] and not out["code_git_ref"]:
-            raise context_value_error("code_git_ref", v["code_git_ref"], "a commit or tag to check out, required when code_git_url is set")
-        if out["code_git_ref"] and not out["code_git_url"]:
-            raise context_value_error("code_git_url", v["code_git_url"], "a git URL, required when code_git_ref is set")
-        if v["dataset_uri"] is not None:
-            from .dataset import split_uri
-
-            uri = v["dataset_uri"]
-            if not (isinstance(uri, str) and uri.strip().lower() == "none"):
-                split_uri(uri)
-            out["dataset_uri"] = "none" if uri.strip().lower() == "none" else uri
-        if v["mount_point"] is not None:
-            mp = v["mount_point"]
-            if not isinstance(mp, str) or not re.fullmatch(r"(/[A-Za-z0-9._-]+)+", mp):
-                raise context_value_error("mount_point", mp, "an absolute directory path such as /dltraining")
-            out["mount_point"] = mp
-        if v["keep_snapshots"] is not None:
-            out["keep_snapshots"] = contract_setting("keep_snapshots", v["keep_snapshots"])
-        if v["snapshot_interval_minutes"] is not None:
-            out["snapshot_interval_minutes"] = context_int("snapshot_interval_minutes", v["snapshot_interval_minutes"], 0, 1440, "(minutes; 0: none)")
-        rate = v["volume_initialization_rate_mibps"]
-        if rate is None:
-            pass  # key absent: the default
-        elif isinstance(rate, str) and rate.strip().lower() in ("none", "null", ""):
-            out["volume_initialization_rate_mibps"] = None
-        else:
-            out["volume_initialization_rate_mibps"] = contract_setting("volume_initialization_rate_mibps", rate, "initialization_rate_mibps", or_none=True)
-        for key in ("cancel_fleet_on_success", "efs", "retain_data", "pin_to_volume_az", "fis_drill", "monitoring",
-                    "training_inherit_site_packages"):
-            if v[key] is not None:
-                out[key] = _as_bool(key, v[key])
-        for key in ("notice_poll_interval_s", "checkpoint_every_steps", "checkpoint_every_seconds"):
-            if v[key] is not None:
-                out[key] = contract_setting(key, v[key])
-        out["imds_endpoint"] = _as_optional_str(
-            "imds_endpoint", v["imds_endpoint"], re.compile(r"^https?://[^\s/]+/?$"), "an http(s)://host[:port] URL"
-        )
-        out.update(monitoring_settings(v))
-        return cls(**out)
 
     def describe_defaults(self) -> dict[str, Any]:
         """The settings as plain JSON-able values (for logs and the docs test)."""
@@ -581,3 +537,155 @@ class StackSettings(ContextSettings):
         data["allocation_strategy"] = self.allocation_strategy.value
         return {k: list(val) if isinstance(val, tuple) else val for k, val in data.items()}
 
+
+def _check_stack_settings(raw: Mapping[str, Any]) -> dict[str, Any]:
+    """The checked and converted values of :class:`StackSettings`' keys in ``raw`` (context form;
+    a missing or ``None`` value is left out so that the default applies).
+
+    Raises:
+        ValueError: a bad value (the message names the key, the value and what is allowed).
+    """
+    v = {k: raw.get(k) for k in _KEY_NAMES}
+    out: dict[str, Any] = {}
+
+    stack_name = v["stack_name"] if v["stack_name"] is not None else "SpotTraining"
+    if not isinstance(stack_name, str) or not _STACK_NAME_RE.match(stack_name):
+        raise context_value_error("stack_name", stack_name, "a CloudFormation stack name: a letter, then up to 127 letters, digits or hyphens")
+    out["stack_name"] = stack_name
+    out["account"] = _as_optional_str(
+        "account", v["account"], _ACCOUNT_RE, "a 12-digit AWS account id"
+    )
+    out["region"] = _as_optional_str(
+        "region", v["region"], _REGION_RE, "an AWS region name such as us-east-1"
+    )
+    if v["availability_zones"] is not None:
+        azs = context_list("availability_zones", v["availability_zones"])
+        bad = [az for az in azs if not _AZ_RE.match(az)]
+        if bad or len(set(azs)) != len(azs):
+            raise context_value_error("availability_zones", v["availability_zones"], "distinct Availability Zone names such as us-east-1a")
+        if out["region"] and any(not az.startswith(out["region"]) for az in azs):
+            raise context_value_error("availability_zones", v["availability_zones"], f"Availability Zones of region {out['region']}")
+        out["availability_zones"] = tuple(azs)
+    out["vpc_id"] = _as_optional_str("vpc_id", v["vpc_id"], _VPC_ID_RE, "a VPC id such as vpc-0123456789abcdef0")
+    if out["vpc_id"] and not (out["account"] and out["region"]):
+        raise context_value_error("vpc_id", out["vpc_id"], "an existing VPC only together with an explicit account and region (Vpc.from_lookup needs them)")
+    if v["vpc_flow_logs"] is not None:
+        out["vpc_flow_logs"] = _as_bool("vpc_flow_logs", v["vpc_flow_logs"])
+    if v["private_subnets"] is not None:
+        out["private_subnets"] = _as_bool("private_subnets", v["private_subnets"])
+        if out["private_subnets"] and out["vpc_id"]:
+            raise context_value_error("private_subnets", v["private_subnets"],
+                       "false with vpc_id (private subnets and their VPC endpoints are made only in a new VPC; "
+                       "an existing VPC's nodes go in its public subnets)")
+
+    if v["instance_types"] is not None:
+        out["instance_types"] = instance_types("instance_types", v["instance_types"])
+    if v["target_capacity"] is not None:
+        out["target_capacity"] = context_int("target_capacity", v["target_capacity"], 0, MAX_TARGET_CAPACITY, "(instances)")
+    if v["allocation_strategy"] is not None:
+        names = [s.value for s in AllocationStrategy]
+        if v["allocation_strategy"] not in names:
+            raise context_value_error("allocation_strategy", v["allocation_strategy"], "one of " + ", ".join(names))
+        out["allocation_strategy"] = AllocationStrategy(v["allocation_strategy"])
+    if v["max_price"] is not None:
+        price = str(v["max_price"]) if isinstance(v["max_price"], (int, float)) and not isinstance(v["max_price"], bool) else v["max_price"]
+        if not isinstance(price, str) or not _MAX_PRICE_RE.match(price) or float(price) <= 0:
+            raise context_value_error("max_price", v["max_price"], "a positive decimal price in USD per instance-hour, such as 0.75")
+        out["max_price"] = price
+
+    if v["volume_size_gib"] is not None:
+        out["volume_size_gib"] = context_int("volume_size_gib", v["volume_size_gib"], 1, 16384, "(GiB)")
+    if v["volume_iops"] is not None:
+        out["volume_iops"] = context_int("volume_iops", v["volume_iops"], 3000, 16000, "(IOPS)")
+    if v["volume_throughput_mibps"] is not None:
+        out["volume_throughput_mibps"] = context_int("volume_throughput_mibps", v["volume_throughput_mibps"], 125, 1000, "(MiB/s)")
+    size, iops, tput = (out.get(k, _FIELD_DEFAULTS[k]) for k in ("volume_size_gib", "volume_iops", "volume_throughput_mibps"))
+    if iops > 3000 and iops > 500 * size:
+        raise context_value_error("volume_iops", v["volume_iops"], f"at most 500 IOPS per GiB of volume_size_gib={size} (max {500 * size})")
+    if tput > 125 and tput * 4 > iops:
+        raise context_value_error("volume_throughput_mibps", v["volume_throughput_mibps"], f"at most volume_iops/4 = {iops // 4} MiB/s (gp3)")
+    out["volume_kms_key_arn"] = _as_optional_str(
+        "volume_kms_key_arn", v["volume_kms_key_arn"], re.compile(r"^arn:aws[a-z-]*:kms:"), "a KMS key ARN (arn:aws:kms:REGION:ACCOUNT:key/ID)"
+    )
+    out["adopt_volume_id"] = _as_optional_str(
+        "adopt_volume_id", v["adopt_volume_id"], _VOLUME_ID_RE, "an EBS volume id such as vol-0123456789abcdef0"
+    )
+    if v["root_volume_size_gib"] is not None:
+        out["root_volume_size_gib"] = context_int("root_volume_size_gib", v["root_volume_size_gib"], 8, 16384, "(GiB)")
+
+    out["image_id"] = _as_optional_str("image_id", v["image_id"], _AMI_ID_RE, "an AMI id such as ami-0123456789abcdef0")
+    if v["ami_ssm_parameter"] is not None:
+        if not isinstance(v["ami_ssm_parameter"], str) or not v["ami_ssm_parameter"].startswith("/"):
+            raise context_value_error("ami_ssm_parameter", v["ami_ssm_parameter"], "an SSM parameter name starting with /")
+        out["ami_ssm_parameter"] = v["ami_ssm_parameter"]
+
+    framework = v["framework"] if v["framework"] is not None else DEFAULT_FRAMEWORK
+    if not isinstance(framework, str) or framework not in FRAMEWORKS:
+        raise context_value_error("framework", framework, "one of " + ", ".join(FRAMEWORKS))
+    out["framework"] = framework
+    python = v["training_python"] if v["training_python"] is not None else DEFAULT_TRAINING_PYTHON
+    if not isinstance(python, str) or not re.fullmatch(r"(/[A-Za-z0-9._+-]+)+", python):
+        raise context_value_error("training_python", python, "an absolute path to a Python interpreter such as /usr/bin/python3")
+    out["training_python"] = python
+    out["training_requirements"] = training_requirements(
+        v["training_requirements"], framework=framework, python_given=v["training_python"] is not None
+    )
+    if v["training_command"] is not None:
+        out["training_command"] = context_command("training_command", v["training_command"])
+    if v["training_user"] is not None:
+        if not isinstance(v["training_user"], str) or not re.fullmatch(r"[a-z_][a-z0-9_-]{0,31}", v["training_user"]):
+            raise context_value_error("training_user", v["training_user"], "a Linux user name such as ubuntu")
+        out["training_user"] = v["training_user"]
+    out["code_git_url"] = _as_optional_str(
+        "code_git_url", v["code_git_url"], re.compile(r"^(https://|ssh://|git@)\S+$"), "a git URL (https://..., ssh://... or git@host:path)"
+    )
+    out["code_git_ref"] = _as_optional_str("code_git_ref", v["code_git_ref"], re.compile(r"^\S+$"), "a commit or tag")
+    if out["code_git_url"] and not out["code_git_ref"]:
+        raise context_value_error("code_git_ref", v["code_git_ref"], "a commit or tag to check out, required when code_git_url is set")
+    if out["code_git_ref"] and not out["code_git_url"]:
+        raise context_value_error("code_git_url", v["code_git_url"], "a git URL, required when code_git_ref is set")
+    if v["dataset_uri"] is not None:
+        from .dataset import split_uri
+
+        uri = v["dataset_uri"]
+        none = isinstance(uri, str) and uri.strip().lower() == "none"
+        if not none:
+            try:
+                if not isinstance(uri, str):
+                    raise ValueError(type(uri).__name__)
+                split_uri(uri)
+            except ValueError:
+                raise context_value_error("dataset_uri", uri, "s3://bucket/prefix/ (every object under the prefix), "
+                                          "s3://bucket/key (one object) or none") from None
+        out["dataset_uri"] = "none" if none else uri
+    if v["mount_point"] is not None:
+        mp = v["mount_point"]
+        if not isinstance(mp, str) or not re.fullmatch(r"(/[A-Za-z0-9._-]+)+", mp):
+            raise context_value_error("mount_point", mp, "an absolute directory path such as /dltraining")
+        out["mount_point"] = mp
+    if v["keep_snapshots"] is not None:
+        out["keep_snapshots"] = contract_setting("keep_snapshots", v["keep_snapshots"])
+    if v["snapshot_interval_minutes"] is not None:
+        out["snapshot_interval_minutes"] = context_int("snapshot_interval_minutes", v["snapshot_interval_minutes"], 0, 1440, "(minutes; 0: none)")
+    rate = v["volume_initialization_rate_mibps"]
+    if rate is None:
+        pass  # key absent: the default
+    elif isinstance(rate, str) and rate.strip().lower() in ("none", "null", ""):
+        out["volume_initialization_rate_mibps"] = None
+    else:
+        out["volume_initialization_rate_mibps"] = contract_setting("volume_initialization_rate_mibps", rate, "initialization_rate_mibps", or_none=True)
+    for key in ("cancel_fleet_on_success", "efs", "retain_data", "pin_to_volume_az", "fis_drill", "monitoring",
+                "training_inherit_site_packages"):
+        if v[key] is not None:
+            out[key] = _as_bool(key, v[key])
+    for key in ("notice_poll_interval_s", "checkpoint_every_steps", "checkpoint_every_seconds"):
+        if v[key] is not None:
+            out[key] = contract_setting(key, v[key])
+    out["imds_endpoint"] = _as_optional_str(
+        "imds_endpoint", v["imds_endpoint"], re.compile(r"^https?://[^\s/]+/?$"), "an http(s)://host[:port] URL"
+    )
+    out.update(monitoring_settings(v))
+    return out
+
+
+_FIELD_DEFAULTS = {f.name: f.default for f in dataclasses.fields(StackSettings)}

@@ -23,6 +23,7 @@ import constructs
 from aws_cdk import aws_fis as fis
 from aws_cdk import aws_iam as iam
 
+from . import acknowledgements
 from .tags import STACK_TAG_KEY
 
 #: FIS accepts 2..15 minutes (ISO 8601) for ``durationBeforeInterruption``; 2 is what a real
@@ -60,6 +61,7 @@ class SpotInterruptionDrill(constructs.Construct):
             ValueError: a malformed ``selection_mode`` or ``duration_before_interruption``.
         """
         super().__init__(scope, construct_id)
+        acknowledgements.attach(self)  # its nag/checkov acknowledgements, on its own resources
         if not isinstance(selection_mode, str) or not re.fullmatch(r"ALL|COUNT\([1-9][0-9]*\)", selection_mode):
             raise ValueError(f"selection_mode must be ALL or COUNT(n) with n >= 1, got {selection_mode!r}")
         if not isinstance(duration_before_interruption, str) or not _DURATION_RE.match(duration_before_interruption):

@@ -32,6 +32,7 @@ from .fleet import DEFAULT_INSTANCE_TYPES, AllocationStrategy, SpotTrainingFleet
 from .monitoring import TrainingMonitoring
 from .roles import TrainingNodeRole
 from .tags import DEPLOYMENT_TAG_KEY, PURPOSE_DATA_VOLUME, PURPOSE_TAG_KEY, STACK_TAG_KEY, deployment_tag_value
+from .dataset import add_dataset
 from .userdata import node_config
 from .volume import TrainingVolume
 from spot_training.contract import EFS_MOUNT_POINT
@@ -43,7 +44,7 @@ JOB_ID_PATTERN = re.compile(r"^[A-Za-z][A-Za-z0-9-]{0,127}$")
 #: The default Deep Learning AMI parameter (docs/infra.md, "Default instance types and the AMI parameter").
 DEFAULT_AMI_SSM_PARAMETER = "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-ubuntu-22.04/latest/ami-id"
 #: node_config arguments the job sets itself (identity, wiring); everything else may come in ``node_options``.
-_WIRED = frozenset({"region", "stack_name", "volume_tags", "framework", "python", "command", "efs", "monitoring"})
+_WIRED = frozenset({"region", "stack_name", "volume_tags", "framework", "python", "command", "efs", "monitoring", "dataset"})
 _NODE_OPTIONS = frozenset(inspect.signature(node_config).parameters) - _WIRED
 
 
@@ -113,6 +114,7 @@ class TrainingJob(constructs.Construct):
         notification_email: str | None = None,
         monitoring_interval_s: float | None = None,
         retain_data: bool = False,
+        dataset_uri: str | None = None,
         node_options: Mapping[str, Any] | None = None,
     ) -> None:
         """Define the job.
@@ -140,6 +142,9 @@ class TrainingJob(constructs.Construct):
                 monitoring_interval_s: :class:`TrainingMonitoring`'s (with ``monitoring``).
             retain_data: keep the job's volumes and snapshots when the stack is deleted; default false
                 (a :class:`DataCleanup` deletes them, this deployment's only).
+            dataset_uri: ``s3://bucket/prefix/`` (or one object) the agent brings onto the data volume before the
+                trainer starts; the node role may read only that (:func:`~spot_training.infra.dataset.add_dataset`).
+                Default: the examples' digits as an asset of the stack; ``"none"``: no dataset step.
             node_options: further :func:`node_config` arguments (``user``, ``mount_point``,
                 ``keep_snapshots``, ``snapshot_interval_s``, ``code``, ``requirements``, ...).
 
@@ -199,6 +204,8 @@ class TrainingJob(constructs.Construct):
         if volume_encryption_key is not None:
             self.node_role.grant_volume_key(volume_encryption_key)
         _acknowledge_bucket_reads(self.node_role)
+        # The dataset the agent brings onto the data volume before the trainer starts (infra/dataset.py).
+        self.dataset_asset, dataset_section = add_dataset(self, dataset_uri, self.node_role.role)
         for bucket in read_buckets:
             bucket.grant_read(self)
 
@@ -224,7 +231,7 @@ class TrainingJob(constructs.Construct):
             region=stack.region, stack_name=self.job_id, volume_tags=volume_tags, framework=framework,
             python=training_python or DEFAULT_TRAINING_PYTHON, command=command, efs=efs_config,
             monitoring=self.monitoring.node_config(interval_s=monitoring_interval_s) if self.monitoring else None,
-            **options,
+            dataset=dataset_section, **options,
         )
         if adopt_volume_id:
             self.node_config["volume"]["adopt_volume_id"] = adopt_volume_id

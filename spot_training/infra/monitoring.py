@@ -37,6 +37,8 @@ from aws_cdk import aws_logs as logs
 from aws_cdk import aws_sns as sns
 from aws_cdk import aws_sns_subscriptions as subscriptions
 
+from . import acknowledgements
+
 #: The CloudWatch namespace of the agents' metrics (node config ``monitoring.namespace``).
 METRICS_NAMESPACE = "SpotTraining"
 #: Log group name of a stack: ``/spot-training/<stack name>``.
@@ -100,6 +102,7 @@ class TrainingMonitoring(constructs.Construct):
             ValueError: a minutes value out of range, or a malformed e-mail address.
         """
         super().__init__(scope, construct_id)
+        acknowledgements.attach(self)  # its nag/checkov acknowledgements, on its own resources
         if not isinstance(no_progress_minutes, int) or isinstance(no_progress_minutes, bool) or not 1 <= no_progress_minutes <= 1440:
             raise ValueError(f"no_progress_minutes must be an integer from 1 to 1440, got {no_progress_minutes!r}")
         if not isinstance(no_capacity_minutes, int) or isinstance(no_capacity_minutes, bool) or not 5 <= no_capacity_minutes <= 1440:

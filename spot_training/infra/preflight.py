@@ -24,7 +24,8 @@ capacity            ``ec2:GetSpotPlacementScores`` per Availability Zone        
 A check that AWS (or the endpoint, e.g. a moto server that does not implement the API) cannot
 answer is ``unknown``, never ``pass``. Exit codes of :func:`main`: 0 every check passed (warnings
 allowed), 1 at least one check failed, 3 none failed but at least one could not be answered,
-2 bad arguments or settings (nothing was called).
+2 bad arguments or settings (nothing was called), 4 no AWS credentials (as ``spot-train status``,
+``logs`` and ``cost`` exit 4).
 """
 
 from __future__ import annotations
@@ -43,6 +44,11 @@ EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
 EXIT_UNKNOWN = 3
+EXIT_NO_CREDENTIALS = 4
+
+
+class NoCredentials(Exception):
+    """boto3 found no AWS credentials: no check can be answered, and the endpoint is not to blame."""
 
 #: Service-linked roles a Spot Fleet created through the API needs, with the service that creates them.
 SERVICE_LINKED_ROLES: tuple[tuple[str, str], ...] = (
@@ -110,6 +116,10 @@ def _error_code(exc: Exception) -> str:
 
 
 def _cannot_answer(name: str, what: str, exc: Exception) -> Check:
+    import botocore.exceptions
+
+    if isinstance(exc, (botocore.exceptions.NoCredentialsError, botocore.exceptions.PartialCredentialsError)):
+        raise NoCredentials(str(exc)) from exc
     code = _error_code(exc)
     hint = "grant the caller this read permission" if "AccessDenied" in code or "Unauthorized" in code else \
         "the endpoint did not answer this API (a local emulator such as moto may not implement it); check it in the console"
@@ -324,8 +334,10 @@ def target_from_context(context: Mapping[str, Any], *, stack: str, region: str) 
     Raises:
         ValueError: a bad context value (the message names the key, the value and what is allowed).
     """
-    from .config import CONTEXT_KEYS, StackSettings
+    from .cluster_config import ClusterSettings
+    from .config import CONTEXT_KEYS, StackSettings, check_context_keys
 
+    check_context_keys(context, StackSettings.context_keys + ClusterSettings.context_keys)  # as app.py does
     if stack == "cluster":
         from .cluster_config import CLUSTER_CONTEXT_KEYS, SHARED_KEYS, ClusterSettings
 
@@ -379,7 +391,12 @@ def run(args: argparse.Namespace, client_factory: Callable[..., Callable[[str], 
     except ValueError as exc:
         print(f"preflight: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    checks = run_checks(target, client_factory(region, args.endpoint_url))
+    try:
+        checks = run_checks(target, client_factory(region, args.endpoint_url))
+    except NoCredentials as exc:
+        print(f"preflight: no AWS credentials ({exc}); configure a profile (AWS_PROFILE) or the AWS_ACCESS_KEY_ID / "
+              "AWS_SECRET_ACCESS_KEY variables", file=sys.stderr)
+        return EXIT_NO_CREDENTIALS
     if args.json:
         print(json.dumps({"region": region, "exit_code": exit_code(checks), "checks": [dataclasses.asdict(c) for c in checks]}, indent=2))
     else:

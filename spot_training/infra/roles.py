@@ -22,6 +22,7 @@ from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
 from aws_cdk import aws_s3_assets as s3_assets
 
+from . import acknowledgements
 from .tags import AGENT_BOOKKEEPING_TAG_KEYS, STACK_TAG_KEY
 from .userdata import BOOT_ERROR_TAG, FAILED_BOOTS_TAG
 
@@ -108,6 +109,7 @@ class TrainingNodeRole(constructs.Construct):
             ValueError: ``stack_tag_value`` is empty, or ``data_volume_access`` is not a bool.
         """
         super().__init__(scope, construct_id)
+        acknowledgements.attach(self)  # its nag/checkov acknowledgements, on its own resources
         stack = cdk.Stack.of(self)
         if stack_tag_value is not None and not stack_tag_value:
             raise ValueError(f"stack_tag_value must be a non-empty string (the stack name), got {stack_tag_value!r}")
@@ -382,6 +384,7 @@ class SpotFleetRole(constructs.Construct):
     def __init__(self, scope: constructs.Construct, construct_id: str) -> None:
         """Define the role. Raises nothing."""
         super().__init__(scope, construct_id)
+        acknowledgements.attach(self)  # its nag/checkov acknowledgements, on its own resources
         self.role = iam.Role(
             self,
             "Role",

@@ -14,6 +14,7 @@ from aws_cdk import aws_kms as kms
 from aws_cdk import aws_logs as logs
 from aws_cdk import aws_s3 as s3
 
+from . import acknowledgements
 from .asset import BOTO3_REQUIREMENT
 from .config import StackSettings
 from .filesystem import SharedFileSystem
@@ -84,6 +85,7 @@ class SettingsStack(cdk.Stack):
         kwargs.setdefault("description", default_description)
         self._pinned_azs = list(availability_zones) if availability_zones else None
         super().__init__(scope, construct_id or stack_name, **kwargs)
+        acknowledgements.attach(self)  # its nag/checkov acknowledgements, on its own resources
         cdk.Tags.of(self).add(STACK_TAG_KEY, self.stack_name)
 
     @property

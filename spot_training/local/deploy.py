@@ -23,6 +23,7 @@ Usage::
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import subprocess
 import sys
@@ -99,7 +100,7 @@ def local_context(
         "notice_poll_interval_s": str(LOCAL_NOTICE_POLL_INTERVAL_S),
     }
     if training_command is not None:
-        context["training_command"] = ",".join(training_command)
+        context["training_command"] = json.dumps(list(training_command))  # -c takes a JSON list as is
     context.update(dict(extra or {}))
     return context
 
@@ -129,6 +130,7 @@ def cli_env(endpoint_url: str, *, home: Path, region: str = REGION) -> dict[str,
             "CDK_DISABLE_CLI_TELEMETRY": "true",
             "JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION": "1",
             "JSII_SILENCE_WARNING_UNTESTED_NODE_VERSION": "1",
+            "JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION": "14,16,18,20",
             "PATH": os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "/usr/bin:/bin")]),
         }
     )

@@ -74,7 +74,7 @@ class Aws:
 
 def connect(*, region: str | None = None, profile: str | None = None, endpoint_url: str | None = None,
             credentials: tuple[str, str] | None = None) -> Aws:
-    """boto3 clients for ``region`` (default: the profile's or ``AWS_REGION``), credentials from the
+    """boto3 clients for ``region`` (default: the profile's or ``AWS_DEFAULT_REGION``, which boto3 reads; it ignores ``AWS_REGION``), credentials from the
     standard chain (``profile`` if given). ``endpoint_url`` points every client at one endpoint (local
     mode's moto server); the Price List API is always asked in us-east-1, where it lives.
     ``credentials``: an explicit ``(access key id, secret)`` (local mode's fake ones).
@@ -93,7 +93,7 @@ def connect(*, region: str | None = None, profile: str | None = None, endpoint_u
         raise OperationsError(f"AWS profile {profile!r} does not exist: {error}", Exit.UNREACHABLE) from None
     region = session.region_name
     if not region:
-        raise OperationsError("no AWS region: pass --region or set AWS_REGION / a profile's region", Exit.USAGE)
+        raise OperationsError("no AWS region: pass --region or set AWS_DEFAULT_REGION / a profile's region", Exit.USAGE)
     config = Config(retries={"mode": "standard"}, connect_timeout=5, read_timeout=30)
     extra = {"endpoint_url": endpoint_url} if endpoint_url else {}
     make = lambda service, r=region: session.client(service, region_name=r, config=config, **extra)  # noqa: E731
@@ -459,6 +459,25 @@ def period_values(points: list[tuple[dt.datetime, float]], *, end: dt.datetime, 
 def log_group(stack: str) -> str:
     """The stack's log group (spot_training.infra.monitoring.log_group_name)."""
     return f"{LOG_GROUP_PREFIX}{stack}"
+
+
+def log_stream_names(aws: Aws, stack: str) -> list[str]:
+    """The log streams of the stack's log group: one per instance that has logged (its instance id).
+
+    Raises:
+        OperationsError(STACK_NOT_FOUND): the log group does not exist (monitoring off, or no stack).
+    """
+    def names() -> list[str]:
+        pages = aws.logs.get_paginator("describe_log_streams").paginate(logGroupName=log_group(stack))
+        return sorted(stream["logStreamName"] for page in pages for stream in page.get("logStreams", []))
+
+    try:
+        return _call("DescribeLogStreams", names)
+    except OperationsError as error:
+        if "ResourceNotFoundException" in str(error):
+            raise OperationsError(f"log group {log_group(stack)!r} does not exist in {aws.region} (the stack "
+                                  "was deployed with -c monitoring=false, or is not deployed)", Exit.STACK_NOT_FOUND) from None
+        raise
 
 
 def log_events(aws: Aws, stack: str, *, instance: str | None = None, start_ms: int | None = None) -> list[dict[str, Any]]:

@@ -410,3 +410,25 @@ def _alive(pid: int) -> bool:
             return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+def test_a_script_outside_the_asset_can_import_the_training_package(tmp_path):
+    """Code cloned from git or copied from S3 lives outside the asset: the trainer's PYTHONPATH starts
+    with the asset's directory (the one holding spot_training/), and keeps the node's own entries."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import spot_training
+
+    sup = make_supervisor(tmp_path)
+    sup.environ = {**sup.environ, "PYTHONPATH": "/opt/site"}
+    path = sup.trainer_environment()["PYTHONPATH"].split(os.pathsep)
+    assert path == [str(Path(spot_training.__file__).resolve().parents[1]), "/opt/site"]
+    elsewhere = tmp_path / "cloned"
+    elsewhere.mkdir()
+    (elsewhere / "my_train.py").write_text("import spot_training.training, sys; print(spot_training.training.__name__)\n")
+    env = {"PYTHONPATH": sup.trainer_environment()["PYTHONPATH"], "PATH": os.environ.get("PATH", "")}
+    done = subprocess.run([sys.executable, "-S", "my_train.py"], cwd=elsewhere, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout.strip() == "spot_training.training", done.stderr

@@ -10,6 +10,7 @@ from typing import Any
 
 os.environ.setdefault("JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION", "1")
 os.environ.setdefault("JSII_SILENCE_WARNING_UNTESTED_NODE_VERSION", "1")
+os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "14,16,18,20")
 
 import aws_cdk as cdk  # noqa: E402
 from aws_cdk import assertions  # noqa: E402
@@ -144,3 +145,31 @@ def assert_resource_star_only_where_no_resource_level_permissions(statements: li
                 # Session Manager's channels: no resource-level permissions exist (spot_training.infra.roles).
                 continue
             assert all(a.split(":")[1].startswith("Describe") for a in as_list(st["Action"])), st
+
+
+def synth_app_as_cdk_does(outdir: Path) -> list[Path]:
+    """Synthesize app.py exactly as ``cdk synth`` does, with cdk.json's context and feature flags (so
+    aws-cdk-lib adds what they add, such as the VpcRestrictDefaultSG custom resource Lambda).
+
+    With the CDK CLI installed (``make setup``: node_modules/.bin/cdk) it runs ``cdk synth``; without
+    it, app.py with the context the CLI passes (CDK_CONTEXT_JSON: cdk.json's "context" plus the CLI's
+    own aws:cdk:* keys) and CDK_OUTDIR. Returns the stacks' template files.
+    """
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    cli = root / "node_modules" / ".bin" / "cdk"
+    env = {**os.environ, "CDK_DISABLE_CLI_TELEMETRY": "true"}
+    if cli.exists():
+        env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+        command = [str(cli), "synth", "--quiet", "--no-notices", "--no-version-reporting", "--output", str(outdir)]
+    else:
+        context = json.loads((root / "cdk.json").read_text())["context"]
+        context.update({"aws:cdk:enable-path-metadata": True, "aws:cdk:enable-asset-metadata": True,
+                        "aws:cdk:version-reporting": False, "aws:cdk:bundling-stacks": ["**"]})
+        env.update({"CDK_CONTEXT_JSON": json.dumps(context), "CDK_OUTDIR": str(outdir)})
+        command = [sys.executable, "app.py"]
+    done = subprocess.run(command, cwd=root, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return sorted(outdir.glob("*.template.json"))

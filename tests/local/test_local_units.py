@@ -132,7 +132,9 @@ def test_local_context_and_cli_env(tmp_path):
     context = local_context(training_command=["{python}", "x.py", "--epochs", "2"])
     assert context["account"] == "123456789012" and context["region"] == "us-east-1"
     assert context["availability_zones"] == "us-east-1a,us-east-1b"
-    assert context["training_command"] == "{python},x.py,--epochs,2"
+    assert context["training_command"] == '["{python}", "x.py", "--epochs", "2"]'
+    from spot_training.infra.config import StackSettings
+    assert StackSettings.from_mapping({"training_command": context["training_command"]}).training_command == ("{python}", "x.py", "--epochs", "2")
     env = cli_env("http://127.0.0.1:5123", home=tmp_path)
     assert env["AWS_ENDPOINT_URL"] == "http://127.0.0.1:5123"
     assert env["AWS_ENDPOINT_URL_S3_FOR_CLOUDFORMATION"] == "http://localhost:5123"

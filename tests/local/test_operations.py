@@ -168,6 +168,8 @@ def test_what_the_agents_publish_is_what_status_logs_and_cost_read_back(moto_ser
     assert stamps == sorted(stamps)  # merged across instances in time order
     code, out, _ = _run(capsys, "logs", *target, "--instance", second, "--json")
     assert code == 0 and {json.loads(line)["instance_id"] for line in out.splitlines()} == {second}
+    code, out, err = _run(capsys, "logs", *target, "--instance", "i-0123456789abcdef0")
+    assert (code, out) == (1, "") and "'i-0123456789abcdef0' has no log stream" in err and second in err
 
     # Cost: the local AWS's spot price history against a stated on-demand price.
     code, out, err = _run(capsys, "cost", *target, "--json", "--on-demand-price", "g5.xlarge=1.006",
