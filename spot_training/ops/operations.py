@@ -415,13 +415,30 @@ def _parsed(event: dict[str, Any]) -> dict[str, Any]:
         return {"message": event["message"]}
 
 
+#: Terminal escape sequences (ECMA-48): CSI ``ESC [ ... final``, OSC/DCS/PM/APC/SOS strings up to BEL or
+#: ``ESC \``, two-byte ``ESC x``, and their 8-bit C1 forms.
+_ESCAPE_SEQUENCE = re.compile(r"(?:\x1b\[|\x9b)[0-?]*[ -/]*[@-~]"
+                              r"|(?:\x1b[\]PX^_]|[\x90\x98\x9d\x9e\x9f])[^\x07\x1b\x9c]*(?:\x07|\x1b\\|\x9c)?"
+                              r"|\x1b[ -/]*[0-~]?")
+_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f]")
+
+
+def strip_control(text: str) -> str:
+    """``text`` safe to print on a terminal: escape sequences (colours, cursor moves, title changes,
+    OSC 52 clipboard writes) removed; a newline or carriage return shown as ``\\n``/``\\r`` (one event
+    stays one line and cannot overwrite or fake another); every other C0/C1 control character removed."""
+    text = _ESCAPE_SEQUENCE.sub("", text).replace("\r", "\\r").replace("\n", "\\n")
+    return _CONTROL.sub("", text)
+
+
 def format_log_line(event: dict[str, Any]) -> str:
-    """``TIME INSTANCE SOURCE MESSAGE`` for one log event (agent lines: level and logger; trainer lines: 'trainer')."""
+    """``TIME INSTANCE SOURCE MESSAGE`` for one log event (agent lines: level and logger; trainer lines:
+    'trainer'). The trainer writes what it likes: terminal control sequences are stripped (:func:`strip_control`)."""
     data = _parsed(event)
     when = dt.datetime.fromtimestamp(event["timestamp"] / 1000, tz=dt.timezone.utc).strftime("%H:%M:%S.%f")[:-3]
     source = data.get("logger", "")
-    source = "trainer" if source == "trainer" else f"agent {data.get('level', '')[:4]}".strip()
-    return f"{when} {event['instance_id']} {source:<10} {data.get('message', '')}"
+    source = "trainer" if source == "trainer" else f"agent {str(data.get('level', ''))[:4]}".strip()
+    return strip_control(f"{when} {event['instance_id']} {source:<10} {data.get('message', '')}")
 
 
 def interruption_history(events: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
