@@ -185,7 +185,8 @@ class SpotTrainingStack(SettingsStack):
             STACK_TAG_KEY: tag_value, PURPOSE_TAG_KEY: PURPOSE_DATA_VOLUME, DEPLOYMENT_TAG_KEY: deployment}
 
         self.bootstrap_asset = BootstrapAsset(self, "BootstrapAsset")
-        self.node_role = TrainingNodeRole(self, "NodeRole", stack_tag_value=tag_value, assets=[self.bootstrap_asset.asset])
+        self.node_role = TrainingNodeRole(self, "NodeRole", stack_tag_value=tag_value, assets=[self.bootstrap_asset.asset],
+                                          deployment_tag_value=deployment, adopt_volume_id=settings.adopt_volume_id)
         if volume_key is not None:
             self.node_role.grant_volume_key(volume_key)
 
