@@ -28,6 +28,20 @@ from typing import Any, Mapping, Optional
 # ---- resource tags (docs/contracts.md, "Resource tags") --------------------------------------------
 #: Carried by every resource the stack or its agents create; value: the stack name.
 STACK_TAG = "spot-training:stack"
+#: First part of every stack's CloudWatch metrics namespace (:func:`metrics_namespace`).
+METRICS_NAMESPACE_PREFIX = "SpotTraining"
+
+
+def metrics_namespace(stack_name: str) -> str:
+    """The CloudWatch namespace of stack ``stack_name``'s agent metrics: ``SpotTraining/<stack name>``.
+
+    One namespace per stack, so that the node role's ``cloudwatch:namespace`` condition lets a stack's
+    nodes write only their own metrics (a shared namespace let one stack's node fake another's
+    progress and completion, and so its alarms). The stack's alarms and dashboard, the node config's
+    ``monitoring.namespace`` and ``spot-train status|cost`` all use it. A CloudFormation stack name
+    (1-128 of letters, digits, '-') keeps the result within CloudWatch's 255 characters.
+    """
+    return f"{METRICS_NAMESPACE_PREFIX}/{stack_name}"
 #: One deployment of a stack: the CloudFormation stack id's UUID, the same through updates, new when a
 #: stack of the same name is created again. On the data volume, its copies and the agents' snapshots;
 #: agents and the cleanup handler act only on their own deployment's, so data retained from an earlier

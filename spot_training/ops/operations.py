@@ -4,7 +4,7 @@ Works against AWS (``--stack``, ``--region``, ``--profile``: boto3's standard cr
 unchanged, against local mode's moto server (``--endpoint-url``, or the live ``spot-train local up``
 state): the same calls, the same code. Everything is read from AWS's own services: CloudFormation (the
 stack and its outputs), EC2 (the fleet request, its instances, the data volume, the spot price history),
-CloudWatch (the agents' metrics, namespace ``SpotTraining``, dimension ``Stack``; the alarms),
+CloudWatch (the agents' metrics, namespace ``SpotTraining/<stack>``, dimension ``Stack``; the alarms),
 CloudWatch Logs (``/spot-training/<stack>``, one stream per instance) and the AWS Price List API
 (``pricing`` in us-east-1) for on-demand prices. docs/operations.md describes the output.
 
@@ -30,9 +30,9 @@ import time
 from collections import defaultdict
 from typing import Any, Callable, Iterable, Iterator
 
-from spot_training.contract import PURPOSE_TAG, STACK_TAG  # noqa: F401  (re-exported for local mode's callers)
+from spot_training.contract import METRICS_NAMESPACE_PREFIX, PURPOSE_TAG, STACK_TAG, metrics_namespace  # noqa: F401  (PURPOSE_TAG, STACK_TAG re-exported for local mode)
 
-NAMESPACE = "SpotTraining"
+NAMESPACE = METRICS_NAMESPACE_PREFIX  # each stack's: metrics_namespace(stack), SpotTraining/<stack name>
 LOG_GROUP_PREFIX = "/spot-training/"
 #: Hours in a month as AWS prices GB-month storage (730 h).
 HOURS_PER_MONTH = 730.0
@@ -238,7 +238,7 @@ def metric_series(aws: Aws, stack: str, *, start: dt.datetime, end: dt.datetime,
     """The agents' metrics of ``stack`` (:data:`METRIC_STATS`) from ``start`` to ``end``, one
     ``GetMetricData`` call: name -> [(timestamp, value)] oldest first."""
     queries = [{"Id": f"m{n}", "Label": name, "ReturnData": True, "MetricStat": {
-        "Metric": {"Namespace": NAMESPACE, "MetricName": name, "Dimensions": [{"Name": "Stack", "Value": stack}]},
+        "Metric": {"Namespace": metrics_namespace(stack), "MetricName": name, "Dimensions": [{"Name": "Stack", "Value": stack}]},
         "Period": period_s, "Stat": stat}} for n, (name, stat) in enumerate(METRIC_STATS.items())]
     series: dict[str, list[tuple[dt.datetime, float]]] = {name: [] for name in METRIC_STATS}
     token = None
