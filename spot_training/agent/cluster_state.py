@@ -36,6 +36,7 @@ from spot_training.agent.safepath import (UnsafePathError, list_directory, open_
 from spot_training.contract import (CLUSTER_MEMBER_TAG, DEFAULT_MAX_WORKERS, DEFAULT_MIN_WORKERS, DEFAULT_SCHEDULER_PORT,
                             DEFAULT_SERVER_PORT, DEFAULT_TORCH_MAX_RESTARTS, DEFAULT_TORCH_NPROC_PER_NODE,
                             DEFAULT_TORCH_SHUTDOWN_TIMEOUT_S, DEFAULT_WORKER_PORT, MAX_SERVERS, MAX_TORCH_MAX_RESTARTS,
+                            MAX_TORCH_SHUTDOWN_TIMEOUT_S, shown as _shown,
                             MAX_TORCH_NPROC_PER_NODE, MAX_WORKERS, SETTINGS, write_json_atomic)
 
 __all__ = ["ClusterSettings", "ClusterState", "Plan", "make_plan", "settings_from_config", "read_json",
@@ -96,22 +97,28 @@ class ClusterSettings:
         return {"scheduler": self.scheduler_port, "server": self.server_port, "worker": self.worker_port}[role]
 
 
+#: EC2 tag keys: 1-128 characters, not starting with 'aws:' (EC2 User Guide, "Tag restrictions").
+_TAG_KEY = re.compile(r"(?!aws:)[^\x00-\x1f]{1,128}", re.IGNORECASE)
+
+
 def settings_from_config(section: Mapping[str, Any] | None, *, framework: str | None = None) -> ClusterSettings:
     """Validate the ``cluster`` section (a dict); every problem is reported in one ConfigError (exit 78)
     naming ``cluster.<key>``, the value and what is allowed. ``framework`` ``pytorch`` allows
     ``num_servers`` 0 (TorchElastic, no parameter servers); every other framework needs 1..``MAX_SERVERS`` (64)."""
     if not isinstance(section, Mapping):
-        raise ConfigError(f"cluster: got {section!r}; a cluster node (node_role scheduler/server/worker) needs a "
+        raise ConfigError(f"cluster: got {_shown(section)}; a cluster node (node_role scheduler/server/worker) needs a "
                           "'cluster' object with at least state_dir and num_servers")
     problems: list[str] = []
     known = set(ClusterSettings.__dataclass_fields__)
     for key in section:
         if key not in known:
-            problems.append(f"cluster.{key}: unknown key; allowed: {sorted(known)}")
+            shown = key if isinstance(key, str) and len(key) <= 80 and key.isprintable() else _shown(key)
+            problems.append(f"cluster.{shown}: unknown key; allowed: {sorted(known)}")
     values: dict[str, Any] = {}
     state_dir = section.get("state_dir")
-    if not isinstance(state_dir, str) or not state_dir.startswith("/"):
-        problems.append(f"cluster.state_dir: got {state_dir!r}; expected an absolute path on EFS, e.g. '/mnt/efs/cluster'")
+    if not isinstance(state_dir, str) or not state_dir.startswith("/") or len(state_dir) > 4096 or "\0" in state_dir:
+        problems.append(f"cluster.state_dir: got {_shown(state_dir)}; expected an absolute path on EFS (at most 4096 "
+                        "characters, no NUL), e.g. '/mnt/efs/cluster'")
     else:
         values["state_dir"] = Path(state_dir)
     for key, minimum, maximum in (("num_servers", 0 if framework == "pytorch" else 1, MAX_SERVERS),
@@ -124,21 +131,25 @@ def settings_from_config(section: Mapping[str, Any] | None, *, framework: str | 
             continue
         value = section.get(key)
         if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= maximum:
-            problems.append(f"cluster.{key}: got {value!r}; expected an integer {minimum}..{maximum}")
+            problems.append(f"cluster.{key}: got {_shown(value)}; expected an integer {minimum}..{maximum}")
         else:
             values[key] = value
-    for key in ("heartbeat_interval_s", "heartbeat_timeout_s", "debounce_s", "stop_timeout_s", "kill_grace_s",
-                "torch_shutdown_timeout_s"):
+    for key, maximum in (("heartbeat_interval_s", 60.0), ("heartbeat_timeout_s", 3600.0), ("debounce_s", 3600.0),
+                         ("stop_timeout_s", 3600.0), ("kill_grace_s", 600.0),
+                         ("torch_shutdown_timeout_s", float(MAX_TORCH_SHUTDOWN_TIMEOUT_S))):
         if key not in section:
             continue
         value = section[key]
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-            problems.append(f"cluster.{key}: got {value!r}; expected a number of seconds >= 0")
+        # Finite and bounded: inf, NaN or 1e308 seconds would never time out, 10**60 overflows float().
+        if (isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= maximum
+                or not math.isfinite(value)):
+            problems.append(f"cluster.{key}: got {_shown(value)}; expected a number of seconds from 0 to {maximum:g}")
         else:
             values[key] = float(value)
     if "member_tag" in section:
-        if not isinstance(section["member_tag"], str) or not section["member_tag"]:
-            problems.append(f"cluster.member_tag: got {section['member_tag']!r}; expected a tag key")
+        if (not isinstance(section["member_tag"], str) or not _TAG_KEY.fullmatch(section["member_tag"])):
+            problems.append(f"cluster.member_tag: got {_shown(section['member_tag'])}; expected an EC2 tag key "
+                            "(1-128 characters, no 'aws:' prefix)")
         else:
             values["member_tag"] = section["member_tag"]
     if not problems:
