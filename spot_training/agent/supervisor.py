@@ -593,8 +593,12 @@ class ProcessGroup:
         # planted link, hard link or FIFO (safepath), and owned by the user the process runs as.
         log_file = None
         if log_path is not None:
-            owner = (user[0], user[1]) if user is not None else None
-            log_file = os.fdopen(open_file(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, owner=owner), "ab")
+            log_file = os.fdopen(open_file(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT), "ab")
+            if user is not None:
+                try:
+                    os.fchown(log_file.fileno(), user[0], user[1])
+                except PermissionError:
+                    pass  # an EFS access point that enforces a POSIX user already owns it as that user
         out = log_file if log_file is not None else stdout
         streams = {} if out is None else {"stdout": out, "stderr": subprocess.STDOUT}
         try:
