@@ -20,6 +20,7 @@ from spot_training.agent.errors import ConfigError
 from spot_training.agent.fleet_actions import finish_node
 from spot_training.agent.interruption import IMDS_FORBIDDEN, MemberTagMonitor, SpotInterruptionMonitor
 from spot_training.agent.ps_node import NodeAgent
+from spot_training.agent.safepath import open_directory
 
 log = logging.getLogger("spot_training.agent.cluster")
 
@@ -51,7 +52,7 @@ def run_node(config: Any, imds: Any, *, instance_id: str, local_mode: bool,
         on_environment_ready()
     user = supervisor.user()
     for directory in (config.training.checkpoint_dir, config.training.log_dir):
-        directory.mkdir(parents=True, exist_ok=True)
+        os.close(open_directory(directory, create=True))  # on EFS: no planted link followed (safepath)
     netns = os.environ.get(launch.NETNS_ENV) if local_mode else None
     monitors = [SpotInterruptionMonitor(imds), MemberTagMonitor(imds, settings.member_tag)]
     if config.training.framework == "pytorch":

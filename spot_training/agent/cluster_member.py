@@ -10,11 +10,13 @@ the same way as the single-node trainer. Standard library only.
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
 from spot_training.agent.cluster_state import ClusterSettings, ClusterState
 from spot_training.agent.interruption import poll_leave_reason
+from spot_training.agent.safepath import open_directory
 from spot_training.agent.supervisor import ProcessGroup
 from spot_training.contract import COMPLETED_FILE
 
@@ -115,7 +117,8 @@ class ClusterMember:
                        netns: str | None) -> ProcessGroup:
         """Start ``argv`` in a process group of its own as ``preexec_user``, output appended to
         ``<log_dir>/<log_name>`` (spot_training/agent/supervisor.py's :class:`ProcessGroup`)."""
-        self.log_dir.mkdir(parents=True, exist_ok=True)
+        # The log directory is on EFS (training-user writable): created without following planted links.
+        os.close(open_directory(self.log_dir, create=True))
         return ProcessGroup.start(argv, cwd=self.workdir, env=env, user=self.preexec_user, netns=netns,
                                   log_path=self.log_dir / log_name, clock=self.clock)
 

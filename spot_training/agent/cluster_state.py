@@ -9,28 +9,39 @@ Everything lives in one directory on EFS, ``cluster.state_dir`` (docs/contracts.
       events.jsonl                   one JSON line per plan change (generation, state, reason, time)
 
 Shared by the MXNet/TensorFlow agents (spot_training/agent/cluster_coordinator.py, spot_training/agent/ps_node.py) and the
-PyTorch ones (spot_training/agent/torch_elastic.py). Every write goes through the contract's ``write_json_atomic``
-(temp file beside the path, fsync, os.replace, fsync of the directory: readers on other nodes see old or
-new, never half). Standard library only.
+PyTorch ones (spot_training/agent/torch_elastic.py). Every write is atomic (temp file beside the path,
+fsync, rename, fsync of the directory: readers on other nodes see old or new, never half).
+
+EFS is writable by every node's training user, and the agents run as root: every create, append, read
+and unlink here goes through spot_training.agent.safepath (no symlink followed, no hard link, no FIFO),
+and every record read is checked against :data:`SCHEMAS` (a wrongly typed file is logged and treated as
+absent). Standard library only.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import logging
+import math
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 from spot_training.agent.errors import ConfigError
+from spot_training.agent.safepath import (UnsafePathError, list_directory, open_directory, open_file, read_bytes, unlink,
+                                          write_bytes_atomic)
 from spot_training.contract import (CLUSTER_MEMBER_TAG, DEFAULT_MAX_WORKERS, DEFAULT_MIN_WORKERS, DEFAULT_SCHEDULER_PORT,
                             DEFAULT_SERVER_PORT, DEFAULT_TORCH_MAX_RESTARTS, DEFAULT_TORCH_NPROC_PER_NODE,
                             DEFAULT_TORCH_SHUTDOWN_TIMEOUT_S, DEFAULT_WORKER_PORT, MAX_SERVERS, MAX_TORCH_MAX_RESTARTS,
+                            MAX_TORCH_SHUTDOWN_TIMEOUT_S, shown as _shown,
                             MAX_TORCH_NPROC_PER_NODE, MAX_WORKERS, SETTINGS, write_json_atomic)
 
 __all__ = ["ClusterSettings", "ClusterState", "Plan", "make_plan", "settings_from_config", "read_json",
-           "write_json_atomic", "RUNNING", "CHECKPOINT", "TEARDOWN", "WAITING", "COMPLETED", "PLAN_STATES",
+           "write_json_atomic", "write_state_json", "valid_record", "SCHEMAS", "RUNNING",
+           "CHECKPOINT", "TEARDOWN", "WAITING", "COMPLETED", "PLAN_STATES",
            "CLUSTER_ROLES", "PORTS", "DEFAULT_MEMBER_TAG"]
 
 #: TCP ports of the roles: the contract's range, the one the stack validates too.
@@ -86,22 +97,28 @@ class ClusterSettings:
         return {"scheduler": self.scheduler_port, "server": self.server_port, "worker": self.worker_port}[role]
 
 
+#: EC2 tag keys: 1-128 characters, not starting with 'aws:' (EC2 User Guide, "Tag restrictions").
+_TAG_KEY = re.compile(r"(?!aws:)[^\x00-\x1f]{1,128}", re.IGNORECASE)
+
+
 def settings_from_config(section: Mapping[str, Any] | None, *, framework: str | None = None) -> ClusterSettings:
     """Validate the ``cluster`` section (a dict); every problem is reported in one ConfigError (exit 78)
     naming ``cluster.<key>``, the value and what is allowed. ``framework`` ``pytorch`` allows
     ``num_servers`` 0 (TorchElastic, no parameter servers); every other framework needs 1..``MAX_SERVERS`` (64)."""
     if not isinstance(section, Mapping):
-        raise ConfigError(f"cluster: got {section!r}; a cluster node (node_role scheduler/server/worker) needs a "
+        raise ConfigError(f"cluster: got {_shown(section)}; a cluster node (node_role scheduler/server/worker) needs a "
                           "'cluster' object with at least state_dir and num_servers")
     problems: list[str] = []
     known = set(ClusterSettings.__dataclass_fields__)
     for key in section:
         if key not in known:
-            problems.append(f"cluster.{key}: unknown key; allowed: {sorted(known)}")
+            shown = key if isinstance(key, str) and len(key) <= 80 and key.isprintable() else _shown(key)
+            problems.append(f"cluster.{shown}: unknown key; allowed: {sorted(known)}")
     values: dict[str, Any] = {}
     state_dir = section.get("state_dir")
-    if not isinstance(state_dir, str) or not state_dir.startswith("/"):
-        problems.append(f"cluster.state_dir: got {state_dir!r}; expected an absolute path on EFS, e.g. '/mnt/efs/cluster'")
+    if not isinstance(state_dir, str) or not state_dir.startswith("/") or len(state_dir) > 4096 or "\0" in state_dir:
+        problems.append(f"cluster.state_dir: got {_shown(state_dir)}; expected an absolute path on EFS (at most 4096 "
+                        "characters, no NUL), e.g. '/mnt/efs/cluster'")
     else:
         values["state_dir"] = Path(state_dir)
     for key, minimum, maximum in (("num_servers", 0 if framework == "pytorch" else 1, MAX_SERVERS),
@@ -114,21 +131,25 @@ def settings_from_config(section: Mapping[str, Any] | None, *, framework: str | 
             continue
         value = section.get(key)
         if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= maximum:
-            problems.append(f"cluster.{key}: got {value!r}; expected an integer {minimum}..{maximum}")
+            problems.append(f"cluster.{key}: got {_shown(value)}; expected an integer {minimum}..{maximum}")
         else:
             values[key] = value
-    for key in ("heartbeat_interval_s", "heartbeat_timeout_s", "debounce_s", "stop_timeout_s", "kill_grace_s",
-                "torch_shutdown_timeout_s"):
+    for key, maximum in (("heartbeat_interval_s", 60.0), ("heartbeat_timeout_s", 3600.0), ("debounce_s", 3600.0),
+                         ("stop_timeout_s", 3600.0), ("kill_grace_s", 600.0),
+                         ("torch_shutdown_timeout_s", float(MAX_TORCH_SHUTDOWN_TIMEOUT_S))):
         if key not in section:
             continue
         value = section[key]
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-            problems.append(f"cluster.{key}: got {value!r}; expected a number of seconds >= 0")
+        # Finite and bounded: inf, NaN or 1e308 seconds would never time out, 10**60 overflows float().
+        if (isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= maximum
+                or not math.isfinite(value)):
+            problems.append(f"cluster.{key}: got {_shown(value)}; expected a number of seconds from 0 to {maximum:g}")
         else:
             values[key] = float(value)
     if "member_tag" in section:
-        if not isinstance(section["member_tag"], str) or not section["member_tag"]:
-            problems.append(f"cluster.member_tag: got {section['member_tag']!r}; expected a tag key")
+        if (not isinstance(section["member_tag"], str) or not _TAG_KEY.fullmatch(section["member_tag"])):
+            problems.append(f"cluster.member_tag: got {_shown(section['member_tag'])}; expected an EC2 tag key "
+                            "(1-128 characters, no 'aws:' prefix)")
         else:
             values["member_tag"] = section["member_tag"]
     if not problems:
@@ -145,17 +166,110 @@ def settings_from_config(section: Mapping[str, Any] | None, *, framework: str | 
 
 
 # ---- files on EFS ---------------------------------------------------------------------------------
+#: Largest state file an agent reads (bytes); a registration or plan is well under 64 KiB.
+MAX_STATE_FILE_BYTES = 1 << 20
+
+
 def read_json(path: Path) -> dict | None:
-    """The JSON object in ``path``, or None when the file is missing or does not parse (logged)."""
+    """The JSON object in ``path``, or None when the file is missing or is no JSON object (logged).
+
+    The file lives on EFS, which every node's training user can write: it is read without following a
+    link planted there, never blocks on a FIFO and is at most :data:`MAX_STATE_FILE_BYTES`
+    (spot_training.agent.safepath); anything else is logged and treated as absent.
+    """
     try:
-        with open(path, encoding="utf-8") as handle:
-            return json.load(handle)
-    except FileNotFoundError:
-        return None
-    except ValueError:
+        data = read_bytes(path, limit=MAX_STATE_FILE_BYTES)
+        if data is None:
+            return None
+        value = json.loads(data.decode("utf-8"), parse_constant=_no_constant)
+    except (UnsafePathError, OSError, ValueError, RecursionError) as exc:
         # Never half-written (atomic replace); a file that does not parse was put there by hand.
-        log.warning("ignoring unreadable cluster state file", extra={"path": str(path)})
+        log.warning("ignoring unreadable cluster state file", extra={"path": str(path), "error": str(exc)[:200]})
         return None
+    if not isinstance(value, dict):
+        log.warning("ignoring cluster state file that is no JSON object", extra={"path": str(path)})
+        return None
+    return value
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a number the cluster state holds")
+
+
+def write_state_json(path: Path, payload: Mapping[str, Any]) -> None:
+    """Write a state file atomically (the contract's ``write_json_atomic`` format: indented, sorted
+    keys) without following a link the training user planted on EFS (spot_training.agent.safepath)."""
+    write_bytes_atomic(path, (json.dumps(payload, indent=1, sort_keys=True) + "\n").encode("utf-8"))
+
+
+# ---- typed records: what a state file must hold to be used ----------------------------------------
+# The files live on EFS, writable by every node's training user: a record of the wrong shape is logged
+# and ignored (treated as absent), never a crash, and never an address outside the cluster's members.
+_NODE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
+
+def _is_int(value: Any, low: int = 0, high: int = 2 ** 63 - 1) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
+
+
+def _is_time(value: Any) -> bool:
+    return (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+            and 0 <= value < 1e12)
+
+
+def _is_node_id(value: Any) -> bool:
+    return isinstance(value, str) and _NODE_ID.fullmatch(value) is not None
+
+
+def _is_host(value: Any) -> bool:
+    if not isinstance(value, str) or not value.isascii():
+        return False
+    try:
+        ipaddress.IPv4Address(value)
+    except ValueError:
+        return False
+    return True
+
+
+def _is_port(value: Any) -> bool:
+    return _is_int(value, PORTS.minimum, PORTS.maximum)
+
+
+def _optional_int(value: Any) -> bool:
+    return value is None or _is_int(value, -(2 ** 31), 2 ** 31)
+
+
+#: Field -> check of every record kind; a record must hold each field (extra fields are ignored).
+SCHEMAS: Mapping[str, Mapping[str, Callable[[Any], bool]]] = {
+    "registration": {"node_id": _is_node_id, "role": lambda v: v in CLUSTER_ROLES, "host": _is_host,
+                     "port": _is_port, "data_ready": lambda v: isinstance(v, bool),
+                     "leaving": lambda v: isinstance(v, bool), "registered_at": _is_time},
+    "heartbeat": {"node_id": _is_node_id, "time": _is_time, "generation": _is_int,
+                  "proc": lambda v: v in ("running", "exited", "none"), "returncode": _optional_int,
+                  "pid": _optional_int},
+    "rendezvous": {"host": _is_host, "port": _is_port, "epoch": _is_int, "node_id": _is_node_id, "since": _is_time},
+    "report": {"node_id": _is_node_id, "epoch": _is_int, "returncode": _optional_int, "time": _is_time},
+    "member": {"node_id": _is_node_id, "host": _is_host, "port": _is_port},
+    "event": {"time": _is_time, "generation": _is_int, "state": lambda v: v in PLAN_STATES},
+}
+
+
+def valid_record(kind: str, data: Any, *, path: Any = None) -> bool:
+    """True when ``data`` is a dict holding every field of ``SCHEMAS[kind]`` with a valid value; else
+    the first bad field is logged (with ``path``) and False returned."""
+    if not isinstance(data, Mapping):
+        log.warning("ignoring cluster state record that is no object", extra={"kind": kind, "path": str(path)})
+        return False
+    for key, check in SCHEMAS[kind].items():
+        try:
+            ok = key in data and bool(check(data[key]))
+        except TypeError:  # an unhashable value compared against a tuple
+            ok = False
+        if not ok:
+            log.warning("ignoring cluster state record with a bad field",
+                        extra={"kind": kind, "path": str(path), "field": key, "value": repr(data.get(key))[:80]})
+            return False
+    return True
 
 
 @dataclass(frozen=True)
@@ -185,7 +299,19 @@ class Plan:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "Plan":
-        """Parse ``plan.json``'s content."""
+        """Parse ``plan.json``'s content. Raises ValueError when it is not a valid plan (a field of the
+        wrong type, a member without a node id, IPv4 host and port, a worker without a rank)."""
+        members = [data.get("scheduler")]
+        for key in ("servers", "workers"):
+            if not isinstance(data.get(key), list) or len(data[key]) > MAX_WORKERS + MAX_SERVERS:
+                raise ValueError(f"plan.{key}: expected a list of members")
+            members.extend(data[key])
+        if not (_is_int(data.get("generation")) and data.get("state") in PLAN_STATES
+                and isinstance(data.get("framework"), str) and _is_time(data.get("since"))
+                and isinstance(data.get("reason", ""), str)
+                and all(valid_record("member", m) for m in members)
+                and all(_is_int(w.get("rank"), 0, MAX_WORKERS) for w in data["workers"])):
+            raise ValueError("plan.json: a field is missing or of the wrong type")
         return cls(generation=int(data["generation"]), state=str(data["state"]), framework=str(data["framework"]),
                    scheduler=dict(data["scheduler"]), servers=tuple(data["servers"]), workers=tuple(data["workers"]),
                    since=float(data["since"]), reason=str(data.get("reason", "")))
@@ -238,62 +364,91 @@ class ClusterState:
         self.plan_path = self.root / "plan.json"
         self.events_path = self.root / "events.jsonl"
         for directory in (self.registrations_dir, self.heartbeats_dir):
-            directory.mkdir(parents=True, exist_ok=True)
+            os.close(open_directory(directory, create=True))
 
     # registrations
     def register(self, registration: Mapping[str, Any]) -> None:
         """Write ``registrations/<node_id>.json`` (node_id, role, instance_id, host, port, data_ready,
         leaving, registered_at)."""
-        write_json_atomic(self.registrations_dir / f"{registration['node_id']}.json", registration)
+        write_state_json(self.registrations_dir / f"{registration['node_id']}.json", registration)
 
     def deregister(self, node_id: str) -> None:
         """Remove a node's registration and heartbeat (missing is fine)."""
-        (self.registrations_dir / f"{node_id}.json").unlink(missing_ok=True)
-        (self.heartbeats_dir / f"{node_id}.json").unlink(missing_ok=True)
+        unlink(self.registrations_dir / f"{node_id}.json")
+        unlink(self.heartbeats_dir / f"{node_id}.json")
 
     def registrations(self) -> dict[str, dict]:
         """``{node_id: registration}`` of every registered node."""
-        return self._read_all(self.registrations_dir)
+        return self._read_all(self.registrations_dir, "registration")
 
     # heartbeats
     def heartbeat(self, beat: Mapping[str, Any]) -> None:
         """Write ``heartbeats/<node_id>.json`` (node_id, time, generation, proc, returncode, pid)."""
-        write_json_atomic(self.heartbeats_dir / f"{beat['node_id']}.json", beat)
+        write_state_json(self.heartbeats_dir / f"{beat['node_id']}.json", beat)
 
     def heartbeats(self) -> dict[str, dict]:
         """``{node_id: heartbeat}``."""
-        return self._read_all(self.heartbeats_dir)
+        return self._read_all(self.heartbeats_dir, "heartbeat")
 
     # plan
     def plan(self) -> Plan | None:
         """The current plan, or None before the first generation."""
         data = read_json(self.plan_path)
-        return Plan.from_dict(data) if data else None
+        if not data:
+            return None
+        try:
+            return Plan.from_dict(data)
+        except ValueError as exc:
+            log.warning("ignoring invalid plan.json", extra={"path": str(self.plan_path), "error": str(exc)})
+            return None
 
     def write_plan(self, plan: Plan) -> None:
         """Replace ``plan.json`` and append the change to ``events.jsonl``."""
-        write_json_atomic(self.plan_path, plan.to_dict())
-        with open(self.events_path, "a", encoding="utf-8") as handle:
-            handle.write(json.dumps({"time": plan.since, "generation": plan.generation, "state": plan.state,
-                                     "reason": plan.reason, "workers": [w["node_id"] for w in plan.workers],
-                                     "servers": [s["node_id"] for s in plan.servers]}) + "\n")
+        write_state_json(self.plan_path, plan.to_dict())
+        line = json.dumps({"time": plan.since, "generation": plan.generation, "state": plan.state,
+                           "reason": plan.reason, "workers": [w["node_id"] for w in plan.workers],
+                           "servers": [s["node_id"] for s in plan.servers]}) + "\n"
+        # Appended as root on EFS: never through a link the training user planted (safepath).
+        fd = open_file(self.events_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+        try:
+            os.write(fd, line.encode("utf-8"))
+        finally:
+            os.close(fd)
         log.info("cluster plan", extra={"generation": plan.generation, "state": plan.state, "reason": plan.reason,
                                         "workers": len(plan.workers), "servers": len(plan.servers)})
 
     def events(self) -> list[dict]:
-        """Every plan change so far, oldest first."""
+        """Every plan change so far, oldest first; lines that are no valid event are skipped (logged)."""
         try:
-            with open(self.events_path, encoding="utf-8") as handle:
-                return [json.loads(line) for line in handle if line.strip()]
-        except FileNotFoundError:
+            data = read_bytes(self.events_path, limit=64 * MAX_STATE_FILE_BYTES)
+        except (UnsafePathError, OSError) as exc:
+            log.warning("ignoring unreadable events.jsonl", extra={"path": str(self.events_path), "error": str(exc)})
             return []
-
-    @staticmethod
-    def _read_all(directory: Path) -> dict[str, dict]:
-        out = {}
-        for path in directory.glob("*.json"):
-            data = read_json(path)
-            if data and "node_id" in data:
-                out[data["node_id"]] = data
+        out = []
+        for line in (data or b"").decode("utf-8", errors="replace").splitlines():
+            try:
+                event = json.loads(line, parse_constant=_no_constant) if line.strip() else None
+            except (ValueError, RecursionError):
+                event = None
+            if event is not None and valid_record("event", event, path=self.events_path):
+                out.append(event)
         return out
 
+    @staticmethod
+    def _read_all(directory: Path, kind: str) -> dict[str, dict]:
+        """``{node_id: record}`` of the valid ``kind`` records in ``directory`` whose file is named after
+        their node id; other files are logged and ignored."""
+        out = {}
+        try:
+            names = list_directory(directory)
+        except (UnsafePathError, OSError) as exc:
+            log.warning("ignoring unreadable cluster state directory", extra={"path": str(directory), "error": str(exc)})
+            return {}
+        for name in sorted(names):
+            if not name.endswith(".json") or name.startswith("."):
+                continue
+            path = directory / name
+            data = read_json(path)
+            if data is not None and valid_record(kind, data, path=path) and f"{data['node_id']}.json" == name:
+                out[data["node_id"]] = data
+        return out

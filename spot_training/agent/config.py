@@ -53,6 +53,9 @@ def deployment_tags(volume_tags: Mapping[str, str]) -> dict[str, str]:
 
 #: Shortest interval between periodic snapshots, seconds.
 MIN_SNAPSHOT_INTERVAL_S = 60
+#: Longest periodic-snapshot interval (seconds, 7 days): a larger value is a typo, and 10**60 would
+#: overflow the snapshot thread's timer.
+MAX_SNAPSHOT_INTERVAL_S = 7 * 86400
 #: Valid range of EBS's Provisioned Rate for Volume Initialization, MiB/s (CreateVolume reference).
 INITIALIZATION_RATE_MIBPS = (contract.SETTINGS["initialization_rate_mibps"].minimum,
                              contract.SETTINGS["initialization_rate_mibps"].maximum)
@@ -431,6 +434,15 @@ def parse_config(data: Any) -> AgentConfig:
     poll = v.setting(root, "notice_poll_interval_s", "")
     if poll is None:
         poll = DEFAULT_NOTICE_POLL_INTERVAL_S
+    if node_role in ("scheduler", "server", "worker") and training is not None:
+        # The cluster section is validated here too, so that check-config and the boot refuse what
+        # the cluster agent would (one validation: spot_training.agent.cluster_state.settings_from_config).
+        from spot_training.agent.cluster_state import settings_from_config
+
+        try:
+            settings_from_config(root.get("cluster"), framework=training.framework)
+        except ConfigError as exc:
+            v.problems.extend(exc.problems)
 
     if v.problems:
         raise ConfigError(problems=v.problems)
@@ -467,7 +479,7 @@ def _volume(v: "_Validator", root: Mapping[str, Any], stack_name: str | None) ->
                   f"({', '.join(sorted(SYSTEM_DIRS - {'/'}))}) or inside {', '.join(SYSTEM_TREES)}")
         mount_point = None
     keep = v.setting(section, "keep_snapshots", "volume")
-    interval = v.integer(section, "snapshot_interval_s", "volume", minimum=0, default=0)
+    interval = v.integer(section, "snapshot_interval_s", "volume", minimum=0, maximum=MAX_SNAPSHOT_INTERVAL_S, default=0)
     if interval is not None and 0 < interval < MIN_SNAPSHOT_INTERVAL_S:
         v.problem("volume.snapshot_interval_s", interval, f"0 (no periodic snapshots) or an integer >= {MIN_SNAPSHOT_INTERVAL_S} (seconds)")
         interval = None
@@ -683,7 +695,14 @@ class _Validator:
         self.problems: list[str] = []
 
     def problem(self, path: str, value: Any, allowed: str) -> None:
-        shown = "missing" if value is self._MISSING else f"got {json.dumps(value, default=str)}"
+        if value is self._MISSING:
+            shown = "missing"
+        else:
+            try:
+                text = json.dumps(value, default=str)
+            except (ValueError, RecursionError):  # an integer over Python's 4300-digit limit, deep nesting
+                text = f"a {type(value).__name__} too large to show"
+            shown = f"got {text if len(text) <= 120 else text[:117] + '...'}"
         self.problems.append(f"{path or '<root>'}: {shown}; expected {allowed}")
 
     @staticmethod

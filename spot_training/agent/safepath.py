@@ -164,3 +164,98 @@ def write_file_replacing(path: str | os.PathLike[str], data: bytes, *, owner: tu
         os.rename(tmp, pure.name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)  # rename replaces a link, never follows it
     finally:
         os.close(dir_fd)
+
+
+def write_bytes_atomic(path: str | os.PathLike[str], data: bytes, *, owner: tuple[int, int] | None = None) -> None:
+    """Write ``data`` to ``path`` so that a reader on another node sees the old file or the new one and
+    the new one survives a power cut (the contract's ``write_json_atomic`` semantics: a temporary file
+    beside it, fsync, rename, fsync of the directory), without following a link the user planted: the
+    directory is opened by :func:`open_directory`, the temporary file (a fresh random name) is created
+    ``O_EXCL | O_NOFOLLOW`` and renamed relative to the directory's descriptor (rename(2) replaces a
+    link at the target, never follows it). Several writers of one path may run at once.
+
+    Args:
+        path: absolute path of the file.
+        data: the bytes to write.
+        owner: ``(uid, gid)`` to give the file; None: the agent's.
+
+    Raises:
+        UnsafePathError: a user-controlled component of the directory is a symlink.
+        OSError: the write failed (the temporary file is removed).
+    """
+    pure = PurePosixPath(os.fspath(path))
+    dir_fd = open_directory(pure.parent)
+    try:
+        tmp = f".tmp-{pure.name}-{os.getpid()}-{os.urandom(6).hex()}"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=dir_fd)
+        try:
+            try:
+                if owner is not None:
+                    os.fchown(fd, *owner)
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view):]
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.rename(tmp, pure.name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+        except BaseException:
+            try:
+                os.unlink(tmp, dir_fd=dir_fd)
+            except FileNotFoundError:
+                pass
+            raise
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def read_bytes(path: str | os.PathLike[str], *, limit: int) -> bytes | None:
+    """The content of the regular file ``path`` (at most ``limit`` bytes), read without following a
+    link the user planted and without blocking on a FIFO (:func:`open_file`); None when it is missing.
+
+    Raises:
+        UnsafePathError: a symlink, a hard link, a FIFO or a device is there, or the file holds more
+            than ``limit`` bytes.
+        OSError: reading failed.
+    """
+    try:
+        fd = open_file(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return None
+    try:
+        with os.fdopen(fd, "rb", closefd=False) as handle:
+            data = handle.read(limit + 1)
+    finally:
+        os.close(fd)
+    if len(data) > limit:
+        raise UnsafePathError(f"{os.fspath(path)!r} holds more than {limit} bytes; expected a small state file")
+    return data
+
+
+def list_directory(path: str | os.PathLike[str]) -> list[str]:
+    """The entry names of the directory ``path`` (opened by :func:`open_directory`); [] when missing."""
+    try:
+        dir_fd = open_directory(path)
+    except FileNotFoundError:
+        return []
+    try:
+        return os.listdir(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def unlink(path: str | os.PathLike[str]) -> None:
+    """Remove the entry ``path`` (a link is removed itself, never its target) relative to its directory
+    opened by :func:`open_directory`; missing is fine. Raises UnsafePathError, OSError."""
+    pure = PurePosixPath(os.fspath(path))
+    try:
+        dir_fd = open_directory(pure.parent)
+    except FileNotFoundError:
+        return
+    try:
+        os.unlink(pure.name, dir_fd=dir_fd)
+    except FileNotFoundError:
+        pass
+    finally:
+        os.close(dir_fd)

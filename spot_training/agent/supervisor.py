@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 from spot_training.agent import trainer_env
 from spot_training.agent.config import AgentConfig
 from spot_training.agent.errors import AgentError, ConfigError, ExitCode, TemporaryError
-from spot_training.agent.safepath import UnsafePathError, open_directory, write_file_replacing
+from spot_training.agent.safepath import UnsafePathError, open_directory, open_file, write_file_replacing
 # File and environment variable names are the contract's (docs/contracts.md); re-exported for callers.
 from spot_training.contract import (  # noqa: F401
     CHECKPOINT_REQUEST_FILE,
@@ -594,7 +594,16 @@ class ProcessGroup:
               clock: Callable[[], float] = time.monotonic) -> "ProcessGroup":
         """Start ``argv`` (see the class docstring). Raises OSError when it cannot be run."""
         prefix = ["ip", "netns", "exec", netns] if netns else []
-        log_file = open(log_path, "ab") if log_path is not None else None
+        # The log is on storage the training user writes (EFS on clusters): appended to without following a
+        # planted link, hard link or FIFO (safepath), and owned by the user the process runs as.
+        log_file = None
+        if log_path is not None:
+            log_file = os.fdopen(open_file(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT), "ab")
+            if user is not None:
+                try:
+                    os.fchown(log_file.fileno(), user[0], user[1])
+                except PermissionError:
+                    pass  # an EFS access point that enforces a POSIX user already owns it as that user
         out = log_file if log_file is not None else stdout
         streams = {} if out is None else {"stdout": out, "stderr": subprocess.STDOUT}
         try:

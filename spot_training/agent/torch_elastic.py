@@ -49,7 +49,8 @@ from typing import Any, Callable, Iterable, Mapping
 
 from spot_training import contract
 from spot_training.agent.cluster_member import ClusterMember
-from spot_training.agent.cluster_state import ClusterSettings, read_json, write_json_atomic
+from spot_training.agent.cluster_state import ClusterSettings, read_json, valid_record, write_state_json
+from spot_training.agent.safepath import UnsafePathError, list_directory, open_directory, unlink
 from spot_training.agent.launch import NODE_ID_ENV
 from spot_training.agent.supervisor import ProcessGroup
 
@@ -102,32 +103,46 @@ class RendezvousState:
         self.root = Path(state_dir)
         self.path = self.root / RENDEZVOUS_FILE
         self.reports_dir = self.root / REPORTS_DIR
-        self.reports_dir.mkdir(parents=True, exist_ok=True)
+        os.close(open_directory(self.reports_dir, create=True))
 
     def read(self) -> dict | None:
-        """The published rendezvous, or None before the first coordinator published one."""
-        return read_json(self.path)
+        """The published rendezvous, or None before the first coordinator published one or when the
+        file is no valid rendezvous record (``cluster_state.SCHEMAS``; logged)."""
+        data = read_json(self.path)
+        return data if data is not None and valid_record("rendezvous", data, path=self.path) else None
 
     def publish(self, *, host: str, port: int, epoch: int, node_id: str, since: float) -> None:
-        write_json_atomic(self.path, {"host": host, "port": int(port), "epoch": int(epoch), "node_id": node_id,
+        """Write ``rendezvous.json`` (atomic, never through a planted link)."""
+        write_state_json(self.path, {"host": host, "port": int(port), "epoch": int(epoch), "node_id": node_id,
                                       "since": since})
 
     def report(self, node_id: str, epoch: int, returncode: int, now: float) -> None:
         """A worker's torchrun ended on its own in ``epoch``."""
-        write_json_atomic(self.reports_dir / f"{node_id}.json",
+        write_state_json(self.reports_dir / f"{node_id}.json",
                           {"node_id": node_id, "epoch": int(epoch), "returncode": int(returncode), "time": now})
 
+    def _report_names(self) -> list[str]:
+        try:
+            return [n for n in list_directory(self.reports_dir) if n.endswith(".json") and not n.startswith(".")]
+        except (UnsafePathError, OSError) as exc:
+            log.warning("ignoring unreadable reports directory", extra={"path": str(self.reports_dir),
+                                                                        "error": str(exc)})
+            return []
+
     def reports(self) -> list[dict]:
+        """The valid report records (``cluster_state.SCHEMAS``); others are logged and ignored."""
         out = []
-        for path in self.reports_dir.glob("*.json"):
+        for name in sorted(self._report_names()):
+            path = self.reports_dir / name
             data = read_json(path)
-            if data:
+            if data is not None and valid_record("report", data, path=path):
                 out.append(data)
         return out
 
     def clear_reports(self) -> None:
-        for path in self.reports_dir.glob("*.json"):
-            path.unlink(missing_ok=True)
+        """Remove every report (entries of the reports directory itself, never through a link)."""
+        for name in self._report_names():
+            unlink(self.reports_dir / name)
 
 
 @dataclass
@@ -326,6 +341,20 @@ class TorchWorker(_Base):
         self._popen(argv, epoch, endpoint, f"torchrun-{self.node_id}.log",
                     extra_env={**TORCHRUN_ENV, NODE_ID_ENV: self.node_id})
 
+    def _rendezvous(self) -> dict | None:
+        """The published rendezvous when its endpoint is the address of the registered coordinator
+        that published it; otherwise None (logged): a file on EFS never sends torchrun elsewhere."""
+        rdzv = self.rdzv.read()
+        if rdzv is None:
+            return None
+        member = self.state.registrations().get(rdzv["node_id"])
+        if member is None or member["role"] != "scheduler" or (member["host"], member["port"]) != (rdzv["host"],
+                                                                                               rdzv["port"]):
+            log.warning("ignoring a rendezvous that is not a registered coordinator's address",
+                        extra={"node_id": rdzv["node_id"], "host": rdzv["host"], "port": rdzv["port"]})
+            return None
+        return rdzv
+
     def step(self) -> str | None:
         now = self.clock()
         self._watch()
@@ -340,7 +369,7 @@ class TorchWorker(_Base):
             # SIGTERM only our torchrun; the job agrees on one checkpoint; wait, then leave.
             self._stop_and_wait(self.settings.torch_shutdown_timeout_s + self.settings.kill_grace_s)
             return "completed" if self.completed() else "left"
-        rdzv = self.rdzv.read()
+        rdzv = self._rendezvous()
         if self.running is not None:
             if rdzv and (int(rdzv["epoch"]) != self.running.epoch
                          or f"{rdzv['host']}:{int(rdzv['port'])}" != self.running.endpoint):

@@ -20,6 +20,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 import uuid
 from pathlib import Path
 from types import MappingProxyType
@@ -28,6 +29,20 @@ from typing import Any, Mapping, Optional
 # ---- resource tags (docs/contracts.md, "Resource tags") --------------------------------------------
 #: Carried by every resource the stack or its agents create; value: the stack name.
 STACK_TAG = "spot-training:stack"
+#: First part of every stack's CloudWatch metrics namespace (:func:`metrics_namespace`).
+METRICS_NAMESPACE_PREFIX = "SpotTraining"
+
+
+def metrics_namespace(stack_name: str) -> str:
+    """The CloudWatch namespace of stack ``stack_name``'s agent metrics: ``SpotTraining/<stack name>``.
+
+    One namespace per stack, so that the node role's ``cloudwatch:namespace`` condition lets a stack's
+    nodes write only their own metrics (a shared namespace let one stack's node fake another's
+    progress and completion, and so its alarms). The stack's alarms and dashboard, the node config's
+    ``monitoring.namespace`` and ``spot-train status|cost`` all use it. A CloudFormation stack name
+    (1-128 of letters, digits, '-') keeps the result within CloudWatch's 255 characters.
+    """
+    return f"{METRICS_NAMESPACE_PREFIX}/{stack_name}"
 #: One deployment of a stack: the CloudFormation stack id's UUID, the same through updates, new when a
 #: stack of the same name is created again. On the data volume, its copies and the agents' snapshots;
 #: agents and the cleanup handler act only on their own deployment's, so data retained from an earlier
@@ -141,12 +156,22 @@ MAX_TORCH_NPROC_PER_NODE = 64
 
 
 # ---- settings: one default, one validator --------------------------------------------------------
+def shown(value: Any, limit: int = 80) -> str:
+    """``repr(value)`` for an error message, cut to ``limit`` characters; never raises (Python refuses
+    to convert an integer of more than 4300 digits to text, and a 100 000-character string is no message)."""
+    try:
+        text = repr(value)
+    except (ValueError, RecursionError):
+        return f"a {type(value).__name__} too large to show"
+    return text if len(text) <= limit else f"{text[:limit - 3]}..."
+
+
 class SettingError(ValueError):
     """A setting's value is outside the contract; the message names the setting, the value and what
     is allowed. ``name``, ``value`` and ``allowed`` are kept for callers that word it their own way."""
 
     def __init__(self, name: str, value: Any, allowed: str) -> None:
-        super().__init__(f"{name}: got {value!r}; allowed: {allowed}")
+        super().__init__(f"{name}: got {shown(value)}; allowed: {allowed}")
         self.name, self.value, self.allowed = name, value, allowed
 
 
@@ -186,7 +211,7 @@ SETTINGS: Mapping[str, Setting] = {s.name: s for s in (
     Setting("monitoring_interval_s", float, 10.0, 1.0, 300.0, "s"),
     Setting("keep_snapshots", int, 2, 1, 100, "snapshots"),
     # Steps between checkpoints; None for checkpoint_every_seconds: no time-based saves.
-    Setting("checkpoint_every_steps", int, 50, 1, None, "steps"),
+    Setting("checkpoint_every_steps", int, 50, 1, 1_000_000_000, "steps"),
     Setting("checkpoint_every_seconds", float, None, 1.0, 86400.0, "s"),
     # Unprivileged ports only: the trainer runs as an ordinary user.
     Setting("port", int, None, 1024, 65535, "TCP port"),
@@ -200,11 +225,20 @@ def default(name: str) -> Any:
     return SETTINGS[name].default
 
 
+#: Decimal text :func:`check` accepts: ASCII digits, an optional sign, a point and exponent for floats,
+#: at most 32 characters (no setting needs more; a 5000-digit string is refused, not parsed).
+_INT_TEXT = re.compile(r"[+-]?[0-9]+")
+_FLOAT_TEXT = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]{1,3})?")
+_MAX_NUMBER_TEXT = 32
+
+
 def check(name: str, value: Any, *, label: Optional[str] = None) -> Any:
     """Validate ``value`` for setting ``name`` and return it as the setting's kind.
 
-    Accepts a JSON number (the node config) or its decimal text (``cdk synth -c key=7``, an
-    environment variable); never ``true``/``false``, NaN or infinity.
+    Accepts a JSON number (the node config) or its ASCII decimal text of at most 32 characters
+    (``cdk synth -c key=7``, an environment variable); never ``true``/``false``, NaN, infinity,
+    Unicode digits or anything else (a list, a dict): every such value is a SettingError, never
+    another exception. Every setting has an upper bound.
 
     Args:
         name: a key of :data:`SETTINGS`.
@@ -222,11 +256,12 @@ def check(name: str, value: Any, *, label: Optional[str] = None) -> Any:
     elif isinstance(value, int) or (setting.kind is float and isinstance(value, float)):
         number = value
     elif isinstance(value, str):
+        # ASCII decimal text only: Python's int()/float() also take full-width and other Unicode
+        # digits ('７０００'), underscores, 'inf' and 'nan', which CloudFormation and EC2 do not.
         text = value.strip()
-        try:
+        pattern = _INT_TEXT if setting.kind is int else _FLOAT_TEXT
+        if len(text) <= _MAX_NUMBER_TEXT and text.isascii() and pattern.fullmatch(text):
             number = int(text) if setting.kind is int else float(text)
-        except ValueError:
-            number = None
     if number is None or (isinstance(number, float) and not math.isfinite(number)):
         raise SettingError(label, value, setting.allowed())
     if number < setting.minimum or (setting.maximum is not None and number > setting.maximum):

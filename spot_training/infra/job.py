@@ -200,7 +200,8 @@ class TrainingJob(constructs.Construct):
             STACK_TAG_KEY: self.job_id, PURPOSE_TAG_KEY: PURPOSE_DATA_VOLUME, DEPLOYMENT_TAG_KEY: deployment}
 
         self.bootstrap_asset = bootstrap_asset or _stack_bootstrap_asset(stack)
-        self.node_role = TrainingNodeRole(self, "NodeRole", stack_tag_value=self.job_id, assets=[self.bootstrap_asset.asset])
+        self.node_role = TrainingNodeRole(self, "NodeRole", stack_tag_value=self.job_id, assets=[self.bootstrap_asset.asset],
+                                          deployment_tag_value=deployment, adopt_volume_id=adopt_volume_id)
         if volume_encryption_key is not None:
             self.node_role.grant_volume_key(volume_encryption_key)
         _acknowledge_bucket_reads(self.node_role)

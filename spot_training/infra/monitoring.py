@@ -4,7 +4,7 @@
   context key; CloudWatch Logs encrypts every log group at rest with AWS-managed keys, which is what
   cdk-nag's AwsSolutions pack accepts; a customer managed key would cost a key a month and a key
   policy for the logs service principal, and buys nothing for training output), one stream per instance;
-- the metrics the agents put (``spot_training.agent.publish.METRICS``) under :data:`METRICS_NAMESPACE`,
+- the metrics the agents put (``spot_training.agent.publish.METRICS``) under the stack's namespace ``SpotTraining/<stack name>``,
   dimension ``Stack``;
 - a dashboard: progress (global step, steps total), loss, checkpoint age, interruptions (notices,
   rebalance recommendations, volume moves), notice->checkpoint and boot->resume seconds, running
@@ -38,9 +38,11 @@ from aws_cdk import aws_sns as sns
 from aws_cdk import aws_sns_subscriptions as subscriptions
 
 from . import acknowledgements
+from spot_training.contract import METRICS_NAMESPACE_PREFIX, metrics_namespace
 
-#: The CloudWatch namespace of the agents' metrics (node config ``monitoring.namespace``).
-METRICS_NAMESPACE = "SpotTraining"
+#: First part of the CloudWatch namespace of the agents' metrics; each stack's is
+#: ``SpotTraining/<stack name>`` (:func:`spot_training.contract.metrics_namespace`).
+METRICS_NAMESPACE = METRICS_NAMESPACE_PREFIX
 #: Log group name of a stack: ``/spot-training/<stack name>``.
 LOG_GROUP_PREFIX = "/spot-training/"
 #: Period of the agent-metric alarms, and of the capacity alarm (Spot Fleet's 5-minute metrics).
@@ -109,7 +111,7 @@ class TrainingMonitoring(constructs.Construct):
             raise ValueError(f"no_capacity_minutes must be an integer from 5 to 1440, got {no_capacity_minutes!r}")
         if notification_email is not None and ("@" not in notification_email or " " in notification_email):
             raise ValueError(f"notification_email must be an e-mail address such as ops@example.com, got {notification_email!r}")
-        self.namespace = METRICS_NAMESPACE
+        self.namespace = metrics_namespace(stack_tag_value)
         self.stack_tag_value = stack_tag_value
         self.log_group = logs.LogGroup(
             self,
@@ -188,7 +190,7 @@ class TrainingMonitoring(constructs.Construct):
         )
         running = cloudwatch.MathExpression(
             expression=(
-                f"SEARCH('{{{METRICS_NAMESPACE},Stack,InstanceType,AvailabilityZone}} "
+                f"SEARCH('{{{self.namespace},Stack,InstanceType,AvailabilityZone}} "
                 f"MetricName=\"RunningInstances\" Stack=\"{stack_tag_value}\"', 'Maximum', 60)"
             ),
             label="running instances",
@@ -251,16 +253,17 @@ class TrainingMonitoring(constructs.Construct):
 
     def metric(self, name: str, statistic: str) -> cloudwatch.Metric:
         """The agents' metric ``name`` of this stack (dimension ``Stack``), 1-minute period."""
-        return cloudwatch.Metric(namespace=METRICS_NAMESPACE, metric_name=name,
+        return cloudwatch.Metric(namespace=self.namespace, metric_name=name,
                                  dimensions_map={"Stack": self.stack_tag_value}, statistic=statistic, period=_PERIOD)
 
     def grant_publish(self, role: iam.IRole) -> None:
-        """Let ``role`` (the nodes) write to this log group only and put metrics only in our namespace.
+        """Let ``role`` (the nodes) write to this log group only and put metrics only in this stack's namespace.
 
         ``logs:CreateLogStream``/``logs:PutLogEvents`` on the group's streams (``LogGroup.grant_write``);
         ``cloudwatch:PutMetricData`` has no resource-level permissions, so it is ``Resource: "*"``
-        with the condition ``cloudwatch:namespace`` = :data:`METRICS_NAMESPACE` (CloudWatch User
-        Guide, "Using condition keys to limit access to CloudWatch namespaces").
+        with the condition ``cloudwatch:namespace`` = ``SpotTraining/<stack name>`` (CloudWatch User
+        Guide, "Using condition keys to limit access to CloudWatch namespaces"): another stack's
+        nodes cannot put metrics this stack's alarms read.
         """
         self.log_group.grant_write(role)
         role.add_to_principal_policy(
@@ -268,14 +271,14 @@ class TrainingMonitoring(constructs.Construct):
                 sid="PutMetricDataOwnNamespace",
                 actions=["cloudwatch:PutMetricData"],
                 resources=["*"],
-                conditions={"StringEquals": {"cloudwatch:namespace": METRICS_NAMESPACE}},
+                conditions={"StringEquals": {"cloudwatch:namespace": self.namespace}},
             )
         )
 
     def node_config(self, *, interval_s: float | None = None) -> dict[str, object]:
         """The node config's ``monitoring`` section (docs/contracts.md)."""
         section: dict[str, object] = {"enabled": True, "log_group": log_group_name(self.stack_tag_value),
-                                      "namespace": METRICS_NAMESPACE}
+                                      "namespace": self.namespace}
         if interval_s is not None:
             section["interval_s"] = interval_s
         return section

@@ -23,7 +23,7 @@ from aws_cdk import aws_kms as kms
 from aws_cdk import aws_s3_assets as s3_assets
 
 from . import acknowledgements
-from .tags import AGENT_BOOKKEEPING_TAG_KEYS, STACK_TAG_KEY
+from .tags import AGENT_BOOKKEEPING_TAG_KEYS, DEPLOYMENT_TAG_KEY, STACK_TAG_KEY
 from .userdata import BOOT_ERROR_TAG, FAILED_BOOTS_TAG
 
 #: The instance-id condition key of the instance a request acts on, as an IAM policy variable.
@@ -93,6 +93,8 @@ class TrainingNodeRole(constructs.Construct):
         assets: Sequence[s3_assets.Asset] = (),
         description: str | None = None,
         data_volume_access: bool = True,
+        deployment_tag_value: str | None = None,
+        adopt_volume_id: str | None = None,
     ) -> None:
         """Define the role, its policy and the instance profile.
 
@@ -104,6 +106,12 @@ class TrainingNodeRole(constructs.Construct):
             data_volume_access: grant the EBS statements that find, move, attach and delete the data
                 volume and its snapshots, and cancel the stack's fleet; default true. Parameter-server
                 cluster nodes keep their data on EFS, cancel nothing, and get only the Describe statement.
+            deployment_tag_value: the ``spot-training:deployment`` value (a token,
+                :func:`spot_training.infra.tags.deployment_tag_value`) every volume and snapshot statement
+                requires too, so that a node cannot touch, copy or retag data kept by an earlier deployment
+                of the same stack name; default None: the stack tag alone (a role outside a stack).
+            adopt_volume_id: the retained volume this deployment adopts (``adopt_volume_id``): the one
+                resource on which the node may set the deployment tag to its own value.
 
         Raises:
             ValueError: ``stack_tag_value`` is empty, or ``data_volume_access`` is not a bool.
@@ -133,7 +141,10 @@ class TrainingNodeRole(constructs.Construct):
         self.instance_profile = iam.InstanceProfile(self, "InstanceProfile", role=self.role)
         if not isinstance(data_volume_access, bool):
             raise ValueError(f"data_volume_access must be True or False, got {data_volume_access!r}")
-        for statement in node_policy_statements(self.stack_tag_value):
+        self.deployment_tag_value = deployment_tag_value
+        self.adopt_volume_id = adopt_volume_id
+        for statement in node_policy_statements(self.stack_tag_value, deployment_tag_value=deployment_tag_value,
+                                                adopt_volume_id=adopt_volume_id):
             if data_volume_access or statement.sid == "Describe":
                 self.role.add_to_principal_policy(statement)
         for asset in assets:
@@ -249,7 +260,8 @@ class TrainingNodeRole(constructs.Construct):
             raise ValueError(f"counted_on must be 'fleet' or 'auto-scaling-group', got {counted_on!r}")
         tagged = {f"aws:ResourceTag/{STACK_TAG_KEY}": self.stack_tag_value}
         count_key = {"ForAllValues:StringEquals": {"aws:TagKeys": [FAILED_BOOTS_TAG]}, "Null": {"aws:TagKeys": "false"}}
-        statements = {s.sid: s for s in node_policy_statements(self.stack_tag_value)}
+        statements = {s.sid: s for s in node_policy_statements(self.stack_tag_value,
+                                                               deployment_tag_value=self.deployment_tag_value)}
         self.role.add_to_principal_policy(statements["TagOwnInstanceBootError"])
         if counted_on == "fleet":
             self.role.add_to_principal_policy(iam.PolicyStatement(
@@ -290,23 +302,38 @@ def _snapshot_arn() -> str:
     return f"arn:{cdk.Aws.PARTITION}:ec2:{cdk.Aws.REGION}::snapshot/*"
 
 
-def node_policy_statements(stack_tag_value: str) -> list[iam.PolicyStatement]:
+def node_policy_statements(stack_tag_value: str, *, deployment_tag_value: str | None = None,
+                           adopt_volume_id: str | None = None) -> list[iam.PolicyStatement]:
     """The EC2 policy statements of :class:`TrainingNodeRole` for stack tag value ``stack_tag_value``.
+
+    Every volume and snapshot statement (create, copy, attach, delete, tag, untag) also requires
+    ``spot-training:deployment`` = ``deployment_tag_value`` when given: the resource's tag for existing
+    resources, the request's tag for new ones, and no request may set or change the stack or
+    deployment tag of an existing resource. The one exception is ``adopt_volume_id`` (exact ARN): the
+    node may set that retained volume's deployment tag to its own value (the agent's adoption).
+    Instance and fleet statements test the stack tag (instances carry no deployment tag).
 
     Returns a list of ``iam.PolicyStatement``; only the Describe statement has ``Resource: "*"``.
     """
     tagged = {"StringEquals": {f"aws:ResourceTag/{STACK_TAG_KEY}": stack_tag_value}}
-    requested = {"StringEquals": {f"aws:RequestTag/{STACK_TAG_KEY}": stack_tag_value}}
+    own = {f"aws:ResourceTag/{STACK_TAG_KEY}": stack_tag_value}
+    new_tags = {f"aws:RequestTag/{STACK_TAG_KEY}": stack_tag_value}
+    if deployment_tag_value is not None:
+        own[f"aws:ResourceTag/{DEPLOYMENT_TAG_KEY}"] = deployment_tag_value
+        new_tags[f"aws:RequestTag/{DEPLOYMENT_TAG_KEY}"] = deployment_tag_value
+    data = {"StringEquals": own}
+    requested = {"StringEquals": new_tags}
+    identity_keys = [STACK_TAG_KEY, DEPLOYMENT_TAG_KEY]
     volume, snapshot, instance = _arn("volume/*"), _snapshot_arn(), _arn("instance/*")
-    return [
+    statements = [
         iam.PolicyStatement(sid="Describe", actions=list(DESCRIBE_ACTIONS), resources=["*"]),
         # Each create call is authorised on two resources: the new one (must be requested with the
-        # stack tag) and its source (must already carry it): CreateVolume's source snapshot,
-        # CreateSnapshot's source volume.
+        # stack and deployment tags) and its source (must already carry them): CreateVolume's source
+        # snapshot, CreateSnapshot's source volume.
         iam.PolicyStatement(sid="CreateTaggedVolume", actions=["ec2:CreateVolume"], resources=[volume], conditions=requested),
-        iam.PolicyStatement(sid="CreateVolumeFromOwnSnapshot", actions=["ec2:CreateVolume"], resources=[snapshot], conditions=tagged),
+        iam.PolicyStatement(sid="CreateVolumeFromOwnSnapshot", actions=["ec2:CreateVolume"], resources=[snapshot], conditions=data),
         iam.PolicyStatement(sid="CreateTaggedSnapshot", actions=["ec2:CreateSnapshot"], resources=[snapshot], conditions=requested),
-        iam.PolicyStatement(sid="SnapshotOwnVolume", actions=["ec2:CreateSnapshot"], resources=[volume], conditions=tagged),
+        iam.PolicyStatement(sid="SnapshotOwnVolume", actions=["ec2:CreateSnapshot"], resources=[volume], conditions=data),
         iam.PolicyStatement(
             sid="TagOnCreate",
             actions=["ec2:CreateTags"],
@@ -314,7 +341,7 @@ def node_policy_statements(stack_tag_value: str) -> list[iam.PolicyStatement]:
             conditions={
                 "StringEquals": {
                     "ec2:CreateAction": ["CreateVolume", "CreateSnapshot"],
-                    f"aws:RequestTag/{STACK_TAG_KEY}": stack_tag_value,
+                    **new_tags,
                 }
             },
         ),
@@ -323,8 +350,8 @@ def node_policy_statements(stack_tag_value: str) -> list[iam.PolicyStatement]:
             actions=["ec2:CreateTags"],
             resources=[volume, snapshot],
             conditions={
-                **tagged,
-                "ForAllValues:StringNotEquals": {"aws:TagKeys": [STACK_TAG_KEY]},
+                **data,
+                "ForAllValues:StringNotEquals": {"aws:TagKeys": identity_keys},
             },
         ),
         # DeleteTags naming no tag deletes every tag (the stack tag too): only the agent's bookkeeping
@@ -334,23 +361,31 @@ def node_policy_statements(stack_tag_value: str) -> list[iam.PolicyStatement]:
             actions=["ec2:DeleteTags"],
             resources=[volume, snapshot],
             conditions={
-                **tagged,
-                "ForAllValues:StringNotEquals": {"aws:TagKeys": [STACK_TAG_KEY]},
+                **data,
+                "ForAllValues:StringNotEquals": {"aws:TagKeys": identity_keys},
                 "ForAllValues:StringEquals": {"aws:TagKeys": list(AGENT_BOOKKEEPING_TAG_KEYS)},
                 "Null": {"aws:TagKeys": "false"},
             },
         ),
+        # AttachVolume/DetachVolume are authorised on the volume and on the instance: the volume must
+        # be this deployment's, the instance this stack's.
         iam.PolicyStatement(
-            sid="AttachOwnVolumesToOwnInstances",
+            sid="AttachOwnVolumes",
             actions=["ec2:AttachVolume", "ec2:DetachVolume"],
-            resources=[volume, instance],
+            resources=[volume],
+            conditions=data,
+        ),
+        iam.PolicyStatement(
+            sid="AttachToOwnInstances",
+            actions=["ec2:AttachVolume", "ec2:DetachVolume"],
+            resources=[instance],
             conditions=tagged,
         ),
         iam.PolicyStatement(
             sid="DeleteOwnVolumesAndSnapshots",
             actions=["ec2:DeleteVolume", "ec2:DeleteSnapshot"],
             resources=[volume, snapshot],
-            conditions=tagged,
+            conditions=data,
         ),
         # The boot-failure script (spot_training/infra/userdata.py) tags its own instance with the failed step, where
         # the user sees it in the console; only that key, only on this stack's instances.
@@ -367,6 +402,20 @@ def node_policy_statements(stack_tag_value: str) -> list[iam.PolicyStatement]:
             conditions=tagged,
         ),
     ]
+    if adopt_volume_id is not None and deployment_tag_value is not None:
+        # The user named this retained volume: the agent sets its deployment tag to ours (and only that).
+        statements.append(iam.PolicyStatement(
+            sid="AdoptNamedVolume",
+            actions=["ec2:CreateTags"],
+            resources=[_arn(f"volume/{adopt_volume_id}")],
+            conditions={
+                "StringEquals": {f"aws:ResourceTag/{STACK_TAG_KEY}": stack_tag_value,
+                                 f"aws:RequestTag/{DEPLOYMENT_TAG_KEY}": deployment_tag_value},
+                "ForAllValues:StringEquals": {"aws:TagKeys": [DEPLOYMENT_TAG_KEY]},
+                "Null": {"aws:TagKeys": "false"},
+            },
+        ))
+    return statements
 
 
 class SpotFleetRole(constructs.Construct):

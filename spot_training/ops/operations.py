@@ -4,7 +4,7 @@ Works against AWS (``--stack``, ``--region``, ``--profile``: boto3's standard cr
 unchanged, against local mode's moto server (``--endpoint-url``, or the live ``spot-train local up``
 state): the same calls, the same code. Everything is read from AWS's own services: CloudFormation (the
 stack and its outputs), EC2 (the fleet request, its instances, the data volume, the spot price history),
-CloudWatch (the agents' metrics, namespace ``SpotTraining``, dimension ``Stack``; the alarms),
+CloudWatch (the agents' metrics, namespace ``SpotTraining/<stack>``, dimension ``Stack``; the alarms),
 CloudWatch Logs (``/spot-training/<stack>``, one stream per instance) and the AWS Price List API
 (``pricing`` in us-east-1) for on-demand prices. docs/operations.md describes the output.
 
@@ -30,9 +30,9 @@ import time
 from collections import defaultdict
 from typing import Any, Callable, Iterable, Iterator
 
-from spot_training.contract import PURPOSE_TAG, STACK_TAG  # noqa: F401  (re-exported for local mode's callers)
+from spot_training.contract import METRICS_NAMESPACE_PREFIX, PURPOSE_TAG, STACK_TAG, metrics_namespace  # noqa: F401  (PURPOSE_TAG, STACK_TAG re-exported for local mode)
 
-NAMESPACE = "SpotTraining"
+NAMESPACE = METRICS_NAMESPACE_PREFIX  # each stack's: metrics_namespace(stack), SpotTraining/<stack name>
 LOG_GROUP_PREFIX = "/spot-training/"
 #: Hours in a month as AWS prices GB-month storage (730 h).
 HOURS_PER_MONTH = 730.0
@@ -322,7 +322,7 @@ def metric_series(aws: Aws, stack: str, *, start: dt.datetime, end: dt.datetime,
     """The agents' metrics of ``stack`` (:data:`METRIC_STATS`) from ``start`` to ``end``, one
     ``GetMetricData`` call: name -> [(timestamp, value)] oldest first."""
     queries = [{"Id": f"m{n}", "Label": name, "ReturnData": True, "MetricStat": {
-        "Metric": {"Namespace": NAMESPACE, "MetricName": name, "Dimensions": [{"Name": "Stack", "Value": stack}]},
+        "Metric": {"Namespace": metrics_namespace(stack), "MetricName": name, "Dimensions": [{"Name": "Stack", "Value": stack}]},
         "Period": period_s, "Stat": stat}} for n, (name, stat) in enumerate(METRIC_STATS.items())]
     series: dict[str, list[tuple[dt.datetime, float]]] = {name: [] for name in METRIC_STATS}
     token = None
@@ -521,13 +521,30 @@ def _parsed(event: dict[str, Any]) -> dict[str, Any]:
         return {"message": event["message"]}
 
 
+#: Terminal escape sequences (ECMA-48): CSI ``ESC [ ... final``, OSC/DCS/PM/APC/SOS strings up to BEL or
+#: ``ESC \``, two-byte ``ESC x``, and their 8-bit C1 forms.
+_ESCAPE_SEQUENCE = re.compile(r"(?:\x1b\[|\x9b)[0-?]*[ -/]*[@-~]"
+                              r"|(?:\x1b[\]PX^_]|[\x90\x98\x9d\x9e\x9f])[^\x07\x1b\x9c]*(?:\x07|\x1b\\|\x9c)?"
+                              r"|\x1b[ -/]*[0-~]?")
+_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f]")
+
+
+def strip_control(text: str) -> str:
+    """``text`` safe to print on a terminal: escape sequences (colours, cursor moves, title changes,
+    OSC 52 clipboard writes) removed; a newline or carriage return shown as ``\\n``/``\\r`` (one event
+    stays one line and cannot overwrite or fake another); every other C0/C1 control character removed."""
+    text = _ESCAPE_SEQUENCE.sub("", text).replace("\r", "\\r").replace("\n", "\\n")
+    return _CONTROL.sub("", text)
+
+
 def format_log_line(event: dict[str, Any]) -> str:
-    """``TIME INSTANCE SOURCE MESSAGE`` for one log event (agent lines: level and logger; trainer lines: 'trainer')."""
+    """``TIME INSTANCE SOURCE MESSAGE`` for one log event (agent lines: level and logger; trainer lines:
+    'trainer'). The trainer writes what it likes: terminal control sequences are stripped (:func:`strip_control`)."""
     data = _parsed(event)
     when = dt.datetime.fromtimestamp(event["timestamp"] / 1000, tz=dt.timezone.utc).strftime("%H:%M:%S.%f")[:-3]
     source = data.get("logger", "")
-    source = "trainer" if source == "trainer" else f"agent {data.get('level', '')[:4]}".strip()
-    return f"{when} {event['instance_id']} {source:<10} {data.get('message', '')}"
+    source = "trainer" if source == "trainer" else f"agent {str(data.get('level', ''))[:4]}".strip()
+    return strip_control(f"{when} {event['instance_id']} {source:<10} {data.get('message', '')}")
 
 
 def interruption_history(events: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:

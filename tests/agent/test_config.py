@@ -173,6 +173,7 @@ def test_pytorch_runs_on_single_nodes_and_on_cluster_nodes():
     for role in ("scheduler", "worker"):
         data = _set("training.framework", "pytorch")
         data["node_role"] = role
+        data["cluster"] = {"state_dir": "/mnt/efs/cluster", "num_servers": 0}
         assert parse_config(data).training.framework == "pytorch"
 
 

@@ -16,6 +16,13 @@ from spot_training.agent.errors import ConfigError
 from spot_training.agent.torch_elastic import RendezvousState, TorchCoordinator, TorchWorker, torchrun_argv
 
 
+def _coordinator_publishes(state: RendezvousState, worker: TorchWorker, *, host: str, epoch: int, node_id: str) -> None:
+    """What a coordinator does: register (its address is a member's), then publish the rendezvous there."""
+    worker.state.register({"node_id": node_id, "instance_id": node_id, "role": "scheduler", "host": host,
+                           "port": 9000, "data_ready": True, "leaving": False, "registered_at": 0.0})
+    state.publish(host=host, port=9000, epoch=epoch, node_id=node_id, since=0)
+
+
 def _settings(tmp_path: Path, **kw) -> ClusterSettings:
     return ClusterSettings(state_dir=tmp_path / "cluster", num_servers=0, heartbeat_interval_s=0.2,
                            heartbeat_timeout_s=2.0, kill_grace_s=1.0, stop_timeout_s=5.0, **kw)
@@ -116,7 +123,7 @@ def test_worker_waits_for_the_rendezvous_relaunches_and_reports_an_exit_it_did_n
         assert worker.step() is None
     assert worker.running is None and worker.launches == 0  # nothing published yet
     rdzv = worker.rdzv
-    rdzv.publish(host="10.0.0.1", port=9000, epoch=2, node_id="i-c", since=0)
+    _coordinator_publishes(rdzv, worker, host="10.0.0.1", epoch=2, node_id="i-c")
     _until(worker, lambda _: worker.launches >= 2, timeout=20)  # exits 3, relaunched after the back-off
     assert [r["epoch"] for r in rdzv.reports()] == [2]
     assert env_file.read_text() == "1 i-w1"
@@ -126,10 +133,10 @@ def test_worker_waits_for_the_rendezvous_relaunches_and_reports_an_exit_it_did_n
 def test_worker_restarts_torchrun_when_the_epoch_moves_and_finishes_on_completed(tmp_path):
     worker = _worker(tmp_path, "import signal, sys, time; signal.signal(signal.SIGTERM, lambda *a: sys.exit(1)); time.sleep(60)")
     rdzv = worker.rdzv
-    rdzv.publish(host="10.0.0.1", port=9000, epoch=1, node_id="i-c", since=0)
+    _coordinator_publishes(rdzv, worker, host="10.0.0.1", epoch=1, node_id="i-c")
     _until(worker, lambda _: worker.running is not None)
     first = worker.running.proc.pid
-    rdzv.publish(host="10.0.0.2", port=9000, epoch=2, node_id="i-c2", since=0)  # a replacement coordinator
+    _coordinator_publishes(rdzv, worker, host="10.0.0.2", epoch=2, node_id="i-c2")  # a replacement coordinator
     _until(worker, lambda _: worker.running is not None and worker.running.epoch == 2, timeout=20)
     assert worker.running.proc.pid != first and worker.running.endpoint == "10.0.0.2:9000"
     assert rdzv.reports() == []  # the agent asked it to stop: no failure to report
@@ -157,7 +164,7 @@ def test_worker_leaving_sigterms_only_its_torchrun_and_waits_for_it(tmp_path):
               f"signal.signal(signal.SIGTERM, stop)\nopen({str(marker) + '.ready'!r}, 'w').write('')\ntime.sleep(60)\n")
     notice = _Notice()
     worker = _worker(tmp_path, script, monitors=[notice])
-    worker.rdzv.publish(host="10.0.0.1", port=9000, epoch=1, node_id="i-c", since=0)
+    _coordinator_publishes(worker.rdzv, worker, host="10.0.0.1", epoch=1, node_id="i-c")
     _until(worker, lambda _: Path(str(marker) + ".ready").exists())
     notice.fired = True
     started = time.time()

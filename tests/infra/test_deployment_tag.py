@@ -39,3 +39,55 @@ def test_adopting_a_retained_volume_creates_none_and_tells_the_agent(tmp_path) -
     assert synth.nag_errors == [] and cfn_lint_errors(synth.template_file) == []
     with pytest.raises(ValueError, match="adopt_volume_id"):
         StackSettings.from_mapping({"adopt_volume_id": "snap-0123456789abcdef0"})
+
+
+def _node_statements(synth: Synth) -> dict[str, dict]:
+    import json
+
+    roles = [k for k, v in synth.resources("AWS::IAM::Role").items()
+             if "ec2.amazonaws.com" in json.dumps(v["Properties"]["AssumeRolePolicyDocument"])]
+    out = {}
+    for policy in synth.resources("AWS::IAM::Policy").values():
+        if any({"Ref": r} in policy["Properties"]["Roles"] for r in roles):
+            out.update({s["Sid"]: s for s in policy["Properties"]["PolicyDocument"]["Statement"] if "Sid" in s})
+    return out
+
+
+def _resources(statement: dict) -> list:
+    return statement["Resource"] if isinstance(statement["Resource"], list) else [statement["Resource"]]
+
+
+def test_every_volume_and_snapshot_action_requires_this_deployment(default_synth: Synth) -> None:
+    """A node's credentials (readable by anything on the instance through IMDS) cannot delete, attach,
+    copy or retag data an earlier deployment of the same stack name retained."""
+    import json
+
+    statements = _node_statements(default_synth)
+    touched = [s for s in statements.values() if s["Sid"] != "Describe"
+               and any("volume/" in json.dumps(r) or "snapshot/" in json.dumps(r) for r in _resources(s))]
+    assert {s["Sid"] for s in touched} >= {"CreateTaggedVolume", "CreateVolumeFromOwnSnapshot", "CreateTaggedSnapshot",
+                                           "SnapshotOwnVolume", "TagOnCreate", "RetagOwnResources",
+                                           "UntagOwnBookkeeping", "AttachOwnVolumes", "DeleteOwnVolumesAndSnapshots"}
+    for statement in touched:
+        equals = statement["Condition"]["StringEquals"]
+        keys = {k.split("/", 1)[1] for k in equals if k.startswith(("aws:ResourceTag/", "aws:RequestTag/"))}
+        assert keys == {"spot-training:stack", DEPLOYMENT_TAG_KEY}, statement["Sid"]
+        assert all(v == STACK_UUID for k, v in equals.items() if k.endswith(DEPLOYMENT_TAG_KEY)), statement["Sid"]
+    # No request may set or change the stack or deployment tag of an existing volume or snapshot.
+    for sid in ("RetagOwnResources", "UntagOwnBookkeeping"):
+        assert set(statements[sid]["Condition"]["ForAllValues:StringNotEquals"]["aws:TagKeys"]) == {
+            "spot-training:stack", DEPLOYMENT_TAG_KEY}
+    assert "AdoptNamedVolume" not in statements
+
+
+def test_adoption_may_retag_only_the_named_volume(tmp_path) -> None:
+    from infra_helpers import synth_stack
+
+    from spot_training.infra.config import StackSettings
+
+    synth = synth_stack(tmp_path, StackSettings.from_mapping({"adopt_volume_id": "vol-0123456789abcdef0"}))
+    adopt = _node_statements(synth)["AdoptNamedVolume"]
+    assert adopt["Action"] == "ec2:CreateTags"
+    assert "volume/vol-0123456789abcdef0" in str(_resources(adopt))
+    assert adopt["Condition"]["ForAllValues:StringEquals"] == {"aws:TagKeys": [DEPLOYMENT_TAG_KEY]}
+    assert adopt["Condition"]["StringEquals"][f"aws:RequestTag/{DEPLOYMENT_TAG_KEY}"] == STACK_UUID

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from aws_cdk import assertions  # noqa: F401 - Synth.template is an assertions.Template
-from infra_helpers import Synth, cfn_lint_errors, synth_stack
+from infra_helpers import Synth, cfn_lint_errors, launch_template_user_data, synth_stack
 
 from spot_training.agent.config import parse_config
 from spot_training.infra.config import StackSettings
@@ -56,7 +56,7 @@ def test_dashboard_shows_progress_loss_interruptions_and_instances_by_type_and_a
 
 def test_hang_alarm_is_no_steps_for_n_minutes_while_a_node_publishes(default_synth: Synth, email_synth: Synth) -> None:
     alarm = _alarm(default_synth, "MonitoringNoProgress")
-    assert alarm["Namespace"] == "SpotTraining" and alarm["MetricName"] == "StepsDone"
+    assert alarm["Namespace"] == "SpotTraining/SpotTraining" and alarm["MetricName"] == "StepsDone"
     assert alarm["Dimensions"] == [{"Name": "Stack", "Value": "SpotTraining"}]
     assert (alarm["Statistic"], alarm["Period"], alarm["EvaluationPeriods"], alarm["DatapointsToAlarm"]) == ("Sum", 60, 30, 30)
     assert (alarm["ComparisonOperator"], alarm["Threshold"]) == ("LessThanOrEqualToThreshold", 0)
@@ -106,7 +106,14 @@ def test_nodes_write_only_to_the_stacks_log_group_and_only_our_namespace(default
                      "Resource": {"Fn::GetAtt": [group, "Arn"]}}]
     metrics = [s for s in statements if any(a.startswith("cloudwatch:") for a in actions(s))]
     assert len(metrics) == 1 and actions(metrics[0]) == ["cloudwatch:PutMetricData"]
-    assert metrics[0]["Condition"] == {"StringEquals": {"cloudwatch:namespace": "SpotTraining"}}
+    # The stack's own namespace: another stack's nodes cannot fake this stack's metrics (and alarms).
+    assert metrics[0]["Condition"] == {"StringEquals": {"cloudwatch:namespace": "SpotTraining/SpotTraining"}}
+    namespaces = {a["Properties"].get("Namespace") for a in default_synth.resources("AWS::CloudWatch::Alarm").values()}
+    namespaces |= {m["MetricStat"]["Metric"]["Namespace"] for a in default_synth.resources("AWS::CloudWatch::Alarm").values()
+                   for m in a["Properties"].get("Metrics", []) if "MetricStat" in m}
+    assert namespaces - {None, "AWS/EC2Spot"} == {"SpotTraining/SpotTraining"}
+    config = extract_config(launch_template_user_data(default_synth.template))
+    assert config["monitoring"]["namespace"] == "SpotTraining/SpotTraining"
 
 
 def test_node_config_carries_the_monitoring_section_the_agent_accepts(default_synth: Synth, email_synth: Synth) -> None:
@@ -149,7 +156,8 @@ def test_cluster_stack_has_the_same_monitoring_for_every_role(cluster_synth: Syn
 
     for role, lt in _launch_templates(cluster_synth).items():
         monitoring = parse_config(extract_config(cluster_user_data(lt))).monitoring
-        assert (monitoring.log_group, monitoring.namespace) == ("/spot-training/DistributedTraining", "SpotTraining"), role
+        assert (monitoring.log_group, monitoring.namespace) == ("/spot-training/DistributedTraining",
+                                                               "SpotTraining/DistributedTraining"), role
     groups = [r["Properties"] for r in cluster_synth.resources("AWS::Logs::LogGroup").values()
               if r["Properties"].get("LogGroupName") == "/spot-training/DistributedTraining"]
     assert len(groups) == 1 and groups[0]["RetentionInDays"] == 30
@@ -167,7 +175,7 @@ def test_cluster_stack_has_the_same_monitoring_for_every_role(cluster_synth: Syn
     for policy in cluster_synth.resources("AWS::IAM::Policy").values():
         for st in policy["Properties"]["PolicyDocument"]["Statement"]:
             if st["Action"] == "cloudwatch:PutMetricData":
-                assert st["Condition"] == {"StringEquals": {"cloudwatch:namespace": "SpotTraining"}}
+                assert st["Condition"] == {"StringEquals": {"cloudwatch:namespace": "SpotTraining/DistributedTraining"}}
                 granted |= {r["Ref"] for r in policy["Properties"]["Roles"]}
     assert granted == roles and len(roles) == 2  # scheduler/server role and worker role
     assert cluster_synth.nag_errors == []

@@ -23,7 +23,7 @@ from spot_training.cli import main
 STACK = "OpsTest"
 GROUP = f"/spot-training/{STACK}"
 TAGS = [{"Key": "spot-training:stack", "Value": STACK}]
-MONITORING = MonitoringConfig(enabled=True, log_group=GROUP, namespace="SpotTraining", interval_s=1.0)
+MONITORING = MonitoringConfig(enabled=True, log_group=GROUP, namespace=f"SpotTraining/{STACK}", interval_s=1.0)
 
 
 def _client(server, service):
@@ -267,7 +267,7 @@ def test_a_hung_trainer_raises_the_hang_alarm_and_a_gap_does_not(moto_server, tm
     gone_from = clock.now
     assert node.failures == 0
     points = cloudwatch.get_metric_statistics(
-        Namespace="SpotTraining", MetricName=hang_alarm["MetricName"], Dimensions=hang_alarm["Dimensions"],
+        Namespace=hang_alarm["Namespace"], MetricName=hang_alarm["MetricName"], Dimensions=hang_alarm["Dimensions"],
         StartTime=dt.datetime.fromtimestamp(start - 60, dt.timezone.utc),
         EndTime=dt.datetime.fromtimestamp(gone_from + 1200, dt.timezone.utc),
         Period=hang_alarm["Period"], Statistics=[hang_alarm["Statistic"]])["Datapoints"]
