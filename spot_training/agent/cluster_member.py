@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterable, Mapping
 
 from spot_training.agent.cluster_state import ClusterSettings, ClusterState
 from spot_training.agent.interruption import poll_leave_reason
-from spot_training.agent.supervisor import ProcessGroup
+from spot_training.agent.process_group import ProcessGroup
 from spot_training.contract import COMPLETED_FILE
 
 log = logging.getLogger("spot_training.agent.cluster")

@@ -18,13 +18,15 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from spot_training.agent.errors import ConfigError
-from spot_training.contract import (CLUSTER_MEMBER_TAG, DEFAULT_MAX_WORKERS, DEFAULT_MIN_WORKERS, DEFAULT_SCHEDULER_PORT,
+from spot_training.contract import (CLUSTER_MEMBER_TAG, DEFAULT_CLUSTER_KILL_GRACE_S, DEFAULT_CLUSTER_STOP_TIMEOUT_S,
+                            DEFAULT_MAX_WORKERS, DEFAULT_MIN_WORKERS, DEFAULT_SCHEDULER_PORT,
                             DEFAULT_SERVER_PORT, DEFAULT_TORCH_MAX_RESTARTS, DEFAULT_TORCH_NPROC_PER_NODE,
                             DEFAULT_TORCH_SHUTDOWN_TIMEOUT_S, DEFAULT_WORKER_PORT, MAX_SERVERS, MAX_TORCH_MAX_RESTARTS,
                             MAX_TORCH_NPROC_PER_NODE, MAX_WORKERS, SETTINGS, write_json_atomic)
@@ -73,8 +75,8 @@ class ClusterSettings:
     heartbeat_interval_s: float = 1.0
     heartbeat_timeout_s: float = 15.0
     debounce_s: float = 5.0
-    stop_timeout_s: float = 120.0
-    kill_grace_s: float = 5.0
+    stop_timeout_s: float = DEFAULT_CLUSTER_STOP_TIMEOUT_S
+    kill_grace_s: float = DEFAULT_CLUSTER_KILL_GRACE_S
     member_tag: str = DEFAULT_MEMBER_TAG
     max_workers: int = DEFAULT_MAX_WORKERS
     torch_max_restarts: int = DEFAULT_TORCH_MAX_RESTARTS
@@ -117,13 +119,16 @@ def settings_from_config(section: Mapping[str, Any] | None, *, framework: str | 
             problems.append(f"cluster.{key}: got {value!r}; expected an integer {minimum}..{maximum}")
         else:
             values[key] = value
-    for key in ("heartbeat_interval_s", "heartbeat_timeout_s", "debounce_s", "stop_timeout_s", "kill_grace_s",
-                "torch_shutdown_timeout_s"):
+    # Intervals and timeouts must be > 0 (an interval of 0 s makes the agent loop busy, a timeout of 0 s
+    # declares every member dead); debounce and kill grace may be 0 (join at once, SIGKILL at once).
+    for key, positive in (("heartbeat_interval_s", True), ("heartbeat_timeout_s", True), ("debounce_s", False),
+                          ("stop_timeout_s", True), ("kill_grace_s", False), ("torch_shutdown_timeout_s", True)):
         if key not in section:
             continue
         value = section[key]
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-            problems.append(f"cluster.{key}: got {value!r}; expected a number of seconds >= 0")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+                or value < 0 or (positive and value == 0):
+            problems.append(f"cluster.{key}: got {value!r}; expected a number of seconds {'> 0' if positive else '>= 0'}")
         else:
             values[key] = float(value)
     if "member_tag" in section:

@@ -45,7 +45,10 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from spot_training.agent import trainer_env
 from spot_training.agent.config import AgentConfig
-from spot_training.agent.errors import AgentError, ConfigError, ExitCode, TemporaryError
+from spot_training.agent.errors import (  # noqa: F401 - the give-up errors are re-exported for callers
+    AgentError, CheckpointMismatchError, CheckpointStorageError, ConfigError, ExitCode, TemporaryError, give_up_error)
+from spot_training.agent.process_group import (  # noqa: F401 - re-exported
+    ProcessGroup, descendants, signal_group, user_ids, user_kwargs)
 from spot_training.agent.safepath import UnsafePathError, open_directory, write_file_replacing
 # File and environment variable names are the contract's (docs/contracts.md); re-exported for callers.
 from spot_training.contract import (  # noqa: F401
@@ -54,10 +57,13 @@ from spot_training.contract import (  # noqa: F401
     ENV_CHECKPOINT_DIR,
     ENV_CHECKPOINT_EVERY_SECONDS,
     ENV_CHECKPOINT_EVERY_STEPS,
+    ENV_CHECKPOINT_REQUEST_FILE,
     ENV_DATA_DIR,
     ENV_LOG_DIR,
+    TRAINER_GIVE_UP,
+    TRAINER_RETRY,
+    trainer_exit_decision,
 )
-from spot_training.contract import ENV_CHECKPOINT_REQUEST_FILE as ENV_REQUEST_FILE
 
 if TYPE_CHECKING:
     from spot_training.agent.interruption import InterruptionWatcher
@@ -83,31 +89,6 @@ class TrainerFailedError(AgentError):
     """The trainer crashed more than ``max_restarts`` times in a row: exit 75."""
 
     exit_code = ExitCode.TEMPFAIL
-
-
-#: Trainer exit status meaning "checkpoint storage full or unusable" (docs/contracts.md): permanent.
-TRAINER_EXIT_CHECKPOINT_STORAGE = 74
-
-
-class CheckpointStorageError(AgentError):
-    """The trainer exited 74: its checkpoint storage is full or unusable (a save ran out of space,
-    or the directory is read-only). Restarting would fail the same way at the next save, so the
-    supervisor does not restart it. Exit 74."""
-
-    exit_code = ExitCode.CHECKPOINT_STORAGE
-
-
-#: Trainer exit status meaning "the newest checkpoint cannot serve this job" (another framework's,
-#: adapter's or model's; docs/contracts.md): permanent, like a bad config.
-TRAINER_EXIT_CHECKPOINT_MISMATCH = 78
-
-
-class CheckpointMismatchError(AgentError):
-    """The trainer exited 78: the newest checkpoint in its directory was written by another framework,
-    adapter or model (its log names the path). Every restart would refuse it the same way, so the
-    supervisor does not restart it. Exit 78."""
-
-    exit_code = ExitCode.CONFIG
 
 
 class EnvironmentBuildFailed(AgentError):
@@ -263,7 +244,7 @@ class Supervisor:
         if venv.inherit_site_packages:
             argv.append("--inherit-site-packages")
         argv += ["--attempts", str(self.venv_attempts), "--backoff-s", str(self.venv_backoff_s)]
-        kwargs = _user_kwargs(self.user())
+        kwargs = user_kwargs(self.user())
         env = self.trainer_environment()
         # The child imports bootstrap from the agent's code directory (the asset or a checkout).
         env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2])
@@ -334,7 +315,7 @@ class Supervisor:
             ENV_DATA_DIR: str(self.training.dataset_dir),
             ENV_CHECKPOINT_DIR: str(self.training.checkpoint_dir),
             ENV_LOG_DIR: str(self.training.log_dir),
-            ENV_REQUEST_FILE: str(self.request_file),
+            ENV_CHECKPOINT_REQUEST_FILE: str(self.request_file),
             "PYTHONUNBUFFERED": "1",
         })
         if self.training.checkpoint_every_steps is not None:
@@ -427,17 +408,16 @@ class Supervisor:
             if status == 0 and self.completed():
                 log.info("training completed", extra={"run_s": round(ran_s, 1), "completed_file": str(self.completed_file)})
                 return Outcome.COMPLETED
-            if status == TRAINER_EXIT_CHECKPOINT_STORAGE:
-                raise CheckpointStorageError(
-                    f"the trainer exited {status}: its checkpoint storage {str(self.training.checkpoint_dir)!r} is "
-                    "full or unusable (its log names the path, the bytes needed and free); not restarting it, since "
-                    "every restart would fail the same way; free space or fix the directory, then start the agent again")
-            if status == TRAINER_EXIT_CHECKPOINT_MISMATCH:
-                raise CheckpointMismatchError(
-                    f"the trainer exited {status}: the newest checkpoint in {str(self.training.checkpoint_dir)!r} "
-                    "cannot serve this job (another framework's, adapter's or model's; its log names the path); "
-                    "not restarting it; point the job at another checkpoint directory or restore the model it was "
-                    "written for, then start the agent again")
+            decision = trainer_exit_decision(status)
+            if decision == TRAINER_GIVE_UP:
+                raise give_up_error(status, self.training.checkpoint_dir)
+            if decision == TRAINER_RETRY:
+                delay = self.backoff_base_s * (0.5 + self._rng() / 2)
+                self.restarts += 1
+                log.info("trainer asked to be run again; restarting after backoff (not a crash)",
+                         extra={"exit_status": status, "backoff_s": round(delay, 2)})
+                self._backoff(delay, watcher)
+                continue
             crashes = 1 if ran_s >= self.stable_after_s else crashes + 1
             why = "exited 0 without writing COMPLETED" if status == 0 else f"exited with status {status}"
             if crashes > self.max_restarts:
@@ -514,142 +494,6 @@ class Supervisor:
         self._stop_requested = True
 
 
-# ---- one way to run a child process: every trainer and cluster process ----------------------------------
-def user_ids(account: pwd.struct_passwd | None) -> tuple[int, int, list[int]] | None:
-    """``(uid, gid, supplementary groups)`` of ``account``, or None for None (run as the current user)."""
-    if account is None:
-        return None
-    return account.pw_uid, account.pw_gid, os.getgrouplist(account.pw_name, account.pw_gid)
-
-
-def _user_kwargs(user: tuple[int, int, list[int]] | None) -> dict[str, Any]:
-    """subprocess's privilege-drop arguments for ``user`` (``user``/``group``/``extra_groups``, Python 3.9+)."""
-    if user is None:
-        return {}
-    uid, gid, groups = user
-    return {"user": uid, "group": gid, "extra_groups": list(groups)}
-
-
-def signal_group(pgid: int, sig: int) -> None:
-    """Send ``sig`` to the process group ``pgid``; a group that is already gone is fine."""
-    try:
-        os.killpg(pgid, sig)
-    except ProcessLookupError:
-        pass
-
-
-def descendants(pid: int) -> list[int]:
-    """Every process below ``pid`` (children first seen in /proc; Linux). Empty when /proc is missing."""
-    children: dict[int, list[int]] = {}
-    try:
-        entries = os.listdir("/proc")
-    except OSError:
-        return []
-    for entry in entries:
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", encoding="ascii", errors="replace") as handle:
-                stat = handle.read()
-        except OSError:
-            continue
-        ppid = int(stat[stat.rindex(")") + 2:].split()[1])  # fields after "(comm)": state ppid ...
-        children.setdefault(ppid, []).append(int(entry))
-    out, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            out.append(child)
-            todo.append(child)
-    return out
-
-
-class ProcessGroup:
-    """One child process in a session (process group) of its own: how the agent runs the single-node
-    trainer (:class:`Supervisor`) and every cluster process (spot_training/agent/ps_node.py, spot_training/agent/torch_elastic.py).
-
-    :meth:`start` runs ``argv`` with ``start_new_session``, stdin from /dev/null, as ``user``
-    (``(uid, gid, groups)``; None: the current user), inside the network namespace ``netns`` when given
-    (local mode: ``ip netns exec NS``), its output appended to ``log_path`` or sent to ``stdout``
-    (``subprocess.PIPE`` or None: the agent's own). :meth:`stop` is SIGTERM once, then SIGKILL after
-    ``kill_after`` seconds; :meth:`kill` reaches every descendant too (torchrun starts each rank in a
-    session of its own, so its group alone would orphan the ranks).
-
-    Attributes: ``proc`` (the Popen), ``term_sent`` (clock seconds, when SIGTERM was sent), ``killed``.
-    """
-
-    def __init__(self, proc: subprocess.Popen, *, clock: Callable[[], float] = time.monotonic) -> None:
-        self.proc, self.clock = proc, clock
-        self.term_sent: float | None = None
-        self.killed = False
-
-    @classmethod
-    def start(cls, argv: list[str], *, cwd: str | os.PathLike, env: Mapping[str, str],
-              user: tuple[int, int, list[int]] | None = None, netns: str | None = None,
-              log_path: Path | None = None, stdout: int | None = None,
-              clock: Callable[[], float] = time.monotonic) -> "ProcessGroup":
-        """Start ``argv`` (see the class docstring). Raises OSError when it cannot be run."""
-        prefix = ["ip", "netns", "exec", netns] if netns else []
-        log_file = open(log_path, "ab") if log_path is not None else None
-        out = log_file if log_file is not None else stdout
-        streams = {} if out is None else {"stdout": out, "stderr": subprocess.STDOUT}
-        try:
-            proc = subprocess.Popen([*prefix, *argv], cwd=cwd, env=dict(env), start_new_session=True,
-                                    stdin=subprocess.DEVNULL, **streams, **_user_kwargs(user))
-        finally:
-            if log_file is not None:
-                log_file.close()  # the child writes through its own copy of the descriptor
-        return cls(proc, clock=clock)
-
-    @property
-    def pid(self) -> int:
-        """The process id (also the process group id)."""
-        return self.proc.pid
-
-    def poll(self) -> int | None:
-        """The exit status once the process exited, else None."""
-        return self.proc.poll()
-
-    def signal(self, sig: int, *, group: bool = True) -> None:
-        """Send ``sig`` to the process group (``group``) or the process alone; gone is fine."""
-        if group:
-            signal_group(self.proc.pid, sig)
-        else:
-            try:
-                os.kill(self.proc.pid, sig)
-            except ProcessLookupError:
-                pass
-
-    def stop(self, *, kill_after: float | None, group: bool = True) -> None:
-        """Call repeatedly: SIGTERM once (to the group, or the process alone when not ``group``), then
-        :meth:`kill` once ``kill_after`` seconds have passed since (None: never)."""
-        now = self.clock()
-        if self.term_sent is None:
-            self.term_sent = now
-            self.signal(signal.SIGTERM, group=group)
-        elif kill_after is not None and not self.killed and now - self.term_sent >= kill_after:
-            log.warning("process did not stop after SIGTERM; SIGKILL", extra={"pid": self.proc.pid})
-            self.kill()
-
-    def kill(self) -> None:
-        """SIGKILL the group, the process and every descendant of it."""
-        self.killed = True
-        # The descendants are listed before any signal: once the process dies, its children (torchrun's
-        # ranks, each in a session of its own) are reparented and no longer found under its pid.
-        pids = [self.proc.pid, *descendants(self.proc.pid)]
-        signal_group(self.proc.pid, signal.SIGKILL)
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-
-    def kill_and_wait(self) -> int:
-        """:meth:`kill`, then reap; returns the exit status."""
-        self.kill()
-        self.proc.wait()
-        return self.poll()
-
-
 def _copy_output(pipe: Any, output: Callable[[str], None]) -> None:
     """Copy the trainer's output from ``pipe`` to the agent's stdout, line by line, and hand each line
     to ``output``; ends at EOF (the trainer and its children closed the pipe). A failing ``output``
@@ -680,7 +524,7 @@ _GIT_OPTIONS = ("-c", "core.hooksPath=/dev/null")
 def _git(args: list[str], *, cwd: Path | None, env: Mapping[str, str],
          account: pwd.struct_passwd | None = None) -> subprocess.CompletedProcess:
     """Run git (``-C cwd`` when given) as ``account`` (None: the current user), hooks disabled."""
-    kwargs = _user_kwargs(user_ids(account))
+    kwargs = user_kwargs(user_ids(account))
     where = ["-C", str(cwd)] if cwd is not None else []
     return subprocess.run(["git", *_GIT_OPTIONS, *where, *args], env=dict(env), capture_output=True, text=True,
                           timeout=600, stdin=subprocess.DEVNULL, **kwargs)

@@ -161,3 +161,26 @@ def test_worker_leaving_sigterms_only_its_torchrun_and_waits_for_it(tmp_path):
     assert marker.read_text() == "ok" and time.time() - started >= 1.0
     assert worker.leave_reason == "spot-interruption" and worker.running is None
     assert worker.rdzv.reports() == []
+
+
+def test_worker_whose_trainer_exits_74_is_not_relaunched_and_exits_74(tmp_path):
+    """The contract's restart policy (TRAINER_EXIT_POLICY): full or unusable checkpoint storage is
+    permanent, so the worker gives up with the same status instead of relaunching every 2 s."""
+    from spot_training.agent.errors import CheckpointStorageError
+
+    worker = _worker(tmp_path, "import sys; sys.exit(74)")
+    worker._register()
+    worker.rdzv.publish(host="10.0.0.1", port=9000, epoch=1, node_id="i-c", since=0)
+    with pytest.raises(CheckpointStorageError, match="exited 74") as info:
+        _until(worker, lambda _: worker.launches >= 2, timeout=10)
+    assert info.value.exit_code == 74 and worker.launches == 1
+    assert "i-w1" not in worker.state.registrations() and worker.rdzv.reports() == []
+
+
+def test_cluster_settings_refuse_a_zero_heartbeat_interval():
+    section = {"state_dir": "/mnt/efs/cluster", "num_servers": 1}
+    with pytest.raises(ConfigError, match=r"cluster.heartbeat_interval_s: got 0; expected a number of seconds > 0"):
+        settings_from_config({**section, "heartbeat_interval_s": 0})
+    with pytest.raises(ConfigError, match=r"cluster.stop_timeout_s: got 0"):
+        settings_from_config({**section, "stop_timeout_s": 0})
+    assert settings_from_config({**section, "kill_grace_s": 0, "debounce_s": 0}).kill_grace_s == 0.0
