@@ -19,7 +19,7 @@ from typing import Any, Callable, Mapping
 
 log = logging.getLogger("spot_training.agent.supervisor")
 
-__all__ = ["ProcessGroup", "descendants", "signal_group", "user_ids", "user_kwargs"]
+__all__ = ["ProcessGroup", "descendants", "group_alive", "signal_group", "user_ids", "user_kwargs"]
 
 
 def user_ids(account: pwd.struct_passwd | None) -> tuple[int, int, list[int]] | None:
@@ -43,6 +43,17 @@ def signal_group(pgid: int, sig: int) -> None:
         os.killpg(pgid, sig)
     except ProcessLookupError:
         pass
+
+
+def group_alive(pgid: int) -> bool:
+    """True while any process of the process group ``pgid`` exists (``kill(-pgid, 0)``)."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # it exists, under another user
+    return True
 
 
 def descendants(pid: int) -> list[int]:
@@ -136,6 +147,48 @@ class ProcessGroup:
         elif kill_after is not None and not self.killed and now - self.term_sent >= kill_after:
             log.warning("process did not stop after SIGTERM; SIGKILL", extra={"pid": self.proc.pid})
             self.kill()
+
+    def terminate(self, timeout_s: float, *, poll_s: float = 0.05) -> int:
+        """The contract's stop (docs/contracts.md, "Signals and files"), waiting for it; blocks up to
+        ``timeout_s`` seconds (plus the time SIGKILL takes).
+
+        1. SIGTERM to the leader process only: the trainer saves and exits, and its worker processes
+           (DataLoader workers, a ``multiprocessing`` pool, subprocesses it started) keep running until
+           it has, so none of them dies under it and turns the notice into a crash;
+        2. when the leader exits while processes of its group remain (a shell wrapper that does not
+           forward signals, a child the trainer left behind), SIGTERM to the group;
+        3. at the deadline, SIGKILL to the group and every descendant (:meth:`kill`).
+
+        Args:
+            timeout_s: seconds from now to the deadline (the notice's deadline minus the agent's margin,
+                or the agent's stop timeout).
+            poll_s: how often the group is checked, seconds.
+
+        Returns:
+            The leader's exit status (negative: the signal that ended it).
+        """
+        deadline = time.monotonic() + max(0.0, timeout_s)
+        if self.term_sent is None:
+            self.term_sent = self.clock()
+            self.signal(signal.SIGTERM, group=False)
+        forwarded = False
+        while True:
+            status = self.proc.poll()
+            if status is not None:
+                if not group_alive(self.proc.pid):
+                    return status
+                if not forwarded:
+                    forwarded = True
+                    log.info("the trainer's leader exited; SIGTERM to the rest of its process group",
+                             extra={"pgid": self.proc.pid, "exit_status": status})
+                    signal_group(self.proc.pid, signal.SIGTERM)
+            if time.monotonic() >= deadline:
+                log.warning("the trainer did not stop by the deadline; SIGKILL to its process group",
+                            extra={"pgid": self.proc.pid, "timeout_s": round(timeout_s, 1)})
+                self.kill()
+                self.proc.wait()
+                return self.proc.returncode
+            time.sleep(poll_s)
 
     def kill(self) -> None:
         """SIGKILL the group, the process and every descendant of it."""

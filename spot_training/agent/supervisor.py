@@ -161,6 +161,7 @@ class Supervisor:
         self._copier: threading.Thread | None = None
         self._clock, self._sleep, self._rng = clock, sleep, rng
         self._proc: subprocess.Popen | None = None
+        self._group: ProcessGroup | None = None
         self._stopped_by_us: str | None = None
         self._stop_requested = False
         self._account_cache: object = _UNSET
@@ -355,6 +356,7 @@ class Supervisor:
                                   "executable (training.python for '{python}')") from None
             raise TemporaryError(f"starting the trainer failed: {exc}") from exc
         proc = group.proc
+        self._group = group
         self.starts += 1
         if self.output is not None:
             self._copier = threading.Thread(target=_copy_output, args=(proc.stdout, self.output),
@@ -401,7 +403,7 @@ class Supervisor:
                 self._copier.join(5.0)  # the trainer's last lines reach stdout before we go on
             self.last_status = status
             ran_s = self._clock() - started
-            self._proc = None
+            self._proc = self._group = None
             if self._stopped_by_us is not None:
                 log.info("trainer stopped by the agent", extra={"exit_status": status, "reason": self._stopped_by_us})
                 return self._stopped_outcome(watcher)
@@ -458,20 +460,18 @@ class Supervisor:
 
     # ---- TrainerControl -----------------------------------------------------------------------
     def terminate(self, *, timeout_s: float, reason: str) -> int | None:
-        """SIGTERM the trainer's process group and wait up to ``timeout_s`` seconds. Returns its exit
-        status, or None when it is still running or none is running. Never SIGKILLs: checkpoints are
-        atomic, and a trainer still saving at the deadline has the best chance if left alone."""
+        """Stop the trainer the contract's way (:meth:`ProcessGroup.terminate`: SIGTERM to its leader,
+        the group's other processes only once the leader has exited, SIGKILL to the whole group at the
+        deadline ``timeout_s`` seconds from now). Returns its exit status, or None when none is running."""
         self._stopped_by_us = self._stopped_by_us or reason
-        proc = self._proc
-        if proc is None or proc.poll() is not None:
-            return None if proc is None else proc.returncode
-        signal_group(proc.pid, signal.SIGTERM)  # a group gone between poll() and killpg() is fine
-        log.info("sent SIGTERM to the trainer's process group", extra={"pgid": proc.pid, "reason": reason,
-                                                                       "timeout_s": round(timeout_s, 1)})
-        try:
-            return proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
+        group = self._group
+        if group is None:
             return None
+        if group.poll() is not None:
+            return group.poll()
+        log.info("sent SIGTERM to the trainer's leader process", extra={"pid": group.pid, "reason": reason,
+                                                                         "timeout_s": round(timeout_s, 1)})
+        return group.terminate(timeout_s)
 
     def request_checkpoint(self) -> bool:
         """Ask the running trainer for an extra checkpoint (request file or SIGUSR1, per
@@ -480,7 +480,10 @@ class Supervisor:
         if proc is None or proc.poll() is not None:
             return False
         if self.checkpoint_request == "signal":
-            signal_group(proc.pid, signal.SIGUSR1)
+            try:
+                os.kill(proc.pid, signal.SIGUSR1)  # the leader only, as SIGTERM (docs/contracts.md)
+            except ProcessLookupError:
+                return False
             return True
         # Written without following links the user planted (spot_training.agent.safepath); owned by the training
         # user, who deletes it when the checkpoint is saved.

@@ -394,3 +394,62 @@ def _alive(pid: int) -> bool:
             return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+# A trainer with worker processes in its group (a multiprocessing pool and a subprocess, as DataLoader
+# workers are): on SIGTERM it checks that they are all still alive, saves and exits 0.
+POOL_TRAINER = r'''
+import multiprocessing, os, signal, subprocess, sys, time
+from pathlib import Path
+
+ckpt = Path(os.environ["SPOT_TRAINING_CHECKPOINT_DIR"])
+stop = []
+signal.signal(signal.SIGTERM, lambda *a: stop.append(1))
+if __name__ == "__main__":
+    pool = multiprocessing.get_context("fork").Pool(2)
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    workers = list(pool._pool)
+    (ckpt / "ready").write_text("")
+    while not stop:
+        pool.apply(abs, (-1,))
+        time.sleep(0.02)
+    alive = child.poll() is None and all(w.is_alive() for w in workers)
+    (ckpt / "saved").write_text("workers-alive" if alive else "workers-died")
+    child.kill()
+    pool.terminate()
+    sys.exit(0 if alive else 1)
+'''
+
+
+def test_a_notice_reaches_only_the_trainers_leader_and_its_workers_survive_until_it_saved(tmp_path):
+    config = base_config(tmp_path)
+    (tmp_path / "code" / "trainer.py").write_text(POOL_TRAINER)
+    sup = make_supervisor(tmp_path, config=config)
+    thread = threading.Thread(target=sup.run)
+    thread.start()
+    ckpt = tmp_path / "dltraining" / "checkpoints"
+    deadline = time.monotonic() + 30
+    while not (ckpt / "ready").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert (ckpt / "ready").exists()
+    status = sup.terminate(timeout_s=20, reason="spot-interruption")
+    thread.join(timeout=20)
+    assert (ckpt / "saved").read_text() == "workers-alive"
+    assert status == 0 and sup.last_status == 0
+
+
+def test_a_trainer_that_ignores_sigterm_is_killed_with_its_group_at_the_deadline(tmp_path):
+    config = base_config(tmp_path)
+    ckpt = tmp_path / "dltraining" / "checkpoints"
+    (tmp_path / "code" / "trainer.py").write_text(
+        "import os, signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        f"open({str(ckpt / 'ready')!r}, 'w').close()\ntime.sleep(60)\n")
+    sup = make_supervisor(tmp_path, config=config)
+    thread = threading.Thread(target=sup.run)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not (ckpt / "ready").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert sup.terminate(timeout_s=1.0, reason="spot-interruption") == -signal.SIGKILL
+    thread.join(timeout=20)
+    assert not thread.is_alive()
