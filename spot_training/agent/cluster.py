@@ -2,7 +2,7 @@
 
 MXNet and TensorFlow change membership by generations (spot_training/agent/cluster_coordinator.py, spot_training/agent/ps_node.py);
 PyTorch by TorchElastic (spot_training/agent/torch_elastic.py). Both keep their files on EFS
-(spot_training/agent/cluster_state.py), leave on the same events (spot_training/agent/interruption.py, :func:`poll_leave_reason`)
+(spot_training/agent/cluster_state.py), watch the same events through the single node's pipeline (spot_training/agent/interruption.py, :func:`poll_events`)
 and act on EC2 the same way when done (spot_training/agent/fleet_actions.py). Standard library only.
 """
 
@@ -18,7 +18,7 @@ from spot_training.agent.cleanup import ec2_client
 from spot_training.agent.cluster_state import settings_from_config
 from spot_training.agent.errors import ConfigError
 from spot_training.agent.fleet_actions import finish_node
-from spot_training.agent.interruption import IMDS_FORBIDDEN, MemberTagMonitor, SpotInterruptionMonitor
+from spot_training.agent.interruption import IMDS_FORBIDDEN, cluster_monitors
 from spot_training.agent.ps_node import NodeAgent
 
 log = logging.getLogger("spot_training.agent.cluster")
@@ -53,7 +53,7 @@ def run_node(config: Any, imds: Any, *, instance_id: str, local_mode: bool,
     for directory in (config.training.checkpoint_dir, config.training.log_dir):
         directory.mkdir(parents=True, exist_ok=True)
     netns = os.environ.get(launch.NETNS_ENV) if local_mode else None
-    monitors = [SpotInterruptionMonitor(imds), MemberTagMonitor(imds, settings.member_tag)]
+    monitors = cluster_monitors(imds, settings.member_tag)
     if config.training.framework == "pytorch":
         # TorchElastic does membership (spot_training/agent/torch_elastic.py); no generations, no servers.
         common = dict(node_id=instance_id, host=imds.private_ipv4(), python=python,

@@ -32,8 +32,9 @@ state on EFS", docs/cluster.md).
     SIGTERM it (the job agrees on one checkpoint at the next step), relaunch under the new epoch;
   * a spot interruption notice, the member tag removed, or the agent stopped: SIGTERM to ITS torchrun
     only (torchrun forwards it to its ranks; the trainer's ranks all stop at the same step, rank 0
-    saves, and the other nodes' torchruns restart without this one), wait for it to exit (at most
-    ``torch_shutdown_timeout_s`` + ``kill_grace_s``, then SIGKILL its group) and return ``"left"``.
+    saves, and the other nodes' torchruns restart without this one), wait for it to exit (until the
+    notice's deadline minus the agent's margin; without a deadline ``torch_shutdown_timeout_s`` +
+    ``kill_grace_s``), then SIGKILL its group, and return ``"left"``.
 
 Registrations and heartbeats use the same files as the other frameworks (:class:`ClusterState`;
 the heartbeat's ``generation`` is the epoch, ``pid`` the torchrun's or the store's). Standard library only.
@@ -348,7 +349,7 @@ class TorchWorker(_Base):
             self._next_start = now + RELAUNCH_BACKOFF_S
         if self.leaving:
             # SIGTERM only our torchrun; the job agrees on one checkpoint; wait, then leave.
-            self._stop_and_wait(self.settings.torch_shutdown_timeout_s + self.settings.kill_grace_s)
+            self._stop_and_wait(self.leave_wait_s(self.settings.torch_shutdown_timeout_s + self.settings.kill_grace_s))
             return "completed" if self.completed() else "left"
         rdzv = self.rdzv.read()
         if self.running is not None:
