@@ -110,7 +110,8 @@ def _boot_step(exc: AgentError) -> str | None:
     be built: counted, the node is replaced up to the failed-boot bound), ``trainer`` (it crashed more
     than ``max_restarts`` times in a row).
     """
-    from spot_training.agent.supervisor import EnvironmentBuildFailed, TrainerFailedError
+    from spot_training.agent.supervisor import TrainerFailedError
+    from spot_training.agent.workspace import EnvironmentBuildFailed
 
     if isinstance(exc, EnvironmentBuildFailed):
         return "environment"
