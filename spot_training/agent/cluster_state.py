@@ -33,7 +33,7 @@ from spot_training.contract import (CLUSTER_MEMBER_TAG, DEFAULT_CLUSTER_KILL_GRA
 
 __all__ = ["ClusterSettings", "ClusterState", "Plan", "make_plan", "settings_from_config", "read_json",
            "write_json_atomic", "RUNNING", "CHECKPOINT", "TEARDOWN", "WAITING", "COMPLETED", "PLAN_STATES",
-           "CLUSTER_ROLES", "PORTS", "DEFAULT_MEMBER_TAG"]
+           "CLUSTER_ROLES", "PORTS"]
 
 #: TCP ports of the roles: the contract's range, the one the stack validates too.
 PORTS = SETTINGS["port"]
@@ -43,8 +43,6 @@ log = logging.getLogger("spot_training.agent.cluster")
 RUNNING, CHECKPOINT, TEARDOWN, WAITING, COMPLETED = "running", "checkpoint", "teardown", "waiting", "completed"
 PLAN_STATES = (RUNNING, CHECKPOINT, TEARDOWN, WAITING, COMPLETED)
 CLUSTER_ROLES = ("scheduler", "server", "worker")
-#: Instance tag whose removal asks a worker to leave (the Dynamic Training article's mechanism).
-DEFAULT_MEMBER_TAG = CLUSTER_MEMBER_TAG
 
 # ---- settings -------------------------------------------------------------------------------------
 @dataclass(frozen=True)
@@ -77,7 +75,7 @@ class ClusterSettings:
     debounce_s: float = 5.0
     stop_timeout_s: float = DEFAULT_CLUSTER_STOP_TIMEOUT_S
     kill_grace_s: float = DEFAULT_CLUSTER_KILL_GRACE_S
-    member_tag: str = DEFAULT_MEMBER_TAG
+    member_tag: str = CLUSTER_MEMBER_TAG
     max_workers: int = DEFAULT_MAX_WORKERS
     torch_max_restarts: int = DEFAULT_TORCH_MAX_RESTARTS
     torch_shutdown_timeout_s: float = float(DEFAULT_TORCH_SHUTDOWN_TIMEOUT_S)

@@ -33,9 +33,6 @@ log = logging.getLogger(__name__)
 
 SPOT_INTERRUPTION = "spot-interruption"
 REBALANCE_RECOMMENDATION = "rebalance-recommendation"
-#: How often to poll IMDS, seconds (AWS: "we recommend that you check for these warnings every 5 seconds");
-#: the node config's ``notice_poll_interval_s`` overrides it.
-DEFAULT_POLL_INTERVAL_S = DEFAULT_NOTICE_POLL_INTERVAL_S
 #: Seconds kept back from the notice deadline to flush logs and sync the volume.
 DEFAULT_MARGIN_S = 15.0
 #: The least time given to the trainer to save and exit, seconds, even when the notice is late.
@@ -190,7 +187,7 @@ class InterruptionWatcher:
     """
 
     def __init__(self, monitors: Iterable[Monitor], control: TrainerControl, *,
-                 poll_interval_s: float = DEFAULT_POLL_INTERVAL_S, margin_s: float = DEFAULT_MARGIN_S,
+                 poll_interval_s: float = DEFAULT_NOTICE_POLL_INTERVAL_S, margin_s: float = DEFAULT_MARGIN_S,
                  clock: Callable[[], float] = time.monotonic, wall_clock: Callable[[], float] = time.time,
                  sync: Callable[[], None] = os.sync, flush: Callable[[], None] = flush_logs) -> None:
         if poll_interval_s <= 0:

@@ -128,7 +128,9 @@ class NodeAgent(ClusterMember):
                     or plan.state in (TEARDOWN, WAITING):
                 run.process.stop(kill_after=self.settings.kill_grace_s)
             elif plan.state == CHECKPOINT and run.spec.checkpoints:
-                run.process.stop(kill_after=None)
+                # The contract's stop: SIGTERM to the trainer's leader only (its data-loading workers
+                # must not die under the save); teardown SIGKILLs the group if it is still running.
+                run.process.stop(kill_after=None, group=False)
         elif result is None and plan is not None and plan.state == RUNNING and in_plan and not self.leaving:
             restart_tf_worker = (self.framework == "tensorflow" and self.role == "worker"
                                  and self.last_exit is not None and self.last_exit[0] == plan.generation)
