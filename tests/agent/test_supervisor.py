@@ -453,3 +453,18 @@ def test_a_trainer_that_ignores_sigterm_is_killed_with_its_group_at_the_deadline
     assert sup.terminate(timeout_s=1.0, reason="spot-interruption") == -signal.SIGKILL
     thread.join(timeout=20)
     assert not thread.is_alive()
+
+
+def test_trainer_exit_75_is_retried_without_counting_as_a_crash(tmp_path):
+    """The restart policy's ``retry`` (75): the trainer stopped cleanly and asks to be run again; with
+    ``max_restarts=0`` a crash would end supervision, a retry does not."""
+    config = base_config(tmp_path)
+    ckpt = tmp_path / "dltraining" / "checkpoints"
+    (tmp_path / "code" / "trainer.py").write_text(
+        "import sys\nfrom pathlib import Path\n"
+        f"ckpt = Path({str(ckpt)!r})\n"
+        "if not (ckpt / 'retried').exists():\n    (ckpt / 'retried').write_text('')\n    sys.exit(75)\n"
+        "(ckpt / 'COMPLETED').write_text('{}')\n")
+    sup = make_supervisor(tmp_path, config=config, max_restarts=0)
+    assert sup.run() is Outcome.COMPLETED
+    assert sup.starts == 2
