@@ -263,3 +263,15 @@ def test_the_private_name_rule_catches_both_forms(tmp_path: Path, monkeypatch) -
     assert _all_private_uses() == ["spot_training/local/bad.py:1 from spot_training.local.nodes import _rewrite",
                                    "spot_training/local/bad.py:6 spot_training.local.nodes._rewrite",
                                    "spot_training/local/bad.py:6 spot_training.local.nodes._rewrite"]
+
+
+def test_restart_policy_is_one_table_that_the_systemd_unit_renders():
+    from spot_training import contract
+    from spot_training.infra.userdata import systemd_unit
+
+    assert [contract.trainer_exit_decision(s) for s in (0, 74, 78, 75, 1, -9, None)] == [
+        contract.TRAINER_FINISHED, contract.TRAINER_GIVE_UP, contract.TRAINER_GIVE_UP, contract.TRAINER_RETRY,
+        contract.TRAINER_RESTART, contract.TRAINER_RESTART, contract.TRAINER_RESTART]
+    line = next(l for l in systemd_unit().splitlines() if l.startswith("RestartPreventExitStatus="))
+    given_up = {s for s, d in contract.TRAINER_EXIT_POLICY.items() if d == contract.TRAINER_GIVE_UP}
+    assert set(map(int, line.split("=", 1)[1].split())) == given_up | {contract.EXIT_CONFIG, contract.EXIT_UNAVAILABLE}

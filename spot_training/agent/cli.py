@@ -36,6 +36,7 @@ from typing import Any, Callable
 from spot_training.agent.config import DEFAULT_CONFIG_PATH, PORT_OFFSET_ENV, ROOT_ENV, AgentConfig, load_config
 from spot_training.agent.errors import AgentError, ConfigError, ExitCode, NodeUnusableError
 from spot_training.agent.logs import add_file_handler, flush_logs, setup_logging
+from spot_training.contract import ENV_ON_BOOT_FAILURE
 
 log = logging.getLogger("spot_training.agent.cli")
 
@@ -46,8 +47,6 @@ BLOCKDEV_DIR_ENV = "SPOT_TRAINING_BLOCKDEV_DIR"
 #: so the spot fleet replaces the instance); in local mode nothing is powered off unless this is set.
 POWEROFF_COMMAND_ENV = "SPOT_TRAINING_POWEROFF_COMMAND"
 DEFAULT_POWEROFF_COMMAND = ("systemctl", "poweroff")
-#: The boot-failure script the unit names (spot_training/infra/userdata.py writes it; docs/agent.md, "Boot failures").
-ON_BOOT_FAILURE_ENV = "SPOT_TRAINING_ON_BOOT_FAILURE"
 # AWS error codes that waiting will not fix: the instance role or the config is wrong.
 _PERMANENT_AWS_ERRORS = frozenset({"UnauthorizedOperation", "AccessDenied", "AccessDeniedException",
                                    "AuthFailure", "InvalidClientTokenId", "OptInRequired"})
@@ -112,7 +111,8 @@ def _boot_step(exc: AgentError) -> str | None:
     be built: counted, the node is replaced up to the failed-boot bound), ``trainer`` (it crashed more
     than ``max_restarts`` times in a row).
     """
-    from spot_training.agent.supervisor import EnvironmentBuildFailed, TrainerFailedError
+    from spot_training.agent.supervisor import TrainerFailedError
+    from spot_training.agent.workspace import EnvironmentBuildFailed
 
     if isinstance(exc, EnvironmentBuildFailed):
         return "environment"
@@ -139,11 +139,11 @@ def report_boot_failure(step: str, message: str, *, environ: Any = None, timeout
     import subprocess
 
     env = os.environ if environ is None else environ
-    script = env.get(ON_BOOT_FAILURE_ENV)
+    script = env.get(ENV_ON_BOOT_FAILURE)
     mode = "final" if step in _FINAL_BOOT_STEPS else "count"
     if not script:
         log.warning("boot failure not reported: no boot-failure script (the agent runs outside its unit)",
-                    extra={"boot_step": step, "variable": ON_BOOT_FAILURE_ENV})
+                    extra={"boot_step": step, "variable": ENV_ON_BOOT_FAILURE})
         return False
     log.error("boot failed; reporting and shutting down", extra={"boot_step": step, "mode": mode, "script": script})
     flush_logs()

@@ -2,7 +2,7 @@
 
 MXNet and TensorFlow change membership by generations (spot_training/agent/cluster_coordinator.py, spot_training/agent/ps_node.py);
 PyTorch by TorchElastic (spot_training/agent/torch_elastic.py). Both keep their files on EFS
-(spot_training/agent/cluster_state.py), leave on the same events (spot_training/agent/interruption.py, :func:`poll_leave_reason`)
+(spot_training/agent/cluster_state.py), watch the same events through the single node's pipeline (spot_training/agent/interruption.py, :func:`poll_events`)
 and act on EC2 the same way when done (spot_training/agent/fleet_actions.py). Standard library only.
 """
 
@@ -18,7 +18,7 @@ from spot_training.agent.cleanup import ec2_client
 from spot_training.agent.cluster_state import settings_from_config
 from spot_training.agent.errors import ConfigError
 from spot_training.agent.fleet_actions import finish_node
-from spot_training.agent.interruption import IMDS_FORBIDDEN, MemberTagMonitor, SpotInterruptionMonitor
+from spot_training.agent.interruption import IMDS_FORBIDDEN, cluster_monitors
 from spot_training.agent.ps_node import NodeAgent
 from spot_training.agent.safepath import open_directory
 
@@ -39,26 +39,26 @@ def run_node(config: Any, imds: Any, *, instance_id: str, local_mode: bool,
     count). Returns the :meth:`NodeAgent.run` outcome. Raises ConfigError (exit 78) for a bad
     ``cluster`` section.
     """
-    from spot_training.agent.supervisor import Supervisor  # looked up at call time (tests replace it)
+    from spot_training.agent.workspace import Workspace  # looked up at call time (tests replace it)
 
     settings = settings_from_config(config.extensions.get("cluster"), framework=config.training.framework)
     if config.training.framework == "pytorch" and config.node_role == "server":
         raise ConfigError(f"node_role: got 'server' with training.framework 'pytorch'; a PyTorch cluster has no "
                           "parameter servers (node_role 'scheduler' runs the rendezvous, 'worker' runs torchrun)")
-    supervisor = Supervisor(config, is_mounted=lambda: True, run_as_current_user_if_missing=local_mode)
-    workdir = supervisor.prepare_code()
-    python = supervisor.prepare_environment()  # once on EFS; every later node reuses it
+    workspace = Workspace(config, run_as_current_user_if_missing=local_mode)
+    workdir = workspace.prepare_code()
+    python = workspace.prepare_environment()  # once on EFS; every later node reuses it
     if on_environment_ready is not None:
         on_environment_ready()
-    user = supervisor.user()
+    user = workspace.user()
     for directory in (config.training.checkpoint_dir, config.training.log_dir):
         os.close(open_directory(directory, create=True))  # on EFS: no planted link followed (safepath)
     netns = os.environ.get(launch.NETNS_ENV) if local_mode else None
-    monitors = [SpotInterruptionMonitor(imds), MemberTagMonitor(imds, settings.member_tag)]
+    monitors = cluster_monitors(imds, settings.member_tag)
     if config.training.framework == "pytorch":
         # TorchElastic does membership (spot_training/agent/torch_elastic.py); no generations, no servers.
         common = dict(node_id=instance_id, host=imds.private_ipv4(), python=python,
-                      environ=supervisor.trainer_environment(), workdir=workdir,
+                      environ=workspace.trainer_environment(), workdir=workdir,
                       checkpoint_dir=config.training.checkpoint_dir, log_dir=config.training.log_dir, netns=netns,
                       preexec_user=user)
         if config.node_role == "scheduler":
@@ -71,7 +71,7 @@ def run_node(config: Any, imds: Any, *, instance_id: str, local_mode: bool,
     else:
         agent = NodeAgent(settings, framework=config.training.framework, role=config.node_role, node_id=instance_id,
                           host=imds.private_ipv4(), training_argv=config.training.argv(python),
-                          python=python, environ=supervisor.trainer_environment(), workdir=workdir,
+                          python=python, environ=workspace.trainer_environment(), workdir=workdir,
                           checkpoint_dir=config.training.checkpoint_dir, dataset_dir=config.training.dataset_dir,
                           log_dir=config.training.log_dir, monitors=monitors,
                           monitor_interval_s=config.notice_poll_interval_s, netns=netns, preexec_user=user)

@@ -3,22 +3,25 @@ data, watch for a reason to leave, and run its one framework process.
 
 :class:`ClusterMember` is the base of the MXNet/TensorFlow agent (spot_training/agent/ps_node.py) and of the
 PyTorch ones (spot_training/agent/torch_elastic.py). Registrations and heartbeats are the files of
-spot_training/agent/cluster_state.py; the process runs through spot_training/agent/supervisor.py's :class:`ProcessGroup`,
+spot_training/agent/cluster_state.py; the process runs through spot_training/agent/process_group.py's :class:`ProcessGroup`,
 the same way as the single-node trainer. Standard library only.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
 from spot_training.agent.cluster_state import ClusterSettings, ClusterState
-from spot_training.agent.interruption import poll_leave_reason
-from spot_training.agent.safepath import open_directory
-from spot_training.agent.supervisor import ProcessGroup
-from spot_training.contract import COMPLETED_FILE
+from spot_training.agent.imds import ImdsError
+from spot_training.agent.interruption import (DEFAULT_MARGIN_S, IMDS_FORBIDDEN, REBALANCE_RECOMMENDATION,
+                                              SPOT_INTERRUPTION, poll_events, stop_wait_s)
+from spot_training.agent.safepath import open_directory, write_file_replacing
+from spot_training.agent.process_group import ProcessGroup
+from spot_training.contract import COMPLETED_FILE, ENV_CHECKPOINT_REQUEST_FILE
 
 log = logging.getLogger("spot_training.agent.cluster")
 
@@ -35,8 +38,7 @@ class ClusterMember:
         workdir: where processes start (the training code). checkpoint_dir, dataset_dir, log_dir: from
         the config; ``COMPLETED`` is looked for in checkpoint_dir, a worker is data-ready when
         dataset_dir has an entry. monitors: objects with ``poll() -> Event | None`` polled every
-        ``monitor_interval_s`` seconds on workers (:func:`spot_training.agent.interruption.poll_leave_reason`);
-        any event means leave. netns: local mode only, run the processes inside this network
+        ``monitor_interval_s`` seconds on workers (:meth:`_poll_monitors`). netns: local mode only, run the processes inside this network
         namespace. preexec_user: ``(uid, gid, groups)`` to drop privileges to, or None.
         clock (wall-clock seconds: heartbeats are compared across nodes), sleep: injectable.
     """
@@ -59,6 +61,8 @@ class ClusterMember:
         self.registered_at = clock()
         self.data_ready = False
         self._last_monitor = float("-inf")
+        self._seen: set[str] = set()
+        self.leave_event: Any = None  # the event that made this worker leave (its deadline bounds the wait)
 
     def request_stop(self) -> None:
         """From a signal handler (the agent got SIGTERM): a worker leaves, other roles stop. Sets a flag."""
@@ -100,18 +104,57 @@ class ClusterMember:
             self._leave("agent-stopped")
 
     def _poll_monitors(self) -> None:
-        """A worker polls its monitors at most every ``monitor_interval_s``; an event means leave."""
+        """A worker polls its monitors at most every ``monitor_interval_s`` through the single node's
+        pipeline (:func:`spot_training.agent.interruption.poll_events`: a transient IMDS error is retried
+        next round, never raised out of the agent loop). A spot notice or the member tag removed means
+        leave (the notice's deadline bounds the wait for the trainer); IMDS answering 403 means leave
+        (this node can no longer see notices); a rebalance recommendation asks the trainer for a
+        checkpoint and keeps training."""
         now = self.clock()
         if self.role != "worker" or self.leaving or now - self._last_monitor < self.monitor_interval_s:
             return
         self._last_monitor = now
-        reason = poll_leave_reason(self.monitors)
-        if reason is not None:
-            self._leave(reason)
+        try:
+            events = poll_events(self.monitors, self._seen)
+        except ImdsError as exc:
+            log.error("IMDS answered 403: leaving the cluster, this node can no longer see spot "
+                      "interruption notices", extra={"event": "node_unusable", "error": str(exc)})
+            self._leave(IMDS_FORBIDDEN)
+            return
+        for event in events:
+            if event.kind == REBALANCE_RECOMMENDATION:
+                self._request_checkpoint(event)
+                continue
+            if event.kind == SPOT_INTERRUPTION:
+                log.warning("spot interruption notice: leaving the cluster", extra={
+                    "event": "spot_interruption_notice", "event_id": event.id, **event.detail})
+            log.info("worker leaving the cluster", extra={"kind": event.kind, "event_id": event.id})
+            self._leave(event.kind, event)
+            return
 
-    def _leave(self, reason: str) -> None:
-        self.leave_reason, self.leaving = reason, True
+    def _request_checkpoint(self, event: Any) -> None:
+        """Ask the trainer for an extra checkpoint the contract's way for cluster trainers: the request
+        file (docs/contracts.md, "Signals and files"; torchrun does not forward SIGUSR1)."""
+        path = self.environ.get(ENV_CHECKPOINT_REQUEST_FILE)
+        if not path:
+            return
+        owner = None if self.preexec_user is None else self.preexec_user[:2]
+        try:
+            write_file_replacing(path, json.dumps({"reason": event.kind, "time": self.clock()}).encode(), owner=owner)
+        except OSError as exc:
+            log.warning("could not ask the trainer for a checkpoint", extra={"path": path, "error": str(exc)})
+            return
+        log.info("rebalance recommendation: asked the trainer for an extra checkpoint",
+                 extra={"event": "rebalance_recommendation", "event_id": event.id})
+
+    def _leave(self, reason: str, event: Any = None) -> None:
+        self.leave_reason, self.leaving, self.leave_event = reason, True, event
         self._register()
+
+    def leave_wait_s(self, default_s: float) -> float:
+        """Seconds to wait for the framework process after leaving: until the notice's deadline minus
+        the agent's margin (:func:`spot_training.agent.interruption.stop_wait_s`), else ``default_s``."""
+        return stop_wait_s(self.leave_event, now=self.clock(), margin_s=DEFAULT_MARGIN_S, default_s=default_s)
 
     def _start_process(self, argv: list[str], log_name: str, env: Mapping[str, str], *,
                        netns: str | None) -> ProcessGroup:

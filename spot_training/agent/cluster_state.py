@@ -33,7 +33,8 @@ from typing import Any, Callable, Iterable, Mapping
 from spot_training.agent.errors import ConfigError
 from spot_training.agent.safepath import (UnsafePathError, list_directory, open_directory, open_file, read_bytes, unlink,
                                           write_bytes_atomic)
-from spot_training.contract import (CLUSTER_MEMBER_TAG, DEFAULT_MAX_WORKERS, DEFAULT_MIN_WORKERS, DEFAULT_SCHEDULER_PORT,
+from spot_training.contract import (CLUSTER_MEMBER_TAG, DEFAULT_CLUSTER_KILL_GRACE_S, DEFAULT_CLUSTER_STOP_TIMEOUT_S,
+                            DEFAULT_MAX_WORKERS, DEFAULT_MIN_WORKERS, DEFAULT_SCHEDULER_PORT,
                             DEFAULT_SERVER_PORT, DEFAULT_TORCH_MAX_RESTARTS, DEFAULT_TORCH_NPROC_PER_NODE,
                             DEFAULT_TORCH_SHUTDOWN_TIMEOUT_S, DEFAULT_WORKER_PORT, MAX_SERVERS, MAX_TORCH_MAX_RESTARTS,
                             MAX_TORCH_SHUTDOWN_TIMEOUT_S, shown as _shown,
@@ -42,7 +43,7 @@ from spot_training.contract import (CLUSTER_MEMBER_TAG, DEFAULT_MAX_WORKERS, DEF
 __all__ = ["ClusterSettings", "ClusterState", "Plan", "make_plan", "settings_from_config", "read_json",
            "write_json_atomic", "write_state_json", "valid_record", "SCHEMAS", "RUNNING",
            "CHECKPOINT", "TEARDOWN", "WAITING", "COMPLETED", "PLAN_STATES",
-           "CLUSTER_ROLES", "PORTS", "DEFAULT_MEMBER_TAG"]
+           "CLUSTER_ROLES", "PORTS"]
 
 #: TCP ports of the roles: the contract's range, the one the stack validates too.
 PORTS = SETTINGS["port"]
@@ -52,8 +53,6 @@ log = logging.getLogger("spot_training.agent.cluster")
 RUNNING, CHECKPOINT, TEARDOWN, WAITING, COMPLETED = "running", "checkpoint", "teardown", "waiting", "completed"
 PLAN_STATES = (RUNNING, CHECKPOINT, TEARDOWN, WAITING, COMPLETED)
 CLUSTER_ROLES = ("scheduler", "server", "worker")
-#: Instance tag whose removal asks a worker to leave (the Dynamic Training article's mechanism).
-DEFAULT_MEMBER_TAG = CLUSTER_MEMBER_TAG
 
 # ---- settings -------------------------------------------------------------------------------------
 @dataclass(frozen=True)
@@ -84,9 +83,9 @@ class ClusterSettings:
     heartbeat_interval_s: float = 1.0
     heartbeat_timeout_s: float = 15.0
     debounce_s: float = 5.0
-    stop_timeout_s: float = 120.0
-    kill_grace_s: float = 5.0
-    member_tag: str = DEFAULT_MEMBER_TAG
+    stop_timeout_s: float = DEFAULT_CLUSTER_STOP_TIMEOUT_S
+    kill_grace_s: float = DEFAULT_CLUSTER_KILL_GRACE_S
+    member_tag: str = CLUSTER_MEMBER_TAG
     max_workers: int = DEFAULT_MAX_WORKERS
     torch_max_restarts: int = DEFAULT_TORCH_MAX_RESTARTS
     torch_shutdown_timeout_s: float = float(DEFAULT_TORCH_SHUTDOWN_TIMEOUT_S)
@@ -134,16 +133,20 @@ def settings_from_config(section: Mapping[str, Any] | None, *, framework: str | 
             problems.append(f"cluster.{key}: got {_shown(value)}; expected an integer {minimum}..{maximum}")
         else:
             values[key] = value
-    for key, maximum in (("heartbeat_interval_s", 60.0), ("heartbeat_timeout_s", 3600.0), ("debounce_s", 3600.0),
-                         ("stop_timeout_s", 3600.0), ("kill_grace_s", 600.0),
-                         ("torch_shutdown_timeout_s", float(MAX_TORCH_SHUTDOWN_TIMEOUT_S))):
+    # Finite, bounded and, for intervals and timeouts, > 0: inf, NaN or 1e308 seconds would never time out,
+    # 10**60 overflows float(), an interval of 0 s makes the agent loop busy and a timeout of 0 s declares
+    # every member dead; debounce and kill grace may be 0 (join at once, SIGKILL at once).
+    for key, maximum, positive in (("heartbeat_interval_s", 60.0, True), ("heartbeat_timeout_s", 3600.0, True),
+                                   ("debounce_s", 3600.0, False), ("stop_timeout_s", 3600.0, True),
+                                   ("kill_grace_s", 600.0, False),
+                                   ("torch_shutdown_timeout_s", float(MAX_TORCH_SHUTDOWN_TIMEOUT_S), True)):
         if key not in section:
             continue
         value = section[key]
-        # Finite and bounded: inf, NaN or 1e308 seconds would never time out, 10**60 overflows float().
         if (isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= maximum
-                or not math.isfinite(value)):
-            problems.append(f"cluster.{key}: got {_shown(value)}; expected a number of seconds from 0 to {maximum:g}")
+                or not math.isfinite(value) or (positive and value == 0)):
+            lower = "above 0" if positive else "from 0"
+            problems.append(f"cluster.{key}: got {_shown(value)}; expected a number of seconds {lower} to {maximum:g}")
         else:
             values[key] = float(value)
     if "member_tag" in section:

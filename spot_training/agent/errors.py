@@ -7,6 +7,7 @@ loop on bad config while still retrying temporary failures (docs/contracts.md, "
 from __future__ import annotations
 
 from enum import IntEnum
+from pathlib import Path
 
 from spot_training import contract
 
@@ -75,3 +76,44 @@ class NodeUnusableError(AgentError):
     fleet replaces it, and exits 69 (docs/agent.md, "A node that can no longer work")."""
 
     exit_code = ExitCode.UNAVAILABLE
+
+
+class CheckpointStorageError(AgentError):
+    """The trainer exited 74: its checkpoint storage is full or unusable (a save ran out of space,
+    or the directory is read-only). Restarting would fail the same way at the next save, so the
+    supervisor does not restart it. Exit 74."""
+
+    exit_code = ExitCode.CHECKPOINT_STORAGE
+
+
+class CheckpointMismatchError(AgentError):
+    """The trainer exited 78: the newest checkpoint in its directory was written by another framework,
+    adapter or model (its log names the path). Every restart would refuse it the same way, so the
+    supervisor does not restart it. Exit 78."""
+
+    exit_code = ExitCode.CONFIG
+
+
+def give_up_error(status: int, checkpoint_dir: Path) -> AgentError:
+    """The error an agent raises when its trainer exited with a status the contract's restart policy
+    gives up on (:data:`spot_training.contract.TRAINER_EXIT_POLICY`); it carries the same exit status.
+
+    Args:
+        status: the trainer's exit status (74 or 78).
+        checkpoint_dir: the trainer's checkpoint directory, for the message.
+
+    Returns:
+        :class:`CheckpointStorageError` (74), :class:`CheckpointMismatchError` (78), or an AgentError
+        with ``status`` as its exit code for another status the policy gives up on.
+    """
+    if status == contract.EXIT_CHECKPOINT_STORAGE:
+        return CheckpointStorageError(
+            f"the trainer exited {status}: its checkpoint storage {str(checkpoint_dir)!r} is full or unusable "
+            "(its log names the path, the bytes needed and free); not restarting it, since every restart would "
+            "fail the same way; free space or fix the directory, then start the agent again")
+    if status == contract.EXIT_CHECKPOINT_MISMATCH:
+        return CheckpointMismatchError(
+            f"the trainer exited {status}: the newest checkpoint in {str(checkpoint_dir)!r} cannot serve this job "
+            "(another framework's, adapter's or model's; its log names the path); not restarting it; point the "
+            "job at another checkpoint directory or restore the model it was written for, then start the agent again")
+    return AgentError(f"the trainer exited {status}, a status the restart policy gives up on", exit_code=ExitCode(status))

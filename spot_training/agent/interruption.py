@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Protocol
 
 from spot_training.agent.config import DEFAULT_NOTICE_POLL_INTERVAL_S
-from spot_training.agent.imds import ImdsClient, ImdsError, ImdsForbiddenError, RebalanceRecommendation, SpotInstanceAction
+from spot_training.agent.imds import ImdsClient, ImdsError, RebalanceRecommendation, SpotInstanceAction
 from spot_training.agent.logs import flush_logs
 from spot_training.contract import CLUSTER_MEMBER_TAG
 
@@ -33,9 +33,6 @@ log = logging.getLogger(__name__)
 
 SPOT_INTERRUPTION = "spot-interruption"
 REBALANCE_RECOMMENDATION = "rebalance-recommendation"
-#: How often to poll IMDS, seconds (AWS: "we recommend that you check for these warnings every 5 seconds");
-#: the node config's ``notice_poll_interval_s`` overrides it.
-DEFAULT_POLL_INTERVAL_S = DEFAULT_NOTICE_POLL_INTERVAL_S
 #: Seconds kept back from the notice deadline to flush logs and sync the volume.
 DEFAULT_MARGIN_S = 15.0
 #: The least time given to the trainer to save and exit, seconds, even when the notice is late.
@@ -119,6 +116,59 @@ def imds_monitors(imds: ImdsClient) -> list[Monitor]:
     return [SpotInterruptionMonitor(imds), RebalanceMonitor(imds)]
 
 
+def poll_events(monitors: Iterable[Monitor], seen: set[str]) -> list[Event]:
+    """One round over ``monitors``: the one error policy of every node kind (single node and cluster).
+
+    A transient IMDS error (:class:`~spot_training.agent.imds.ImdsUnavailableError`: a timeout, a 5xx, a
+    refused connection) is logged and that monitor is skipped until the next round, so a blip never
+    ends the agent (and with it the trainer, without a checkpoint). An error whose exit code is 78
+    (:class:`~spot_training.agent.imds.ImdsForbiddenError`: IMDS answered 403 or is turned off, which
+    waiting cannot heal) is raised; the caller decides (a single node stops its trainer and exits, a
+    cluster worker leaves through a checkpoint).
+
+    Args:
+        monitors: polled in order.
+        seen: ids of the events already acted on; new ids are added to it.
+
+    Returns:
+        The events not seen before, in monitor order.
+
+    Raises:
+        ImdsError: one with exit code 78 (IMDS forbidden or off).
+    """
+    new = []
+    for monitor in monitors:
+        try:
+            event = monitor.poll()
+        except ImdsError as exc:
+            if exc.exit_code == 78:
+                raise
+            log.warning("polling for notices failed; will retry next round",
+                        extra={"monitor": type(monitor).__name__, "error": str(exc)})
+            continue
+        if event is None or event.id in seen:
+            continue
+        seen.add(event.id)
+        new.append(event)
+    return new
+
+
+def stop_wait_s(event: Event | None, *, now: float, margin_s: float = 0.0, default_s: float = 0.0) -> float:
+    """Seconds to wait for a trainer to save and exit after ``event``: until its deadline (the spot
+    notice's ``time``, two minutes after the notice) minus ``margin_s``, at least :data:`MIN_STOP_WAIT_S`.
+
+    Args:
+        event: the event that stops the trainer; None or an event without a deadline (the member tag
+            removed, the agent stopped) gives ``default_s``.
+        now: the wall clock, epoch seconds.
+        margin_s: seconds kept back for flushing logs and syncing the file systems.
+        default_s: the wait without a deadline, seconds.
+    """
+    if event is None or event.deadline is None:
+        return default_s
+    return max(MIN_STOP_WAIT_S, event.deadline.timestamp() - now - margin_s)
+
+
 class InterruptionWatcher:
     """Polls monitors on a schedule and acts once per event id.
 
@@ -137,7 +187,7 @@ class InterruptionWatcher:
     """
 
     def __init__(self, monitors: Iterable[Monitor], control: TrainerControl, *,
-                 poll_interval_s: float = DEFAULT_POLL_INTERVAL_S, margin_s: float = DEFAULT_MARGIN_S,
+                 poll_interval_s: float = DEFAULT_NOTICE_POLL_INTERVAL_S, margin_s: float = DEFAULT_MARGIN_S,
                  clock: Callable[[], float] = time.monotonic, wall_clock: Callable[[], float] = time.time,
                  sync: Callable[[], None] = os.sync, flush: Callable[[], None] = flush_logs) -> None:
         if poll_interval_s <= 0:
@@ -163,20 +213,9 @@ class InterruptionWatcher:
         return self.poll_once()
 
     def poll_once(self) -> list[Event]:
-        """One round now: poll every monitor, act on events not seen before."""
+        """One round now: poll every monitor (:func:`poll_events`), act on events not seen before."""
         acted = []
-        for monitor in self.monitors:
-            try:
-                event = monitor.poll()
-            except ImdsError as exc:
-                if exc.exit_code == 78:
-                    raise
-                log.warning("polling for notices failed; will retry next round",
-                            extra={"monitor": type(monitor).__name__, "error": str(exc)})
-                continue
-            if event is None or event.id in self.seen:
-                continue
-            self.seen.add(event.id)
+        for event in poll_events(self.monitors, self.seen):
             self.handle(event)
             acted.append(event)
         return acted
@@ -197,11 +236,8 @@ class InterruptionWatcher:
 
     def stop_timeout_s(self, event: Event) -> float:
         """Seconds to wait for the trainer: until the notice deadline minus the margin, at least
-        MIN_STOP_WAIT_S."""
-        if event.deadline is None:
-            return MIN_STOP_WAIT_S
-        left = event.deadline.timestamp() - self._wall_clock()
-        return max(MIN_STOP_WAIT_S, left - self.margin_s)
+        MIN_STOP_WAIT_S (:func:`stop_wait_s`)."""
+        return stop_wait_s(event, now=self._wall_clock(), margin_s=self.margin_s, default_s=MIN_STOP_WAIT_S)
 
     def _on_interruption(self, event: Event) -> None:
         self.interrupted = event
@@ -226,8 +262,6 @@ class InterruptionWatcher:
 MEMBER_TAG_REMOVED = "member-tag-removed"
 #: ``leave_reason`` of a cluster worker whose IMDS answered 403 (it can no longer see notices).
 IMDS_FORBIDDEN = "imds-forbidden"
-#: The cluster agents' logger (the leave events were always logged under it).
-cluster_log = logging.getLogger("spot_training.agent.cluster")
 
 
 class MemberTagMonitor:
@@ -254,25 +288,7 @@ class MemberTagMonitor:
         return None
 
 
-def poll_leave_reason(monitors: Iterable[Any]) -> str | None:
-    """Poll a cluster worker's monitors (spot interruption notice, member tag) once; return why the
-    worker leaves (the first event's kind, or :data:`IMDS_FORBIDDEN` when IMDS answered 403: it can no
-    longer see notices, so it leaves through a checkpoint like a noticed worker and ``run_node`` hands
-    the instance back to the fleet), or None. A notice is logged as the publisher's
-    ``spot_interruption_notice`` event (spot_training/agent/publish.py). Shared by
-    ``spot_training.agent.ps_node.NodeAgent`` and ``spot_training.agent.torch_elastic.TorchWorker``."""
-    for monitor in monitors:
-        try:
-            event = monitor.poll()
-        except ImdsForbiddenError as exc:
-            cluster_log.error("IMDS answered 403: leaving the cluster, this node can no longer see spot "
-                              "interruption notices", extra={"event": "node_unusable", "error": str(exc)})
-            return IMDS_FORBIDDEN
-        if event is not None:
-            if event.kind == SPOT_INTERRUPTION:
-                cluster_log.warning("spot interruption notice: leaving the cluster", extra={
-                    "event": "spot_interruption_notice", "event_id": event.id})
-            cluster_log.info("worker leaving the cluster", extra={"kind": event.kind, "event_id": event.id})
-            return event.kind
-    return None
-
+def cluster_monitors(imds: ImdsClient, member_tag: str = CLUSTER_MEMBER_TAG) -> list[Monitor]:
+    """A cluster worker's monitors: the single node's (spot interruption, rebalance recommendation) and
+    the member tag, polled through the one policy of :func:`poll_events`."""
+    return [*imds_monitors(imds), MemberTagMonitor(imds, member_tag)]

@@ -39,15 +39,15 @@ import socket
 import sys
 from typing import Any, Mapping, Sequence
 
-__all__ = ["ProcessSpec", "dmlc_environment", "tf_config", "process_for", "check_port_free", "NETNS_ENV",
-           "GENERATION_ENV", "NUM_WORKERS_ENV", "WORKER_RANK_ENV", "NODE_ID_ENV"]
+if not __package__:  # run as a script (``python launch.py exec``): find the package beside this file
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+from spot_training.contract import ENV_GENERATION, ENV_NODE_ID, ENV_NUM_WORKERS, ENV_WORKER_RANK  # noqa: E402
+
+__all__ = ["ProcessSpec", "dmlc_environment", "tf_config", "process_for", "check_port_free", "NETNS_ENV"]
 
 #: Local mode only: run this node's framework processes inside this network namespace (``ip netns exec``).
 NETNS_ENV = "SPOT_TRAINING_NETNS"
-GENERATION_ENV = "SPOT_TRAINING_GENERATION"
-NUM_WORKERS_ENV = "SPOT_TRAINING_NUM_WORKERS"
-WORKER_RANK_ENV = "SPOT_TRAINING_WORKER_RANK"
-NODE_ID_ENV = "SPOT_TRAINING_NODE_ID"
 
 #: Framework role of a node role in a plan: (mxnet DMLC_ROLE, tensorflow task type).
 _ROLE_NAMES = {"scheduler": ("scheduler", "chief"), "server": ("server", "ps"), "worker": ("worker", "worker")}
@@ -126,9 +126,9 @@ def process_for(plan: Mapping[str, Any], node_id: str, *, framework: str, traini
     Raises ValueError for an unknown framework, KeyError when the node is not in the plan.
     """
     role, me = _member(plan, node_id)
-    env = {GENERATION_ENV: str(plan["generation"]), NUM_WORKERS_ENV: str(len(plan["workers"])), NODE_ID_ENV: node_id}
+    env = {ENV_GENERATION: str(plan["generation"]), ENV_NUM_WORKERS: str(len(plan["workers"])), ENV_NODE_ID: node_id}
     if role == "worker":
-        env[WORKER_RANK_ENV] = str(me["rank"])
+        env[ENV_WORKER_RANK] = str(me["rank"])
     if framework == "mxnet":
         env.update(dmlc_environment(plan, node_id))
         argv = list(training_argv) if role == "worker" else [python, "-c", "import mxnet"]

@@ -16,7 +16,9 @@ from spot_training.agent import launch
 from spot_training.agent.cluster_coordinator import Coordinator
 from spot_training.agent.cluster_member import ClusterMember
 from spot_training.agent.cluster_state import CHECKPOINT, CLUSTER_ROLES, COMPLETED, RUNNING, TEARDOWN, WAITING, ClusterSettings, Plan
-from spot_training.agent.supervisor import ProcessGroup
+from spot_training.agent.errors import give_up_error
+from spot_training.agent.process_group import ProcessGroup
+from spot_training.contract import TRAINER_GIVE_UP, trainer_exit_decision
 
 log = logging.getLogger("spot_training.agent.cluster")
 
@@ -97,7 +99,15 @@ class NodeAgent(ClusterMember):
         self.last_exit = (self.running.generation, code)
         log.info("cluster process exited", extra={"generation": self.running.generation, "returncode": code,
                                                   "role": self.role})
-        self.running = None
+        run, self.running = self.running, None
+        if run.spec.checkpoints and run.process.term_sent is None \
+                and trainer_exit_decision(code) == TRAINER_GIVE_UP:
+            # The contract's restart policy: the trainer's own exit (not a stop the agent asked for) that
+            # every new generation would repeat (full or unusable checkpoint storage, another job's
+            # checkpoint). Leave the cluster and exit with it instead of tearing generations down forever.
+            self.leaving, self.leave_reason = True, f"trainer-exit-{code}"
+            self.state.deregister(self.node_id)
+            raise give_up_error(code, self.checkpoint_dir)
 
     def step(self) -> str | None:
         """One pass of the agent loop; returns ``"completed"``/``"left"``/``"stopped"`` when done, else None."""
@@ -118,7 +128,9 @@ class NodeAgent(ClusterMember):
                     or plan.state in (TEARDOWN, WAITING):
                 run.process.stop(kill_after=self.settings.kill_grace_s)
             elif plan.state == CHECKPOINT and run.spec.checkpoints:
-                run.process.stop(kill_after=None)
+                # The contract's stop: SIGTERM to the trainer's leader only (its data-loading workers
+                # must not die under the save); teardown SIGKILLs the group if it is still running.
+                run.process.stop(kill_after=None, group=False)
         elif result is None and plan is not None and plan.state == RUNNING and in_plan and not self.leaving:
             restart_tf_worker = (self.framework == "tensorflow" and self.role == "worker"
                                  and self.last_exit is not None and self.last_exit[0] == plan.generation)

@@ -1,24 +1,24 @@
 """Run the training command, restart it after a crash, and decide when training is complete.
 
-The supervisor (docs/contracts.md, "Environment the agent gives the trainer" and "Signals and files"):
+The supervisor only supervises (docs/contracts.md, "Signals and files"); the node is prepared by
+:class:`spot_training.agent.workspace.Workspace` (code, environment, user, trainer environment) and the
+trainer runs through :class:`spot_training.agent.process_group.ProcessGroup`. It
 
 1. refuses to do anything unless the data volume is mounted (``is_mounted``, from the storage half),
    so training never writes checkpoints to the root disk;
-2. gets the training code: the CDK asset already on disk, or ``git clone`` at a pinned ref into
-   ``<volume.mount_point>/workspace`` (idempotent: an existing checkout at that ref is kept);
-3. runs ``training.command`` (``{python}`` -> ``training.python``) in the code directory, as
-   ``training.user`` (privileges dropped when the agent is root; the current user otherwise), in a
-   process group of its own, with ``SPOT_TRAINING_DATA_DIR``, ``_CHECKPOINT_DIR``, ``_LOG_DIR`` and
-   ``_CHECKPOINT_REQUEST_FILE`` in its environment;
-4. restarts it after a crash with bounded, jittered exponential backoff, giving up after
-   ``max_restarts`` consecutive crashes (:class:`TrainerFailedError`, exit 75); never restarts a
-   trainer that exited 74, "checkpoint storage full or unusable" (:class:`CheckpointStorageError`, exit 74),
-   or 78, "the checkpoint cannot serve this job" (:class:`CheckpointMismatchError`, exit 78);
-5. returns :attr:`Outcome.COMPLETED` only when the trainer exited 0, the agent did not stop it, and
+2. runs ``training.command`` in the workspace's code directory as the training user, in a process
+   group of its own, with the contract's environment;
+3. decides after every exit by the contract's restart policy (``spot_training.contract.TRAINER_EXIT_POLICY``):
+   a crash is restarted with bounded, jittered exponential backoff, giving up after ``max_restarts``
+   consecutive crashes (:class:`TrainerFailedError`, exit 75); 74 "checkpoint storage full or unusable"
+   and 78 "the checkpoint cannot serve this job" are never restarted (the agent exits with them); 75
+   is restarted without counting as a crash;
+4. returns :attr:`Outcome.COMPLETED` only when the trainer exited 0, the agent did not stop it, and
    ``<checkpoint_dir>/COMPLETED`` exists (a node that boots and finds COMPLETED returns it at once).
 
 It implements :class:`spot_training.agent.interruption.TrainerControl` (``terminate``, ``request_checkpoint``)
-and polls an :class:`~spot_training.agent.interruption.InterruptionWatcher` while it waits.
+and polls an :class:`~spot_training.agent.interruption.InterruptionWatcher` while it waits. A notice never
+counts toward the crash budget: the trainer it stopped is not restarted.
 
 Why not systemd or a library for restarts: the restart decision depends on our completion contract
 (exit 0 + COMPLETED + not stopped by us) and on interruption notices, which a generic process manager
@@ -32,9 +32,7 @@ import errno
 import json
 import logging
 import os
-import pwd
 import random
-import shutil
 import signal
 import subprocess
 import sys
@@ -45,30 +43,19 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from spot_training.agent import trainer_env
 from spot_training.agent.config import AgentConfig
-from spot_training.agent.errors import AgentError, ConfigError, ExitCode, TemporaryError
-from spot_training.agent.safepath import UnsafePathError, open_directory, open_file, write_file_replacing
-# File and environment variable names are the contract's (docs/contracts.md); re-exported for callers.
-from spot_training.contract import (  # noqa: F401
-    CHECKPOINT_REQUEST_FILE,
-    COMPLETED_FILE,
-    ENV_CHECKPOINT_DIR,
-    ENV_CHECKPOINT_EVERY_SECONDS,
-    ENV_CHECKPOINT_EVERY_STEPS,
-    ENV_DATA_DIR,
-    ENV_LOG_DIR,
-)
-from spot_training.contract import ENV_CHECKPOINT_REQUEST_FILE as ENV_REQUEST_FILE
+from spot_training.agent.errors import (  # noqa: F401 - the give-up errors are re-exported for callers
+    AgentError, CheckpointMismatchError, CheckpointStorageError, ConfigError, ExitCode, TemporaryError, give_up_error)
+from spot_training.agent.process_group import ProcessGroup, user_ids
+from spot_training.agent.safepath import write_file_replacing
+from spot_training.agent.workspace import (  # noqa: F401 - re-exported for callers
+    EnvironmentBuildFailed, VolumeNotMountedError, Workspace)
+# File names are the contract's (docs/contracts.md); re-exported for callers.
+from spot_training.contract import CHECKPOINT_REQUEST_FILE, COMPLETED_FILE, TRAINER_GIVE_UP, TRAINER_RETRY, trainer_exit_decision  # noqa: F401
 
 if TYPE_CHECKING:
     from spot_training.agent.interruption import InterruptionWatcher
 
 log = logging.getLogger(__name__)
-
-WORKSPACE_DIR = "workspace"
-
-
-_UNSET = object()
-
 
 class Outcome(enum.Enum):
     """How supervision ended: ``COMPLETED`` (run cleanup), ``INTERRUPTED`` (stopped for a spot
@@ -81,44 +68,6 @@ class Outcome(enum.Enum):
 
 class TrainerFailedError(AgentError):
     """The trainer crashed more than ``max_restarts`` times in a row: exit 75."""
-
-    exit_code = ExitCode.TEMPFAIL
-
-
-#: Trainer exit status meaning "checkpoint storage full or unusable" (docs/contracts.md): permanent.
-TRAINER_EXIT_CHECKPOINT_STORAGE = 74
-
-
-class CheckpointStorageError(AgentError):
-    """The trainer exited 74: its checkpoint storage is full or unusable (a save ran out of space,
-    or the directory is read-only). Restarting would fail the same way at the next save, so the
-    supervisor does not restart it. Exit 74."""
-
-    exit_code = ExitCode.CHECKPOINT_STORAGE
-
-
-#: Trainer exit status meaning "the newest checkpoint cannot serve this job" (another framework's,
-#: adapter's or model's; docs/contracts.md): permanent, like a bad config.
-TRAINER_EXIT_CHECKPOINT_MISMATCH = 78
-
-
-class CheckpointMismatchError(AgentError):
-    """The trainer exited 78: the newest checkpoint in its directory was written by another framework,
-    adapter or model (its log names the path). Every restart would refuse it the same way, so the
-    supervisor does not restart it. Exit 78."""
-
-    exit_code = ExitCode.CONFIG
-
-
-class EnvironmentBuildFailed(AgentError):
-    """The trainer's virtual environment could not be built (pip failed every attempt): exit 75.
-    The node reports it as a failed boot (docs/agent.md, "Boot failures")."""
-
-    exit_code = ExitCode.TEMPFAIL
-
-
-class VolumeNotMountedError(AgentError):
-    """The data volume is not mounted: training must not start on the root disk. Exit 75."""
 
     exit_code = ExitCode.TEMPFAIL
 
@@ -167,211 +116,65 @@ class Supervisor:
             raise ValueError(f"checkpoint_request must be 'file' or 'signal', got {checkpoint_request!r}")
         self.config = config
         self.training = config.training
-        self.is_mounted = is_mounted
+        #: How the node is prepared (code, environment, user, trainer environment): spot_training.agent.workspace.
+        self.workspace = Workspace(config, is_mounted=is_mounted,
+                                   run_as_current_user_if_missing=run_as_current_user_if_missing,
+                                   environ=environ, venv_attempts=venv_attempts, venv_backoff_s=venv_backoff_s)
         self.max_restarts = max_restarts
         self.backoff_base_s, self.backoff_max_s = backoff_base_s, backoff_max_s
         self.stable_after_s = stable_after_s
         self.stop_timeout_s = stop_timeout_s
         self.checkpoint_request = checkpoint_request
-        self.run_as_current_user_if_missing = run_as_current_user_if_missing
-        self.environ = dict(os.environ if environ is None else environ)
         self.poll_s = poll_s
         self.output = output
         self._copier: threading.Thread | None = None
         self._clock, self._sleep, self._rng = clock, sleep, rng
         self._proc: subprocess.Popen | None = None
+        self._group: ProcessGroup | None = None
         self._stopped_by_us: str | None = None
         self._stop_requested = False
-        self._account_cache: object = _UNSET
         self.restarts = 0
         self.starts = 0
         self.last_status: int | None = None
-        #: The trainer's interpreter: ``training.python``, or the venv's once :meth:`prepare_environment` ran.
-        self.python: str = str(config.training.python)
-        self._environment_ready = False
-        self.venv_attempts, self.venv_backoff_s = max(1, int(venv_attempts)), float(venv_backoff_s)
 
-    # ---- paths ------------------------------------------------------------------------------
+    # ---- the workspace's, for callers of the supervisor ------------------------------------------
     @property
-    def completed_file(self) -> Path:
-        """``<checkpoint_dir>/COMPLETED``."""
-        return self.training.checkpoint_dir / COMPLETED_FILE
+    def python(self) -> str:
+        """The trainer's interpreter (:attr:`Workspace.python`)."""
+        return self.workspace.python
 
     @property
     def request_file(self) -> Path:
         """``<checkpoint_dir>/CHECKPOINT_REQUEST`` (SPOT_TRAINING_CHECKPOINT_REQUEST_FILE)."""
-        return self.training.checkpoint_dir / CHECKPOINT_REQUEST_FILE
+        return self.workspace.request_file
+
+    @property
+    def completed_file(self) -> Path:
+        """``<checkpoint_dir>/COMPLETED``."""
+        return self.workspace.completed_file
 
     def completed(self) -> bool:
         """True when the trainer has written COMPLETED."""
-        return self.completed_file.is_file()
+        return self.workspace.completed()
 
-    # ---- code -------------------------------------------------------------------------------
     def prepare_code(self) -> Path:
-        """The directory the trainer runs in: the asset path, or the git checkout in
-        ``<mount_point>/workspace`` at the pinned ref. Raises ConfigError when the asset directory is
-        missing or the ref does not exist, TemporaryError when ``git clone``/``fetch`` fails."""
-        code = self.training.code
-        if code.type == "asset":
-            if not code.path.is_dir():
-                raise ConfigError(f"training.code.path: {str(code.path)!r} is not a directory on this node; "
-                                  "expected the unpacked training code asset")
-            return code.path
-        self._require_mounted()
-        dest = self.config.volume.mount_point / WORKSPACE_DIR
-        _git_checkout(code.url, code.ref, dest, env=self._git_env(), account=self._account())
-        return dest
+        """:meth:`Workspace.prepare_code`."""
+        return self.workspace.prepare_code()
 
-    # ---- the trainer's virtual environment ------------------------------------------------------
     def prepare_environment(self) -> str:
-        """Reuse or build the trainer's venv (``training.venv``; :mod:`spot_training.agent.trainer_env`) and make
-        its interpreter the one ``{python}`` stands for. Without ``training.venv`` (an AMI that ships
-        the framework) nothing is built and ``training.python`` runs as it is.
-
-        The build runs as a child process **as the training user** (never root: the environment
-        directory belongs to that user), with pip's ``PIP_*`` settings from the agent's environment.
-        The environment root is created by the agent and handed to the user; an existing root that is
-        a symbolic link is refused. Logs ``environment built`` or ``environment reused``.
-
-        Returns the interpreter path. Raises :class:`EnvironmentBuildFailed` (exit 75) when the build
-        failed (pip's last lines in the message), VolumeNotMountedError when the storage is gone.
-        """
-        if self._environment_ready:
-            return self.python
-        venv = self.training.venv
-        if venv is None:
-            self._environment_ready = True
-            log.info("no training.venv: the trainer runs training.python as it is",
-                     extra={"python": str(self.training.python)})
-            return self.python
-        self._require_mounted()
-        root = venv.root
-        # Created and handed to the training user without following a link the user planted
-        # (spot_training.agent.safepath), as the training directories are.
-        try:
-            if root.is_symlink():  # refused even inside a directory only root can write
-                raise UnsafePathError(f"{str(root)!r} is a symbolic link")
-            os.close(open_directory(root, create=True, owner=self._owner()))
-        except (UnsafePathError, NotADirectoryError, FileExistsError) as exc:
-            raise ConfigError(f"training.venv.root: {str(root)!r} is not a plain directory (a link or a file is "
-                              f"there: {exc}); the agent will not follow it as root. Remove it and restart the "
-                              "agent") from exc
-        argv = [sys.executable, "-m", "spot_training.agent.trainer_env", "ensure", "--python", str(self.training.python),
-                "--root", str(root)]
-        for requirement in venv.requirements:
-            argv += ["--requirement", requirement]
-        if venv.inherit_site_packages:
-            argv.append("--inherit-site-packages")
-        argv += ["--attempts", str(self.venv_attempts), "--backoff-s", str(self.venv_backoff_s)]
-        kwargs = _user_kwargs(self.user())
-        env = self.trainer_environment()
-        # The child imports bootstrap from the agent's code directory (the asset or a checkout).
-        env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2])
-        log.info("preparing the trainer's environment", extra={"root": str(root), "requirements": list(venv.requirements)})
-        done = subprocess.run(argv, env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL,
-                              cwd=str(root), **kwargs)
-        lines = done.stdout.strip().splitlines()
-        try:
-            result = json.loads(lines[-1]) if lines else {}
-        except ValueError:
-            result = {}
-        if done.returncode != 0 or "python" not in result:
-            reason = result.get("error") or done.stderr.strip()[-1500:] or f"exit status {done.returncode}"
-            raise EnvironmentBuildFailed(f"building the trainer's environment under {root} failed: {reason}")
-        self.python = result["python"]
-        self._environment_ready = True
-        log.info(f"environment {result['status']}", extra={
-            "key": result["key"], "python": self.python, "seconds": result["seconds"],
-            "pip_attempts": result["attempts"], "requirements": list(venv.requirements)})
-        return self.python
-
-    def _git_env(self) -> dict[str, str]:
-        env = dict(self.environ)
-        env["GIT_TERMINAL_PROMPT"] = "0"  # never wait for a password on a headless node
-        account = self._account()
-        if account is not None:  # git runs as the training user, with their home (credentials, config)
-            env.update({"HOME": account.pw_dir, "USER": account.pw_name, "LOGNAME": account.pw_name})
-        return env
-
-    # ---- user and environment -----------------------------------------------------------------
-    def _account(self) -> pwd.struct_passwd | None:
-        """The account to drop to, or None to run as the current user (looked up once)."""
-        if self._account_cache is not _UNSET:
-            return self._account_cache  # type: ignore[return-value]
-        self._account_cache = self._lookup_account()
-        return self._account_cache  # type: ignore[return-value]
-
-    def _lookup_account(self) -> pwd.struct_passwd | None:
-        if os.geteuid() != 0:
-            return None
-        try:
-            return pwd.getpwnam(self.training.user)
-        except KeyError:
-            if self.run_as_current_user_if_missing:
-                log.warning("training user does not exist; running the trainer as the current user (local mode)",
-                            extra={"user": self.training.user})
-                return None
-            raise ConfigError(f"training.user: {self.training.user!r} does not exist on this node; expected an "
-                              "existing Unix user (the agent runs as root and will not run training as root)") from None
-
-    def user(self) -> tuple[int, int, list[int]] | None:
-        """``(uid, gid, supplementary groups)`` of the training user the agent drops to, or None to run
-        as the current user; what :meth:`ProcessGroup.start` takes (the cluster agents use it too).
-        Raises ConfigError when the agent is root and ``training.user`` does not exist."""
-        return user_ids(self._account())
-
-    def _owner(self) -> tuple[int, int] | None:
-        account = self._account()
-        return None if account is None else (account.pw_uid, account.pw_gid)
-
-    def trainer_environment(self) -> dict[str, str]:
-        """The trainer's environment: the base environment plus the four SPOT_TRAINING_* directory and
-        request-file variables, the checkpoint cadence ``SPOT_TRAINING_CHECKPOINT_EVERY_STEPS`` /
-        ``_EVERY_SECONDS`` where the node config's ``spot_training.training`` section sets it (else the trainer's
-        default applies), and HOME/USER/LOGNAME of the training user when privileges are dropped."""
-        env = dict(self.environ)
-        env.update({
-            ENV_DATA_DIR: str(self.training.dataset_dir),
-            ENV_CHECKPOINT_DIR: str(self.training.checkpoint_dir),
-            ENV_LOG_DIR: str(self.training.log_dir),
-            ENV_REQUEST_FILE: str(self.request_file),
-            "PYTHONUNBUFFERED": "1",
-        })
-        # The library's own code directory (the asset holding spot_training/{contract,agent,training}) comes
-        # first on the trainer's import path, so a script cloned from git or copied from S3 can
-        # `import spot_training.training` wherever it lives; the node's own PYTHONPATH, if any, follows.
-        code_root = str(Path(__file__).resolve().parents[2])
-        env["PYTHONPATH"] = os.pathsep.join([code_root, *[p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != code_root]])
-        if self.training.checkpoint_every_steps is not None:
-            env[ENV_CHECKPOINT_EVERY_STEPS] = str(self.training.checkpoint_every_steps)
-        if self.training.checkpoint_every_seconds is not None:
-            env[ENV_CHECKPOINT_EVERY_SECONDS] = f"{self.training.checkpoint_every_seconds:g}"
-        account = self._account()
-        if account is not None:
-            env.update({"HOME": account.pw_dir, "USER": account.pw_name, "LOGNAME": account.pw_name})
-        return env
-
-    def _prepare_dirs(self) -> None:
-        # Root never follows a symlink the training user planted on the volume (spot_training.agent.safepath):
-        # `checkpoints -> /etc` would otherwise hand /etc to the user. Raises UnsafePathError (exit 78).
-        for directory in (self.training.dataset_dir, self.training.checkpoint_dir, self.training.log_dir):
-            os.close(open_directory(directory, create=True, owner=self._owner()))
-
-    def _require_mounted(self) -> None:
-        if not self.is_mounted():
-            raise VolumeNotMountedError(
-                f"the data volume is not mounted at {self.config.volume.mount_point}; refusing to start training "
-                "on the root disk (checkpoints there are lost with the instance)")
+        """:meth:`Workspace.prepare_environment`."""
+        return self.workspace.prepare_environment()
 
     # ---- running ----------------------------------------------------------------------------
     def start(self, workdir: Path) -> subprocess.Popen:
         """Start one trainer process in its own session/process group; returns the Popen."""
-        self._require_mounted()
-        self._prepare_dirs()
-        argv = self.training.argv(self.python)
-        account = self._account()
+        ws = self.workspace
+        ws.require_mounted()
+        ws.prepare_dirs()
+        argv = self.training.argv(ws.python)
+        account = ws.account()
         try:
-            group = ProcessGroup.start(argv, cwd=workdir, env=self.trainer_environment(), user=user_ids(account),
+            group = ProcessGroup.start(argv, cwd=workdir, env=ws.trainer_environment(), user=user_ids(account),
                                        stdout=subprocess.PIPE if self.output is not None else None)
         except OSError as exc:
             if exc.errno in (errno.ENOENT, errno.EACCES, errno.ENOTDIR, errno.ENOEXEC):
@@ -379,6 +182,7 @@ class Supervisor:
                                   "executable (training.python for '{python}')") from None
             raise TemporaryError(f"starting the trainer failed: {exc}") from exc
         proc = group.proc
+        self._proc, self._group = proc, group
         self.starts += 1
         if self.output is not None:
             self._copier = threading.Thread(target=_copy_output, args=(proc.stdout, self.output),
@@ -386,7 +190,6 @@ class Supervisor:
             self._copier.start()
         log.info("training started", extra={"pid": proc.pid, "argv": argv, "cwd": str(workdir),
                                              "user": account.pw_name if account else None, "start": self.starts})
-        self._proc = proc
         return proc
 
     def run(self, watcher: "InterruptionWatcher | None" = None) -> Outcome:
@@ -396,7 +199,7 @@ class Supervisor:
         ConfigError (bad code location, unknown user, command not executable), TrainerFailedError
         (more than ``max_restarts`` consecutive crashes).
         """
-        self._require_mounted()
+        self.workspace.require_mounted()
         if self.completed():
             log.info("training already completed (COMPLETED found); not starting it",
                      extra={"completed_file": str(self.completed_file)})
@@ -425,24 +228,23 @@ class Supervisor:
                 self._copier.join(5.0)  # the trainer's last lines reach stdout before we go on
             self.last_status = status
             ran_s = self._clock() - started
-            self._proc = None
+            self._proc = self._group = None
             if self._stopped_by_us is not None:
                 log.info("trainer stopped by the agent", extra={"exit_status": status, "reason": self._stopped_by_us})
                 return self._stopped_outcome(watcher)
             if status == 0 and self.completed():
                 log.info("training completed", extra={"run_s": round(ran_s, 1), "completed_file": str(self.completed_file)})
                 return Outcome.COMPLETED
-            if status == TRAINER_EXIT_CHECKPOINT_STORAGE:
-                raise CheckpointStorageError(
-                    f"the trainer exited {status}: its checkpoint storage {str(self.training.checkpoint_dir)!r} is "
-                    "full or unusable (its log names the path, the bytes needed and free); not restarting it, since "
-                    "every restart would fail the same way; free space or fix the directory, then start the agent again")
-            if status == TRAINER_EXIT_CHECKPOINT_MISMATCH:
-                raise CheckpointMismatchError(
-                    f"the trainer exited {status}: the newest checkpoint in {str(self.training.checkpoint_dir)!r} "
-                    "cannot serve this job (another framework's, adapter's or model's; its log names the path); "
-                    "not restarting it; point the job at another checkpoint directory or restore the model it was "
-                    "written for, then start the agent again")
+            decision = trainer_exit_decision(status)
+            if decision == TRAINER_GIVE_UP:
+                raise give_up_error(status, self.training.checkpoint_dir)
+            if decision == TRAINER_RETRY:
+                delay = self.backoff_base_s * (0.5 + self._rng() / 2)
+                self.restarts += 1
+                log.info("trainer asked to be run again; restarting after backoff (not a crash)",
+                         extra={"exit_status": status, "backoff_s": round(delay, 2)})
+                self._backoff(delay, watcher)
+                continue
             crashes = 1 if ran_s >= self.stable_after_s else crashes + 1
             why = "exited 0 without writing COMPLETED" if status == 0 else f"exited with status {status}"
             if crashes > self.max_restarts:
@@ -483,20 +285,18 @@ class Supervisor:
 
     # ---- TrainerControl -----------------------------------------------------------------------
     def terminate(self, *, timeout_s: float, reason: str) -> int | None:
-        """SIGTERM the trainer's process group and wait up to ``timeout_s`` seconds. Returns its exit
-        status, or None when it is still running or none is running. Never SIGKILLs: checkpoints are
-        atomic, and a trainer still saving at the deadline has the best chance if left alone."""
+        """Stop the trainer the contract's way (:meth:`ProcessGroup.terminate`: SIGTERM to its leader,
+        the group's other processes only once the leader has exited, SIGKILL to the whole group at the
+        deadline ``timeout_s`` seconds from now). Returns its exit status, or None when none is running."""
         self._stopped_by_us = self._stopped_by_us or reason
-        proc = self._proc
-        if proc is None or proc.poll() is not None:
-            return None if proc is None else proc.returncode
-        signal_group(proc.pid, signal.SIGTERM)  # a group gone between poll() and killpg() is fine
-        log.info("sent SIGTERM to the trainer's process group", extra={"pgid": proc.pid, "reason": reason,
-                                                                       "timeout_s": round(timeout_s, 1)})
-        try:
-            return proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
+        group = self._group
+        if group is None:
             return None
+        if group.poll() is not None:
+            return group.poll()
+        log.info("sent SIGTERM to the trainer's leader process", extra={"pid": group.pid, "reason": reason,
+                                                                         "timeout_s": round(timeout_s, 1)})
+        return group.terminate(timeout_s)
 
     def request_checkpoint(self) -> bool:
         """Ask the running trainer for an extra checkpoint (request file or SIGUSR1, per
@@ -505,163 +305,21 @@ class Supervisor:
         if proc is None or proc.poll() is not None:
             return False
         if self.checkpoint_request == "signal":
-            signal_group(proc.pid, signal.SIGUSR1)
+            try:
+                os.kill(proc.pid, signal.SIGUSR1)  # the leader only, as SIGTERM (docs/contracts.md)
+            except ProcessLookupError:
+                return False
             return True
         # Written without following links the user planted (spot_training.agent.safepath); owned by the training
         # user, who deletes it when the checkpoint is saved.
         body = json.dumps({"reason": "rebalance-recommendation", "time": time.time()}).encode()
-        write_file_replacing(self.request_file, body, owner=self._owner())
+        write_file_replacing(self.request_file, body, owner=self.workspace.owner())
         return True
 
     def request_stop(self) -> None:
         """Ask for a stop from a signal handler (the agent got SIGTERM): the wait loop sends SIGTERM to
         the trainer's group and returns :attr:`Outcome.STOPPED`. Only sets a flag."""
         self._stop_requested = True
-
-
-# ---- one way to run a child process: every trainer and cluster process ----------------------------------
-def user_ids(account: pwd.struct_passwd | None) -> tuple[int, int, list[int]] | None:
-    """``(uid, gid, supplementary groups)`` of ``account``, or None for None (run as the current user)."""
-    if account is None:
-        return None
-    return account.pw_uid, account.pw_gid, os.getgrouplist(account.pw_name, account.pw_gid)
-
-
-def _user_kwargs(user: tuple[int, int, list[int]] | None) -> dict[str, Any]:
-    """subprocess's privilege-drop arguments for ``user`` (``user``/``group``/``extra_groups``, Python 3.9+)."""
-    if user is None:
-        return {}
-    uid, gid, groups = user
-    return {"user": uid, "group": gid, "extra_groups": list(groups)}
-
-
-def signal_group(pgid: int, sig: int) -> None:
-    """Send ``sig`` to the process group ``pgid``; a group that is already gone is fine."""
-    try:
-        os.killpg(pgid, sig)
-    except ProcessLookupError:
-        pass
-
-
-def descendants(pid: int) -> list[int]:
-    """Every process below ``pid`` (children first seen in /proc; Linux). Empty when /proc is missing."""
-    children: dict[int, list[int]] = {}
-    try:
-        entries = os.listdir("/proc")
-    except OSError:
-        return []
-    for entry in entries:
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", encoding="ascii", errors="replace") as handle:
-                stat = handle.read()
-        except OSError:
-            continue
-        ppid = int(stat[stat.rindex(")") + 2:].split()[1])  # fields after "(comm)": state ppid ...
-        children.setdefault(ppid, []).append(int(entry))
-    out, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            out.append(child)
-            todo.append(child)
-    return out
-
-
-class ProcessGroup:
-    """One child process in a session (process group) of its own: how the agent runs the single-node
-    trainer (:class:`Supervisor`) and every cluster process (spot_training/agent/ps_node.py, spot_training/agent/torch_elastic.py).
-
-    :meth:`start` runs ``argv`` with ``start_new_session``, stdin from /dev/null, as ``user``
-    (``(uid, gid, groups)``; None: the current user), inside the network namespace ``netns`` when given
-    (local mode: ``ip netns exec NS``), its output appended to ``log_path`` or sent to ``stdout``
-    (``subprocess.PIPE`` or None: the agent's own). :meth:`stop` is SIGTERM once, then SIGKILL after
-    ``kill_after`` seconds; :meth:`kill` reaches every descendant too (torchrun starts each rank in a
-    session of its own, so its group alone would orphan the ranks).
-
-    Attributes: ``proc`` (the Popen), ``term_sent`` (clock seconds, when SIGTERM was sent), ``killed``.
-    """
-
-    def __init__(self, proc: subprocess.Popen, *, clock: Callable[[], float] = time.monotonic) -> None:
-        self.proc, self.clock = proc, clock
-        self.term_sent: float | None = None
-        self.killed = False
-
-    @classmethod
-    def start(cls, argv: list[str], *, cwd: str | os.PathLike, env: Mapping[str, str],
-              user: tuple[int, int, list[int]] | None = None, netns: str | None = None,
-              log_path: Path | None = None, stdout: int | None = None,
-              clock: Callable[[], float] = time.monotonic) -> "ProcessGroup":
-        """Start ``argv`` (see the class docstring). Raises OSError when it cannot be run."""
-        prefix = ["ip", "netns", "exec", netns] if netns else []
-        # The log is on storage the training user writes (EFS on clusters): appended to without following a
-        # planted link, hard link or FIFO (safepath), and owned by the user the process runs as.
-        log_file = None
-        if log_path is not None:
-            log_file = os.fdopen(open_file(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT), "ab")
-            if user is not None:
-                try:
-                    os.fchown(log_file.fileno(), user[0], user[1])
-                except PermissionError:
-                    pass  # an EFS access point that enforces a POSIX user already owns it as that user
-        out = log_file if log_file is not None else stdout
-        streams = {} if out is None else {"stdout": out, "stderr": subprocess.STDOUT}
-        try:
-            proc = subprocess.Popen([*prefix, *argv], cwd=cwd, env=dict(env), start_new_session=True,
-                                    stdin=subprocess.DEVNULL, **streams, **_user_kwargs(user))
-        finally:
-            if log_file is not None:
-                log_file.close()  # the child writes through its own copy of the descriptor
-        return cls(proc, clock=clock)
-
-    @property
-    def pid(self) -> int:
-        """The process id (also the process group id)."""
-        return self.proc.pid
-
-    def poll(self) -> int | None:
-        """The exit status once the process exited, else None."""
-        return self.proc.poll()
-
-    def signal(self, sig: int, *, group: bool = True) -> None:
-        """Send ``sig`` to the process group (``group``) or the process alone; gone is fine."""
-        if group:
-            signal_group(self.proc.pid, sig)
-        else:
-            try:
-                os.kill(self.proc.pid, sig)
-            except ProcessLookupError:
-                pass
-
-    def stop(self, *, kill_after: float | None, group: bool = True) -> None:
-        """Call repeatedly: SIGTERM once (to the group, or the process alone when not ``group``), then
-        :meth:`kill` once ``kill_after`` seconds have passed since (None: never)."""
-        now = self.clock()
-        if self.term_sent is None:
-            self.term_sent = now
-            self.signal(signal.SIGTERM, group=group)
-        elif kill_after is not None and not self.killed and now - self.term_sent >= kill_after:
-            log.warning("process did not stop after SIGTERM; SIGKILL", extra={"pid": self.proc.pid})
-            self.kill()
-
-    def kill(self) -> None:
-        """SIGKILL the group, the process and every descendant of it."""
-        self.killed = True
-        # The descendants are listed before any signal: once the process dies, its children (torchrun's
-        # ranks, each in a session of its own) are reparented and no longer found under its pid.
-        pids = [self.proc.pid, *descendants(self.proc.pid)]
-        signal_group(self.proc.pid, signal.SIGKILL)
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-
-    def kill_and_wait(self) -> int:
-        """:meth:`kill`, then reap; returns the exit status."""
-        self.kill()
-        self.proc.wait()
-        return self.poll()
 
 
 def _copy_output(pipe: Any, output: Callable[[str], None]) -> None:
@@ -688,61 +346,3 @@ def _copy_output(pipe: Any, output: Callable[[str], None]) -> None:
 
 #: Options for every git command the agent runs: hooks off (a hook planted in the checkout would
 #: otherwise run at every boot), never prompt.
-_GIT_OPTIONS = ("-c", "core.hooksPath=/dev/null")
-
-
-def _git(args: list[str], *, cwd: Path | None, env: Mapping[str, str],
-         account: pwd.struct_passwd | None = None) -> subprocess.CompletedProcess:
-    """Run git (``-C cwd`` when given) as ``account`` (None: the current user), hooks disabled."""
-    kwargs = _user_kwargs(user_ids(account))
-    where = ["-C", str(cwd)] if cwd is not None else []
-    return subprocess.run(["git", *_GIT_OPTIONS, *where, *args], env=dict(env), capture_output=True, text=True,
-                          timeout=600, stdin=subprocess.DEVNULL, **kwargs)
-
-
-def _git_checkout(url: str, ref: str, dest: Path, *, env: Mapping[str, str],
-                  account: pwd.struct_passwd | None = None) -> None:
-    """Make ``dest`` a checkout of ``url`` at ``ref`` (detached). Idempotent: an existing checkout at
-    that ref is left alone; one at another ref is fetched and switched. A clone goes to a sibling
-    directory first and is renamed into place, so a crash never leaves a half clone at ``dest``.
-
-    git runs as ``account`` (the training user, who owns the checkout) with hooks disabled: run as
-    root in a directory the user controls, a planted hook, ``core.fsmonitor`` or filter in
-    ``.git/config`` would run as root (issue 15, item 5). ``url`` and ``ref`` never start with ``-``
-    (spot_training.agent.config rejects that: git would read them as options). Raises UnsafePathError when
-    ``dest`` or its ``.partial`` sibling is a symbolic link."""
-    if shutil.which("git", path=env.get("PATH")) is None:
-        raise ConfigError("training.code.type is 'git' but there is no git executable on this node's PATH")
-    partial = dest.with_name(dest.name + ".partial")
-    for path in (dest, partial):
-        if path.is_symlink():
-            raise UnsafePathError(f"{str(path)!r} is a symbolic link on the data volume; the agent does not follow it. "
-                                  f"Remove it (rm {path}) and boot again")
-    if (dest / ".git").exists():
-        head = _git(["rev-parse", "HEAD"], cwd=dest, env=env, account=account).stdout.strip()
-        want = _git(["rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}"], cwd=dest, env=env,
-                    account=account).stdout.strip()
-        if head and head == want:
-            log.info("training code already checked out", extra={"ref": ref, "commit": head, "path": str(dest)})
-            return
-        fetched = _git(["fetch", "--tags", "--force", "origin"], cwd=dest, env=env, account=account)
-        if fetched.returncode != 0:
-            raise TemporaryError(f"git fetch of {url} failed: {fetched.stderr.strip()[-500:]}")
-        target = dest
-    else:
-        if partial.exists():
-            shutil.rmtree(partial)  # our own unfinished clone from a crashed run (rmtree never follows links)
-        cloned = _git(["clone", "--quiet", "--no-checkout", "--", url, str(partial)], cwd=None, env=env,
-                      account=account)
-        if cloned.returncode != 0:
-            raise TemporaryError(f"git clone of {url} failed: {cloned.stderr.strip()[-500:]}")
-        target = partial
-    checked = _git(["checkout", "--quiet", "--detach", "--force", ref], cwd=target, env=env, account=account)
-    if checked.returncode != 0:
-        raise ConfigError(f"training.code.ref: {ref!r} cannot be checked out from {url}: "
-                          f"{checked.stderr.strip()[-300:]}; expected an existing commit or tag")
-    if target != dest:
-        os.rename(target, dest)
-    commit = _git(["rev-parse", "HEAD"], cwd=dest, env=env, account=account).stdout.strip()
-    log.info("training code checked out", extra={"url": url, "ref": ref, "commit": commit, "path": str(dest),
-                                                 "user": account.pw_name if account else None})

@@ -22,6 +22,9 @@ state on EFS", docs/cluster.md).
   own process group and supervises it:
 
   * exit with ``COMPLETED`` in the checkpoint directory: ``"completed"`` (then spot_training.agent.fleet_actions.finish_node);
+  * an exit the contract's restart policy gives up on (74 checkpoint storage, 78 checkpoint
+    mismatch; ``spot_training.contract.TRAINER_EXIT_POLICY``): deregister and raise the agent error
+    carrying that status (the agent exits with it and systemd does not restart it);
   * any other exit: relaunch after :data:`RELAUNCH_BACKOFF_S`, re-reading the address and epoch; an
     exit the agent did not ask for is reported in ``rendezvous-reports/<node_id>.json``
     (``{"node_id", "epoch", "returncode", "time"}``) so the coordinator moves to a new epoch;
@@ -29,8 +32,9 @@ state on EFS", docs/cluster.md).
     SIGTERM it (the job agrees on one checkpoint at the next step), relaunch under the new epoch;
   * a spot interruption notice, the member tag removed, or the agent stopped: SIGTERM to ITS torchrun
     only (torchrun forwards it to its ranks; the trainer's ranks all stop at the same step, rank 0
-    saves, and the other nodes' torchruns restart without this one), wait for it to exit (at most
-    ``torch_shutdown_timeout_s`` + ``kill_grace_s``, then SIGKILL its group) and return ``"left"``.
+    saves, and the other nodes' torchruns restart without this one), wait for it to exit (until the
+    notice's deadline minus the agent's margin; without a deadline ``torch_shutdown_timeout_s`` +
+    ``kill_grace_s``), then SIGKILL its group, and return ``"left"``.
 
 Registrations and heartbeats use the same files as the other frameworks (:class:`ClusterState`;
 the heartbeat's ``generation`` is the epoch, ``pid`` the torchrun's or the store's). Standard library only.
@@ -49,10 +53,11 @@ from typing import Any, Callable, Iterable, Mapping
 
 from spot_training import contract
 from spot_training.agent.cluster_member import ClusterMember
-from spot_training.agent.cluster_state import ClusterSettings, read_json, valid_record, write_state_json
+from spot_training.agent.cluster_state import ClusterSettings, read_json, valid_record, write_json_atomic, write_state_json
+from spot_training.agent.errors import give_up_error
+from spot_training.agent.process_group import ProcessGroup
 from spot_training.agent.safepath import UnsafePathError, list_directory, open_directory, unlink
-from spot_training.agent.launch import NODE_ID_ENV
-from spot_training.agent.supervisor import ProcessGroup
+from spot_training.contract import ENV_NODE_ID, TRAINER_GIVE_UP, trainer_exit_decision
 
 log = logging.getLogger("spot_training.agent.torch_elastic")
 
@@ -339,7 +344,7 @@ class TorchWorker(_Base):
         # The node id names each trainer's step log (steps-<node_id>.csv, docs/cluster.md), as the
         # MXNet/TF agents' launch environment does.
         self._popen(argv, epoch, endpoint, f"torchrun-{self.node_id}.log",
-                    extra_env={**TORCHRUN_ENV, NODE_ID_ENV: self.node_id})
+                    extra_env={**TORCHRUN_ENV, ENV_NODE_ID: self.node_id})
 
     def _rendezvous(self) -> dict | None:
         """The published rendezvous when its endpoint is the address of the registered coordinator
@@ -363,11 +368,17 @@ class TorchWorker(_Base):
             if self.completed():
                 return "completed"
             if not exited.asked and not self.leaving:
+                if trainer_exit_decision(self.last_exit) == TRAINER_GIVE_UP:
+                    # The contract's restart policy: a relaunch would fail the same way (full or
+                    # unusable checkpoint storage, a checkpoint of another job); leave and exit with it.
+                    self.leaving, self.leave_reason = True, f"trainer-exit-{self.last_exit}"
+                    self.state.deregister(self.node_id)
+                    raise give_up_error(self.last_exit, self.checkpoint_dir)
                 self.rdzv.report(self.node_id, exited.epoch, self.last_exit, now)
             self._next_start = now + RELAUNCH_BACKOFF_S
         if self.leaving:
             # SIGTERM only our torchrun; the job agrees on one checkpoint; wait, then leave.
-            self._stop_and_wait(self.settings.torch_shutdown_timeout_s + self.settings.kill_grace_s)
+            self._stop_and_wait(self.leave_wait_s(self.settings.torch_shutdown_timeout_s + self.settings.kill_grace_s))
             return "completed" if self.completed() else "left"
         rdzv = self._rendezvous()
         if self.running is not None:

@@ -88,6 +88,16 @@ ENV_CHECKPOINT_EVERY_STEPS = "SPOT_TRAINING_CHECKPOINT_EVERY_STEPS"
 ENV_CHECKPOINT_EVERY_SECONDS = "SPOT_TRAINING_CHECKPOINT_EVERY_SECONDS"
 #: Local mode only: the node's file-system root, prefixed to every path of the node config.
 ENV_ROOT = "SPOT_TRAINING_ROOT"
+#: Cluster processes (docs/cluster.md): the node's id (the instance id; names each trainer's step log)
+#: and the plan's generation (MXNet/TensorFlow; the TorchElastic epoch is torchrun's own).
+ENV_NODE_ID = "SPOT_TRAINING_NODE_ID"
+ENV_GENERATION = "SPOT_TRAINING_GENERATION"
+#: MXNet/TensorFlow cluster processes: the plan's number of workers and this worker's rank in it.
+ENV_NUM_WORKERS = "SPOT_TRAINING_NUM_WORKERS"
+ENV_WORKER_RANK = "SPOT_TRAINING_WORKER_RANK"
+#: Set by the systemd unit for the agent: the boot-failure script (spot_training/infra/userdata.py
+#: writes it; docs/agent.md, "Boot failures").
+ENV_ON_BOOT_FAILURE = "SPOT_TRAINING_ON_BOOT_FAILURE"
 #: Environment a PyTorch worker node's agent gives its ``torchrun`` (docs/training-pytorch.md,
 #: "Elastic clusters"): without it torch 2.14 publishes MASTER_ADDR/MASTER_PORT only in a node's
 #: first rendezvous round, so a node joining a running job waits for them until it times out.
@@ -129,6 +139,53 @@ EXIT_CHECKPOINT_MISMATCH = EXIT_CONFIG
 #: instead of ending the job (spot_training.training.core.stop_exit_code; docs/training-pytorch.md).
 EXIT_PEER_STOPPED = EXIT_TEMPFAIL
 
+# ---- the restart policy: trainer exit status -> what every agent does (docs/contracts.md) ----------
+#: Exit 0: training ended. Completed when ``COMPLETED`` is in the checkpoint directory; otherwise the
+#: trainer stopped for a notice the agent relayed (not a crash), or, with neither, a crash.
+TRAINER_FINISHED = "finished"
+#: Permanent: every restart would fail the same way. The agent does not restart the trainer and exits
+#: with the trainer's status, which systemd does not restart either (``RestartPreventExitStatus``).
+TRAINER_GIVE_UP = "give-up"
+#: The trainer stopped cleanly with its checkpoint committed and asks to be run again (a torchrun
+#: rank stopped by a peer's notice): restarted after the back-off, not counted as a crash.
+TRAINER_RETRY = "retry"
+#: A crash: restarted after a jittered exponential back-off, within the crash budget (``max_restarts``
+#: crashes in a row; a cluster's framework process: its torchrun or generation restarts).
+TRAINER_RESTART = "restart"
+#: The one table from a trainer's exit status to the decision (SkyPilot's ``recover_on_exit_codes`` is
+#: the model). A status that is not listed (a negative one: killed by a signal) means
+#: :data:`TRAINER_RESTART`. Read through :func:`trainer_exit_decision`.
+TRAINER_EXIT_POLICY: Mapping[int, str] = MappingProxyType({
+    0: TRAINER_FINISHED,
+    EXIT_CHECKPOINT_STORAGE: TRAINER_GIVE_UP,
+    EXIT_CHECKPOINT_MISMATCH: TRAINER_GIVE_UP,
+    EXIT_TEMPFAIL: TRAINER_RETRY,
+})
+
+
+def trainer_exit_decision(status: Optional[int]) -> str:
+    """What an agent does when its trainer exited with ``status``.
+
+    Args:
+        status: the exit status as ``subprocess.Popen.returncode`` gives it (negative: killed by that
+            signal); None (the status is unknown, e.g. the agent restarted) counts as a crash.
+
+    Returns:
+        One of :data:`TRAINER_FINISHED`, :data:`TRAINER_GIVE_UP`, :data:`TRAINER_RETRY` and
+        :data:`TRAINER_RESTART` (from :data:`TRAINER_EXIT_POLICY`).
+    """
+    if status is None:
+        return TRAINER_RESTART
+    return TRAINER_EXIT_POLICY.get(status, TRAINER_RESTART)
+
+
+#: The agent's exit statuses that systemd must not restart (the unit's ``RestartPreventExitStatus``):
+#: bad config (78), the node gave up (69), and every trainer status the policy gives up on (the agent
+#: exits with it).
+AGENT_EXITS_NOT_RESTARTED: tuple = tuple(dict.fromkeys(
+    [EXIT_CONFIG, *sorted((s for s, d in TRAINER_EXIT_POLICY.items() if d == TRAINER_GIVE_UP), reverse=True),
+     EXIT_UNAVAILABLE]))
+
 # ---- ports -----------------------------------------------------------------------------------------
 #: Default TCP ports of the parameter-server cluster's roles (ps-lite / TensorFlow gRPC).
 DEFAULT_SCHEDULER_PORT, DEFAULT_SERVER_PORT, DEFAULT_WORKER_PORT = 9000, 9001, 9002
@@ -140,6 +197,13 @@ DEFAULT_MIN_WORKERS, DEFAULT_MAX_WORKERS = 1, 8
 #: parameter-server nodes 1..MAX_SERVERS (0 for PyTorch, which has none), workers 1..MAX_WORKERS.
 MAX_SERVERS = 64
 MAX_WORKERS = 1024
+#: A cluster's phase bounds (node config ``cluster.stop_timeout_s`` and ``cluster.kill_grace_s``,
+#: seconds): the checkpoint and teardown phases each last at most the first, SIGTERM -> SIGKILL the second.
+DEFAULT_CLUSTER_STOP_TIMEOUT_S = 120.0
+DEFAULT_CLUSTER_KILL_GRACE_S = 5.0
+#: systemd's ``TimeoutStopSec`` for a cluster agent: a stopped worker leaves first (a checkpoint phase
+#: and a teardown phase, then the kill grace), plus a margin of 55 s for the agent's own exit.
+CLUSTER_AGENT_STOP_TIMEOUT_S = int(2 * DEFAULT_CLUSTER_STOP_TIMEOUT_S + DEFAULT_CLUSTER_KILL_GRACE_S + 55)
 #: torchrun defaults of a PyTorch cluster (context keys ``cluster_torch_*``, docs/contracts.md):
 #: worker-group restarts before torchrun gives up (every join and leave costs one; the agent then
 #: relaunches torchrun under a new rendezvous id), and the SIGTERM -> SIGKILL grace torchrun gives

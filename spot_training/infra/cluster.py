@@ -39,7 +39,7 @@ from .tags import CLUSTER_MEMBER_TAG_KEY, CLUSTER_MEMBER_TAG_VALUE, PURPOSE_DATA
 from .userdata import node_config
 # Where cluster nodes mount the shared file system (datasets/, checkpoints/, logs/ and cluster/ live
 # there), the roles' default ports, cluster sizes and torchrun defaults: the contract's.
-from spot_training.contract import (DEFAULT_MAX_WORKERS, DEFAULT_MIN_WORKERS, DEFAULT_SCHEDULER_PORT, DEFAULT_SERVER_PORT,
+from spot_training.contract import (CLUSTER_AGENT_STOP_TIMEOUT_S, DEFAULT_MAX_WORKERS, DEFAULT_MIN_WORKERS, DEFAULT_SCHEDULER_PORT, DEFAULT_SERVER_PORT,
                            DEFAULT_TORCH_MAX_RESTARTS, DEFAULT_TORCH_NPROC_PER_NODE, DEFAULT_TORCH_SHUTDOWN_TIMEOUT_S,
                            DEFAULT_WORKER_PORT, EFS_MOUNT_POINT, MAX_SERVERS, MAX_TORCH_MAX_RESTARTS,
                            MAX_TORCH_NPROC_PER_NODE, MAX_TORCH_SHUTDOWN_TIMEOUT_S, MAX_WORKERS, SETTINGS, SettingError,
@@ -47,10 +47,8 @@ from spot_training.contract import (DEFAULT_MAX_WORKERS, DEFAULT_MIN_WORKERS, DE
 
 #: The membership state directory on EFS (``cluster.state_dir``).
 STATE_DIR = f"{EFS_MOUNT_POINT}/cluster"
-#: systemd's ``TimeoutStopSec`` for cluster agents: a stopped worker leaves first (checkpoint and
-#: teardown phases, each bounded by the agents' ``cluster.stop_timeout_s`` of 120 s, then its
-#: ``kill_grace_s`` of 5 s), so 2 x 120 + 5 s plus a margin.
-AGENT_STOP_TIMEOUT_S = 300
+#: systemd's ``TimeoutStopSec`` for cluster agents (the contract derives it from the phase bounds).
+AGENT_STOP_TIMEOUT_S = CLUSTER_AGENT_STOP_TIMEOUT_S
 DEFAULT_SCHEDULER_INSTANCE_TYPE = "m5.large"
 DEFAULT_SERVER_INSTANCE_TYPE = "m5.xlarge"
 

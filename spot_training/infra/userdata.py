@@ -26,24 +26,18 @@ from spot_training.contract import (
     DATASETS_DIR,
     DEFAULT_MOUNT_POINT,
     ENV_ROOT,
-    EXIT_CHECKPOINT_STORAGE,
-    EXIT_UNAVAILABLE,
+    AGENT_EXITS_NOT_RESTARTED,
+    ENV_ON_BOOT_FAILURE,
     FAILED_BOOTS_TAG,
     LOGS_DIR,
     STACK_TAG,
     default,
 )
-from spot_training.contract import EXIT_CONFIG as EXIT_BAD_CONFIG
 
 CONFIG_BEGIN = "# BEGIN spot-training config"
 CONFIG_END = "# END spot-training config"
 CODE_DIR = "/opt/spot-training/code"
 SERVICE_NAME = "spot-training-agent"
-#: systemd must not restart the agent after EXIT_BAD_CONFIG (78: bad config), EXIT_CHECKPOINT_STORAGE
-#: (74: the trainer's checkpoint storage is full or unusable) nor after this one (69: the agent gave up
-#: for good: the node could no longer work and was powered off, or a boot failure was reported and the
-#: node is shutting down or its fleet cancelled; docs/contracts.md, "Agent exit codes").
-EXIT_NODE_UNUSABLE = EXIT_UNAVAILABLE
 _HEREDOC_TAG = "SPOT_TRAINING_CONFIG_JSON"
 _HEREDOC_START = re.compile(r"<<\s*'(?P<tag>[A-Za-z_][A-Za-z0-9_]*)'\s*$")
 
@@ -57,7 +51,8 @@ def systemd_unit(stop_timeout_s: int = STOP_TIMEOUT_S) -> str:
     """The systemd unit that runs the agent, as the boot script writes it through an unquoted heredoc
     (``${CODE}``, ``${AGENT_PYTHON}``, ``${ST_ROOT}`` and ``${BOOT_FAILED}`` are the script's variables).
     ``Restart=on-failure`` retries exit 75 (try again later) and crashes; ``RestartPreventExitStatus``
-    stops the loop on 78 (bad config), 74 (unusable checkpoint storage) and 69 (gave up: reported and shutting down); ``TimeoutStopSec``
+    is the contract's :data:`~spot_training.contract.AGENT_EXITS_NOT_RESTARTED` (78 bad config, 69 gave
+    up, and every trainer status the restart policy gives up on: 74, 78); ``TimeoutStopSec``
     is ``stop_timeout_s`` seconds (default :data:`STOP_TIMEOUT_S`)."""
     return f"""[Unit]
 Description=spot-training node agent (volume, trainer, interruption notices, cleanup)
@@ -70,10 +65,10 @@ WorkingDirectory=${{CODE}}
 ExecStart=${{AGENT_PYTHON}} -m spot_training.agent run --config ${{ST_ROOT}}{CONFIG_PATH}
 Restart=on-failure
 RestartSec=15
-RestartPreventExitStatus={EXIT_BAD_CONFIG} {EXIT_CHECKPOINT_STORAGE} {EXIT_NODE_UNUSABLE}
+RestartPreventExitStatus={' '.join(str(status) for status in AGENT_EXITS_NOT_RESTARTED)}
 TimeoutStopSec={stop_timeout_s}
 Environment=PYTHONUNBUFFERED=1
-Environment={ON_BOOT_FAILURE_ENV}=${{BOOT_FAILED}}
+Environment={ENV_ON_BOOT_FAILURE}=${{BOOT_FAILED}}
 
 [Install]
 WantedBy=multi-user.target
@@ -203,8 +198,6 @@ AGENT_PYTHON_ENV = "SPOT_TRAINING_AGENT_PYTHON"
 #: Local mode only: where boot failures are written for the user to see (default ``/dev/console``,
 #: which EC2 keeps as the instance's console output: ``aws ec2 get-console-output``).
 CONSOLE_ENV = "SPOT_TRAINING_CONSOLE"
-#: Set by the unit for the agent: the boot-failure script (:func:`boot_failed_script`).
-ON_BOOT_FAILURE_ENV = "SPOT_TRAINING_ON_BOOT_FAILURE"
 BOOT_FAILED_PATH = "/opt/spot-training/boot-failed"
 # BOOT_ERROR_TAG (instance tag: a failed boot step and its message, docs/agent.md, "Boot failures") and
 # FAILED_BOOTS_TAG (data-volume tag: consecutive failed boots) come from the contract.

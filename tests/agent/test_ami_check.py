@@ -10,6 +10,7 @@ import pytest
 from spot_training.agent import ami_check, cli
 from spot_training.agent.config import parse_config
 from spot_training.agent.errors import ConfigError, ExitCode
+from spot_training.contract import ENV_ON_BOOT_FAILURE
 
 
 def _config(*, rate=300, venv=False) -> dict:
@@ -50,7 +51,7 @@ def test_run_with_an_old_botocore_is_a_final_boot_error_not_a_restart_loop(tmp_p
     script = tmp_path / "fake-boot-failed"
     script.write_text(f"#!/bin/bash\nprintf '%s|' \"$@\" >> {record}\n")
     script.chmod(0o755)
-    monkeypatch.setenv(cli.ON_BOOT_FAILURE_ENV, str(script))
+    monkeypatch.setenv(ENV_ON_BOOT_FAILURE, str(script))
     monkeypatch.setenv(cli.BLOCKDEV_DIR_ENV, str(tmp_path / "volumes"))  # local mode: no IMDS on this machine
     monkeypatch.setattr(botocore, "__version__", "1.34.0")
     monkeypatch.setattr(cli, "_imds", lambda config: None)

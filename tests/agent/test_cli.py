@@ -605,7 +605,7 @@ def test_run_reports_boot_failures_through_the_units_script_and_exits_69(tmp_pat
     script = tmp_path / "fake-boot-failed"
     script.write_text(f"#!/bin/bash\nprintf '%s|' \"$@\" >> {record}\n")
     script.chmod(0o755)
-    monkeypatch.setenv(cli.ON_BOOT_FAILURE_ENV, str(script))
+    monkeypatch.setenv(cli.ENV_ON_BOOT_FAILURE, str(script))
     exc = getattr(supervisor, error, None) or getattr(errors, error)
     exc = exc("something broke")
     step_found = cli._boot_step(exc)
@@ -622,5 +622,5 @@ def test_without_the_units_script_a_failure_keeps_its_exit_code(monkeypatch):
     from spot_training.agent import cli
     from spot_training.agent.supervisor import TrainerFailedError
 
-    monkeypatch.delenv(cli.ON_BOOT_FAILURE_ENV, raising=False)
+    monkeypatch.delenv(cli.ENV_ON_BOOT_FAILURE, raising=False)
     assert cli._fail(TrainerFailedError("x"), ExitCode.TEMPFAIL, boot_step="trainer") == ExitCode.TEMPFAIL

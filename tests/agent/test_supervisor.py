@@ -423,12 +423,86 @@ def test_a_script_outside_the_asset_can_import_the_training_package(tmp_path):
     import spot_training
 
     sup = make_supervisor(tmp_path)
-    sup.environ = {**sup.environ, "PYTHONPATH": "/opt/site"}
-    path = sup.trainer_environment()["PYTHONPATH"].split(os.pathsep)
+    sup.workspace.environ = {**sup.workspace.environ, "PYTHONPATH": "/opt/site"}
+    path = sup.workspace.trainer_environment()["PYTHONPATH"].split(os.pathsep)
     assert path == [str(Path(spot_training.__file__).resolve().parents[1]), "/opt/site"]
     elsewhere = tmp_path / "cloned"
     elsewhere.mkdir()
     (elsewhere / "my_train.py").write_text("import spot_training.training, sys; print(spot_training.training.__name__)\n")
-    env = {"PYTHONPATH": sup.trainer_environment()["PYTHONPATH"], "PATH": os.environ.get("PATH", "")}
+    env = {"PYTHONPATH": sup.workspace.trainer_environment()["PYTHONPATH"], "PATH": os.environ.get("PATH", "")}
     done = subprocess.run([sys.executable, "-S", "my_train.py"], cwd=elsewhere, env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and done.stdout.strip() == "spot_training.training", done.stderr
+
+
+# A trainer with worker processes in its group (a multiprocessing pool and a subprocess, as DataLoader
+# workers are): on SIGTERM it checks that they are all still alive, saves and exits 0.
+POOL_TRAINER = r'''
+import multiprocessing, os, signal, subprocess, sys, time
+from pathlib import Path
+
+ckpt = Path(os.environ["SPOT_TRAINING_CHECKPOINT_DIR"])
+stop = []
+signal.signal(signal.SIGTERM, lambda *a: stop.append(1))
+if __name__ == "__main__":
+    pool = multiprocessing.get_context("fork").Pool(2)
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    workers = list(pool._pool)
+    (ckpt / "ready").write_text("")
+    while not stop:
+        pool.apply(abs, (-1,))
+        time.sleep(0.02)
+    alive = child.poll() is None and all(w.is_alive() for w in workers)
+    (ckpt / "saved").write_text("workers-alive" if alive else "workers-died")
+    child.kill()
+    pool.terminate()
+    sys.exit(0 if alive else 1)
+'''
+
+
+def test_a_notice_reaches_only_the_trainers_leader_and_its_workers_survive_until_it_saved(tmp_path):
+    config = base_config(tmp_path)
+    (tmp_path / "code" / "trainer.py").write_text(POOL_TRAINER)
+    sup = make_supervisor(tmp_path, config=config)
+    thread = threading.Thread(target=sup.run)
+    thread.start()
+    ckpt = tmp_path / "dltraining" / "checkpoints"
+    deadline = time.monotonic() + 30
+    while not (ckpt / "ready").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert (ckpt / "ready").exists()
+    status = sup.terminate(timeout_s=20, reason="spot-interruption")
+    thread.join(timeout=20)
+    assert (ckpt / "saved").read_text() == "workers-alive"
+    assert status == 0 and sup.last_status == 0
+
+
+def test_a_trainer_that_ignores_sigterm_is_killed_with_its_group_at_the_deadline(tmp_path):
+    config = base_config(tmp_path)
+    ckpt = tmp_path / "dltraining" / "checkpoints"
+    (tmp_path / "code" / "trainer.py").write_text(
+        "import os, signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        f"open({str(ckpt / 'ready')!r}, 'w').close()\ntime.sleep(60)\n")
+    sup = make_supervisor(tmp_path, config=config)
+    thread = threading.Thread(target=sup.run)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not (ckpt / "ready").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert sup.terminate(timeout_s=1.0, reason="spot-interruption") == -signal.SIGKILL
+    thread.join(timeout=20)
+    assert not thread.is_alive()
+
+
+def test_trainer_exit_75_is_retried_without_counting_as_a_crash(tmp_path):
+    """The restart policy's ``retry`` (75): the trainer stopped cleanly and asks to be run again; with
+    ``max_restarts=0`` a crash would end supervision, a retry does not."""
+    config = base_config(tmp_path)
+    ckpt = tmp_path / "dltraining" / "checkpoints"
+    (tmp_path / "code" / "trainer.py").write_text(
+        "import sys\nfrom pathlib import Path\n"
+        f"ckpt = Path({str(ckpt)!r})\n"
+        "if not (ckpt / 'retried').exists():\n    (ckpt / 'retried').write_text('')\n    sys.exit(75)\n"
+        "(ckpt / 'COMPLETED').write_text('{}')\n")
+    sup = make_supervisor(tmp_path, config=config, max_restarts=0)
+    assert sup.run() is Outcome.COMPLETED
+    assert sup.starts == 2

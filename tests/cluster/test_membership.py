@@ -307,3 +307,25 @@ def test_a_worker_whose_imds_turns_403_leaves_through_a_checkpoint_and_is_handed
     assert world.state.registrations()["i-w1"]["leaving"] is True
     plan = world.tick()
     assert plan.state == CHECKPOINT  # a leave goes through a checkpoint, as for a notice
+
+
+def test_mxnet_worker_whose_trainer_exits_78_gives_up_instead_of_tearing_generations_down(world, tmp_path):
+    """The contract's restart policy on a parameter-server node: a checkpoint of another job (78) would
+    stop every new generation the same way, so the worker leaves and exits 78."""
+    import sys
+
+    from spot_training.agent.errors import CheckpointMismatchError
+    from spot_training.agent.launch import ProcessSpec
+    from spot_training.agent.process_group import ProcessGroup
+    from spot_training.agent.ps_node import NodeAgent, _Running
+
+    agent = NodeAgent(world.settings, framework="mxnet", role="worker", node_id="i-w1", host="10.0.0.5",
+                      training_argv=["true"], python="python3", environ={}, workdir=tmp_path,
+                      checkpoint_dir=tmp_path / "ckpt", dataset_dir=tmp_path, log_dir=tmp_path / "logs",
+                      clock=world.clock, sleep=_stop_loop)
+    process = ProcessGroup.start([sys.executable, "-c", "raise SystemExit(78)"], cwd=tmp_path, env={})
+    process.proc.wait()
+    agent.running = _Running(process, 1, ProcessSpec(["train"], {}, "worker", checkpoints=True))
+    with pytest.raises(CheckpointMismatchError) as info:
+        agent._reap()
+    assert info.value.exit_code == 78 and agent.leaving and agent.leave_reason == "trainer-exit-78"

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import spot_training.agent.cluster
-import spot_training.agent.supervisor
+import spot_training.agent.workspace
 from spot_training.agent.config import parse_config
 
 
@@ -29,7 +29,7 @@ def _worker_config(root: Path, poll: float) -> dict:
 def test_a_cluster_worker_polls_for_notices_at_the_configured_interval(tmp_path: Path, monkeypatch) -> None:
     seen: dict = {}
 
-    class FakeSupervisor:
+    class FakeWorkspace:
         def __init__(self, config, **_):
             self.config = config
 
@@ -61,7 +61,7 @@ def test_a_cluster_worker_polls_for_notices_at_the_configured_interval(tmp_path:
         def private_ipv4(self):
             return "10.0.0.5"
 
-    monkeypatch.setattr(spot_training.agent.supervisor, "Supervisor", FakeSupervisor)
+    monkeypatch.setattr(spot_training.agent.workspace, "Workspace", FakeWorkspace)
     monkeypatch.setattr(spot_training.agent.cluster, "NodeAgent", FakeAgent)
     monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
     config = parse_config(_worker_config(tmp_path, 2.5))

@@ -172,3 +172,86 @@ def test_worker_leaving_sigterms_only_its_torchrun_and_waits_for_it(tmp_path):
     assert marker.read_text() == "ok" and time.time() - started >= 1.0
     assert worker.leave_reason == "spot-interruption" and worker.running is None
     assert worker.rdzv.reports() == []
+
+
+def test_worker_whose_trainer_exits_74_is_not_relaunched_and_exits_74(tmp_path):
+    """The contract's restart policy (TRAINER_EXIT_POLICY): full or unusable checkpoint storage is
+    permanent, so the worker gives up with the same status instead of relaunching every 2 s."""
+    from spot_training.agent.errors import CheckpointStorageError
+
+    worker = _worker(tmp_path, "import sys; sys.exit(74)")
+    worker._register()
+    _coordinator_publishes(worker.rdzv, worker, host="10.0.0.1", epoch=1, node_id="i-c")
+    with pytest.raises(CheckpointStorageError, match="exited 74") as info:
+        _until(worker, lambda _: worker.launches >= 2, timeout=10)
+    assert info.value.exit_code == 74 and worker.launches == 1
+    assert "i-w1" not in worker.state.registrations() and worker.rdzv.reports() == []
+
+
+def test_cluster_settings_refuse_a_zero_heartbeat_interval():
+    section = {"state_dir": "/mnt/efs/cluster", "num_servers": 1}
+    with pytest.raises(ConfigError, match=r"cluster.heartbeat_interval_s: got 0; expected a number of seconds above 0"):
+        settings_from_config({**section, "heartbeat_interval_s": 0})
+    with pytest.raises(ConfigError, match=r"cluster.stop_timeout_s: got 0"):
+        settings_from_config({**section, "stop_timeout_s": 0})
+    assert settings_from_config({**section, "kill_grace_s": 0, "debounce_s": 0}).kill_grace_s == 0.0
+
+
+class _FlakyImdsThenNotice:
+    """IMDS unavailable on the first polls (a blip), then nothing, then a spot notice due in 20 s."""
+
+    def __init__(self):
+        self.polls, self.fire = 0, False
+
+    def poll(self):
+        import datetime as dt
+
+        from spot_training.agent.imds import ImdsUnavailableError
+        from spot_training.agent.interruption import Event
+
+        self.polls += 1
+        if self.polls <= 2:
+            raise ImdsUnavailableError("GET /latest/meta-data/spot/instance-action: timed out")
+        if not self.fire:
+            return None
+        deadline = dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=20)
+        return Event(kind="spot-interruption", id="n1", deadline=deadline, detail={"action": "terminate"})
+
+
+def test_worker_keeps_training_through_an_imds_blip_and_leaves_through_a_checkpoint_by_the_notice_deadline(tmp_path):
+    """One interruption pipeline: a transient IMDS error is retried (it ended the agent loop, whose
+    cleanup SIGKILLed torchrun without a checkpoint), and the wait for the checkpoint runs to the
+    notice's deadline minus the agent's margin (20 - 15 = 5 s here), not a fixed
+    torch_shutdown_timeout_s + kill_grace_s (1 + 1 s here), which killed a 3 s save."""
+    marker = tmp_path / "saved"
+    script = (f"import signal, sys, time\n"
+              f"def stop(*a):\n    time.sleep(3); open({str(marker)!r}, 'w').write('ok'); sys.exit(0)\n"
+              f"signal.signal(signal.SIGTERM, stop)\nopen({str(marker) + '.ready'!r}, 'w').write('')\ntime.sleep(60)\n")
+    monitor = _FlakyImdsThenNotice()
+    worker = _worker(tmp_path, script, monitors=[monitor])
+    worker.settings = _settings(tmp_path, torch_shutdown_timeout_s=1.0)
+    _coordinator_publishes(worker.rdzv, worker, host="10.0.0.1", epoch=1, node_id="i-c")
+    _until(worker, lambda _: Path(str(marker) + ".ready").exists() and monitor.polls > 2)
+    assert worker.running is not None and not worker.leaving  # still training after the blip
+    monitor.fire = True
+    assert _until(worker, lambda o: o is not None, timeout=30) == "left"
+    assert marker.read_text() == "ok" and worker.leave_reason == "spot-interruption"
+    assert worker.last_exit == 0  # it saved and exited; it was not killed
+
+
+def test_worker_asks_for_a_checkpoint_on_a_rebalance_recommendation_and_keeps_training(tmp_path):
+    from spot_training.agent.interruption import Event
+
+    class Rebalance:
+        def poll(self):
+            return Event(kind="rebalance-recommendation", id="r1", detail={})
+
+    worker = _worker(tmp_path, "import time; time.sleep(60)", monitors=[Rebalance()])
+    request = tmp_path / "ckpt" / "CHECKPOINT_REQUEST"
+    worker.environ["SPOT_TRAINING_CHECKPOINT_REQUEST_FILE"] = str(request)
+    worker._poll_monitors()
+    assert request.is_file() and not worker.leaving
+    request.unlink()
+    worker._last_monitor = float("-inf")
+    worker._poll_monitors()  # the same recommendation is acted on once
+    assert not request.exists()

@@ -11,7 +11,7 @@ import signal
 
 from cluster_harness import REPO, Cluster
 
-from spot_training.agent.supervisor import descendants
+from spot_training.agent.process_group import descendants
 from spot_training.agent.torch_elastic import RendezvousState
 
 TORCH_PYTHON = REPO / ".venv-torch" / "bin" / "python"

@@ -22,7 +22,7 @@ from typing import Callable
 
 import numpy as np
 
-from spot_training.contract import PROGRESS_FILE, TRAINING_LOG_FILE
+from spot_training.contract import ENV_GENERATION, ENV_NODE_ID, PROGRESS_FILE, TRAINING_LOG_FILE
 from spot_training.training.core import DEFAULT_EVERY_STEPS, default_every_steps
 from spot_training.training.datasets import batch_indices, default_data_dir, default_log_dir, load_digits
 
@@ -110,7 +110,7 @@ def node_id() -> str:
     """This process's id in the step logs: the node's ``SPOT_TRAINING_NODE_ID`` (the instance id, set by
     the agent), else ``pid-<pid>``; with more than one process on a node (torchrun's
     ``LOCAL_WORLD_SIZE`` > 1) ``-<LOCAL_RANK>`` is appended, so no two processes share a file."""
-    base = os.environ.get("SPOT_TRAINING_NODE_ID") or f"pid-{os.getpid()}"
+    base = os.environ.get(ENV_NODE_ID) or f"pid-{os.getpid()}"
     if int(os.environ.get("LOCAL_WORLD_SIZE") or 1) > 1:
         return f"{base}-{os.environ.get('LOCAL_RANK', '0')}"
     return base
@@ -118,7 +118,7 @@ def node_id() -> str:
 
 def generation() -> int:
     """The generation from ``SPOT_TRAINING_GENERATION`` (0 outside a cluster)."""
-    return int(os.environ.get("SPOT_TRAINING_GENERATION", "0"))
+    return int(os.environ.get(ENV_GENERATION, "0"))
 
 
 class StepLog:
