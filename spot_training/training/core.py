@@ -26,7 +26,11 @@ The loop every front-end gets::
 Stop semantics (SIGTERM, the spot interruption notice relayed by the node agent): the current step
 finishes, a checkpoint at that step is written and waited for, then ``SystemExit(0)`` ends the
 script, so code after the loop never runs on a half-trained model. A stop that arrives before the
-first step exits 0 without writing (the restored state is already on disk).
+first step exits 0 without writing (the restored state is already on disk). Outside a step (a
+validation pass, callbacks, code inside :meth:`CheckpointDriver.outside_step`) a stop is not left
+waiting for the next boundary: the notice watcher saves the last completed step's state and ends
+the process at once (see :meth:`CheckpointDriver.begin_step`; docs/training.md, "A notice in any
+phase").
 
 What a SIGKILL can lose: the steps since the last committed checkpoint, that is at most
 ``every_steps`` plus the steps that ran while the newest write was still in flight (a write that a
@@ -496,6 +500,7 @@ class CheckpointDriver:
         self._start_step = 0       # the step this run started from
         self._body_done = False    # inside outside_step(): the current step's update is complete
         self._stopping = False     # someone is taking the stop checkpoint
+        self._session = False      # begin() ran: the watcher acts (not for the low-level API alone)
         self.watch_phases = adapter.saves_outside_step and type(adapter).agree is StateAdapter.agree
         #: Set True inside a step of :meth:`steps` to end training after it (early stopping): that
         #: step's checkpoint and ``COMPLETED`` are written as after the last step.
@@ -656,6 +661,7 @@ class CheckpointDriver:
         """
         if isinstance(total_steps, bool) or not isinstance(total_steps, int) or total_steps < 1:
             raise ValueError(f"total_steps must be an integer >= 1. Received: total_steps={total_steps!r}")
+        self._session = True
         self.install()
         start = self.restore()
         if start > total_steps:
@@ -716,6 +722,8 @@ class CheckpointDriver:
 
     def _on_stop_notice(self) -> None:
         """The watcher thread's reaction to a stop notice (see the comment above :meth:`begin_step`)."""
+        if not self._session:
+            return  # install()/restore()/after_step() used by hand: the step boundary acts, as documented
         grace = time.monotonic() + FIRST_STEP_GRACE_S
         while not (self._closed or self._stopping):
             if not self._step_lock.acquire(timeout=0.05):
@@ -829,6 +837,7 @@ class CheckpointDriver:
                 saver.close()
         finally:
             self.adapter.release()
+            self.notices.remove_stop_watcher(self._on_stop_notice)
             self.notices.uninstall()
 
     def steps(self, total_steps: int) -> Iterator[int]:

@@ -103,6 +103,11 @@ class NoticeHandler:
         if self._previous:
             self._start_wakeup()
 
+    def remove_stop_watcher(self, callback: Callable[[], None]) -> None:
+        """Forget a callback of :meth:`add_stop_watcher` (no error when it is not there)."""
+        if callback in self._watchers:
+            self._watchers.remove(callback)
+
     def _start_wakeup(self) -> None:
         if self._wakeup is not None:
             return
