@@ -260,7 +260,7 @@ def main() -> int:
 
         # Save, write, restore, size.
         store = CheckpointStore(scratch / "writes", framework="tensorflow")
-        ck = KerasCheckpointer(model, store, background=False)
+        ck = KerasCheckpointer(model, store)
         arrays, index = ck.snapshot()
         write_times = []
         for i in range(3):
@@ -272,8 +272,7 @@ def main() -> int:
         restore_times = []
         for _ in range(3):
             fresh = build_model(keras)
-            reader = KerasCheckpointer(fresh, CheckpointStore(scratch / "writes", framework="tensorflow"),
-                                       background=False)
+            reader = KerasCheckpointer(fresh, CheckpointStore(scratch / "writes", framework="tensorflow"))
             t = time.perf_counter()
             reader.store.restore(reader.read)
             restore_times.append(time.perf_counter() - t)

@@ -26,7 +26,11 @@ The loop every front-end gets::
 Stop semantics (SIGTERM, the spot interruption notice relayed by the node agent): the current step
 finishes, a checkpoint at that step is written and waited for, then ``SystemExit(0)`` ends the
 script, so code after the loop never runs on a half-trained model. A stop that arrives before the
-first step exits 0 without writing (the restored state is already on disk).
+first step exits 0 without writing (the restored state is already on disk). Outside a step (a
+validation pass, callbacks, code inside :meth:`CheckpointDriver.outside_step`) a stop is not left
+waiting for the next boundary: the notice watcher saves the last completed step's state and ends
+the process at once (see :meth:`CheckpointDriver.begin_step`; docs/training.md, "A notice in any
+phase").
 
 What a SIGKILL can lose: the steps since the last committed checkpoint, that is at most
 ``every_steps`` plus the steps that ran while the newest write was still in flight (a write that a
@@ -46,7 +50,9 @@ import logging
 import os
 import random
 import shutil
+import sys
 import tempfile
+import threading
 import time
 import warnings
 from pathlib import Path
@@ -83,6 +89,7 @@ __all__ = [
     "HOST_RNG_FILE",
     "StateAdapter",
     "check_writable",
+    "warn_not_exact",
     "default_every_seconds",
     "default_every_steps",
     "renamed_option",
@@ -98,6 +105,10 @@ DEFAULT_EVERY_STEPS = contract.default("checkpoint_every_steps")
 DEFAULT_KEEP = 3
 #: File holding the Python ``random`` and numpy global generator states inside a checkpoint.
 HOST_RNG_FILE = "host_rng.json"
+#: Seconds a stop notice that arrives during a run's first step waits for that step's boundary
+#: before the trainer exits without saving (nothing completed yet; the first step may be a long
+#: trace or compile).
+FIRST_STEP_GRACE_S = 0.5
 #: Marks "use the environment or the documented default" (None means "off" for the cadence).
 DEFAULT: Any = object()
 #: Exit status of a trainer whose checkpoint storage is full or unusable (docs/contracts.md, "Trainer
@@ -297,6 +308,11 @@ class StateAdapter:
     adapter: str = ""
     adapter_format: int = 1
     is_writer: bool = True
+    #: The driver may take a stop checkpoint on its watcher thread while the main thread is outside
+    #: a step (validation, callbacks, data loading): the adapter's :meth:`snapshot` must then work
+    #: from any thread. Distributed adapters (whose :meth:`agree` is overridden) never do: every rank
+    #: must save at the same step boundary.
+    saves_outside_step: bool = True
 
     def framework_version(self) -> str:
         """Recorded in each manifest (e.g. ``torch 2.5.1``)."""
@@ -353,6 +369,20 @@ class StateAdapter:
 
     def release(self) -> None:
         """Free host buffers (the driver closed)."""
+
+
+_NOT_EXACT_WARNED: set[str] = set()
+
+
+def warn_not_exact(cause: str, message: str, *, logger: logging.Logger | None = None) -> bool:
+    """Log one WARNING ``resume is not exact: <message>`` per ``cause`` and process, when an adapter
+    sees that a resumed run cannot be bitwise equal to an uninterrupted one (the message names the
+    cause and the documented fix). Returns True when it logged."""
+    if cause in _NOT_EXACT_WARNED:
+        return False
+    _NOT_EXACT_WARNED.add(cause)
+    (logger or logging.getLogger("spot_training.training.core")).warning("resume is not exact: %s", message)
+    return True
 
 
 def _capture_host_rng() -> dict:
@@ -444,7 +474,8 @@ class CheckpointDriver:
                 raise ValueError(f"{name} must be True or False. Received: {name}={value!r}")
         self.adapter = adapter
         self.log = logger or logging.getLogger("spot_training.training.core")
-        directory = check_writable(checkpoint_dir if checkpoint_dir is not None else default_checkpoint_dir())
+        with self.storage_exit():  # a front-end with storage_exit_code exits 74 naming the path
+            directory = check_writable(checkpoint_dir if checkpoint_dir is not None else default_checkpoint_dir())
         self.store = CheckpointStore(directory, framework=adapter.framework,
                                      framework_version=adapter.framework_version(), keep=keep, logger=self.log)
         self.schedule = SaveSchedule(
@@ -461,6 +492,19 @@ class CheckpointDriver:
         self.last_saved_step: int | None = None
         self.save_seconds: list[float] = []
         self._closed = False
+        # Phases (see :meth:`begin_step`): the main thread holds _step_lock while the live state may
+        # differ from the state after the last completed step; the notice watcher takes it to save.
+        self._step_lock = threading.Lock()
+        self._holding = False      # the main thread holds _step_lock
+        self._ready = False        # restored and checked: self.step is the live state's step
+        self._start_step = 0       # the step this run started from
+        self._body_done = False    # inside outside_step(): the current step's update is complete
+        self._stopping = False     # someone is taking the stop checkpoint
+        self._session = False      # begin() ran: the watcher acts (not for the low-level API alone)
+        self.watch_phases = adapter.saves_outside_step and type(adapter).agree is StateAdapter.agree
+        #: Set True inside a step of :meth:`steps` to end training after it (early stopping): that
+        #: step's checkpoint and ``COMPLETED`` are written as after the last step.
+        self.stop_training = False
 
     # ------------------------------------------------------------------ state
     @property
@@ -597,9 +641,128 @@ class CheckpointDriver:
 
     # ------------------------------------------------------------------ loop
     def install(self) -> "CheckpointDriver":
-        """Install the notice handlers (SIGTERM, SIGUSR1); must run on the main thread."""
+        """Install the notice handlers (SIGTERM, SIGUSR1) and, for a single-process job, the stop
+        watcher (:meth:`_on_stop_notice`); must run on the main thread."""
         self.notices.install()
+        if self.watch_phases:
+            self.notices.add_stop_watcher(self._on_stop_notice)
         return self
+
+    def begin(self, total_steps: int) -> int:
+        """Start a run: install the handlers, restore, check the checkpoint against ``total_steps``.
+
+        Returns the completed steps restored (0: fresh). From here on a stop notice outside a step
+        is saved and acted on at once (:meth:`begin_step`). The caller checks
+        ``notices.stop_requested`` before its first step (a stop before it needs no save).
+
+        Raises:
+            ValueError: ``total_steps`` is not an integer >= 1, or the checkpoint is past it.
+            CheckpointError: as :meth:`restore`.
+        """
+        if isinstance(total_steps, bool) or not isinstance(total_steps, int) or total_steps < 1:
+            raise ValueError(f"total_steps must be an integer >= 1. Received: total_steps={total_steps!r}")
+        self._session = True
+        self.install()
+        start = self.restore()
+        if start > total_steps:
+            raise ValueError(
+                f"checkpoint {str(self.restored.path)!r} is at step {start}, past total_steps={total_steps}; "
+                "raise total_steps (epochs) or use another checkpoint directory")
+        self._start_step = start
+        self._ready = True
+        return start
+
+    # ------------------------------------------------------------------ phases
+    # A stop notice is heard at once by the notice watcher thread (NoticeHandler.add_stop_watcher).
+    # Inside a step (between begin_step and end_step) the live state is half-updated, so the step
+    # boundary acts on it (after_step). Outside one (validation, callbacks, an evaluation loop, the
+    # gap before the next fetch) the live state IS the state after the last completed step: the
+    # watcher takes the step lock (so no new step starts), saves it, and ends the process.
+    def begin_step(self) -> None:
+        """Mark the start of a step on the main thread (blocks while the watcher saves and exits)."""
+        if self.watch_phases and not self._holding:
+            self._step_lock.acquire()
+            self._holding = True
+        self._body_done = False
+
+    def end_step(self) -> None:
+        """Mark the end of a step (after :meth:`after_step`): the state is the completed step's."""
+        if self._holding:
+            self._holding = False
+            self._step_lock.release()
+
+    @contextlib.contextmanager
+    def outside_step(self) -> Iterator[None]:
+        """Inside a step of :meth:`steps`, after its optimizer update: declare that the code within
+        (an evaluation pass, logging, a slow callback) changes no checkpointed state, so a stop
+        notice that arrives meanwhile is saved at once, as the state after this step, instead of
+        waiting for the step to end. The evaluation is abandoned and the process exits 0."""
+        if not self._holding:
+            yield
+            return
+        self._body_done = True
+        self.end_step()
+        try:
+            yield
+        finally:
+            self.begin_step()
+            self._body_done = True
+
+    def _exit_now(self, code: int, message: str, *args: Any) -> None:
+        self.log.info(message, *args)
+        for handler in logging.getLogger().handlers + self.log.handlers:
+            with contextlib.suppress(Exception):
+                handler.flush()
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        # os._exit: the main thread may be inside a C call for a long time (a validation pass, a first
+        # trace); the checkpoint is committed and fsynced, so nothing is lost by not unwinding it.
+        os._exit(code)
+
+    def _on_stop_notice(self) -> None:
+        """The watcher thread's reaction to a stop notice (see the comment above :meth:`begin_step`)."""
+        if not self._session:
+            return  # install()/restore()/after_step() used by hand: the step boundary acts, as documented
+        grace = time.monotonic() + FIRST_STEP_GRACE_S
+        while not (self._closed or self._stopping):
+            if not self._step_lock.acquire(timeout=0.05):
+                if (self._ready and self.step == self._start_step and not self._body_done
+                        and time.monotonic() > grace):
+                    # Still inside the run's first step (often its first trace or compile): nothing
+                    # was completed since the start, whose state is on disk (or untrained): exit now.
+                    # The grace lets a first step that had already finished its update reach its
+                    # boundary and save it.
+                    self._exit_now(0, "stop requested (signal %s) during the first step; nothing to save "
+                                   "(step %d), exiting 0", self.notices.stop_signal, self.step)
+                continue
+            try:
+                if self._closed or self._stopping:
+                    return
+                if not self._ready or (self.step == self._start_step and not self._body_done):
+                    self._exit_now(0, "stop requested (signal %s) before the first step (startup, restore); "
+                                   "nothing to save (step %d), exiting 0", self.notices.stop_signal, self.step)
+                self._save_and_exit()
+                return
+            finally:
+                self._step_lock.release()
+
+    def _save_and_exit(self) -> None:
+        previous = self.step
+        self._stopping = True
+        self.step = previous + (1 if self._body_done else 0)
+        try:
+            self.save(wait=True)
+        except CheckpointDiskFullError as err:
+            code = self.storage_exit_code if self.storage_exit_code is not None else CHECKPOINT_STORAGE_EXIT_CODE
+            self.log.error("%s; exiting %d (checkpoint storage full)", err, code)
+            self._exit_now(code, "stop checkpoint failed")
+        except Exception:
+            self.log.exception("the stop checkpoint outside a step failed; the next step boundary tries again")
+            self.step, self._stopping = previous, False
+            return
+        self._exit_now(0, "stop requested (signal %s) outside a step: checkpoint at step %d written, exiting 0",
+                       self.notices.stop_signal, self.step)
 
     def after_step(self, *, exit_on_stop: bool = True, count: bool = True) -> bool:
         """Count one completed step, then save if due, requested, or a stop was requested.
@@ -612,9 +775,11 @@ class CheckpointDriver:
         """
         if count:
             self.step += 1
+        self._body_done = False
         own = self.notices.stop_requested
         stop, requested = self.adapter.agree(own, self.notices.consume_checkpoint_request())
         if stop:
+            self._stopping = True
             self.save(wait=True)
             self.adapter.barrier()
             code = stop_exit_code(own)
@@ -646,18 +811,33 @@ class CheckpointDriver:
         self.adapter.barrier()
         return ckpt
 
+    def complete(self) -> Checkpoint | None:
+        """:meth:`finish` on the main thread after the last step (a stop notice meanwhile waits for it:
+        the final checkpoint holds every step); returns the final checkpoint."""
+        self.begin_step()
+        self._ready = False
+        return self.finish()
+
+    @property
+    def closed(self) -> bool:
+        """True after :meth:`close` (a new run needs a new driver)."""
+        return self._closed
+
     def close(self) -> None:
         """Wait for a pending write, stop the writer thread, uninstall the handlers, free buffers.
         Idempotent; a later :meth:`save` writes synchronously."""
         if self._closed:
             return
         self._closed = True
+        self._ready = False
+        self.end_step()
         try:
             if self.saver is not None:
                 saver, self.saver = self.saver, None
                 saver.close()
         finally:
             self.adapter.release()
+            self.notices.remove_stop_watcher(self._on_stop_notice)
             self.notices.uninstall()
 
     def steps(self, total_steps: int) -> Iterator[int]:
@@ -673,13 +853,8 @@ class CheckpointDriver:
         """
         if isinstance(total_steps, bool) or not isinstance(total_steps, int) or total_steps < 1:
             raise ValueError(f"total_steps must be an integer >= 1. Received: total_steps={total_steps!r}")
-        self.install()
         try:
-            start = self.restore()
-            if start > total_steps:
-                raise ValueError(
-                    f"checkpoint {str(self.restored.path)!r} is at step {start}, past total_steps={total_steps}; "
-                    "raise total_steps or use another checkpoint directory")
+            start = self.begin(total_steps)
             if start < total_steps and self.notices.stop_requested:
                 # Stopped before any step ran: the restored checkpoint (or the untrained start) is
                 # already the state on disk, so there is nothing new to save.
@@ -687,22 +862,41 @@ class CheckpointDriver:
                 raise SystemExit(0)
             with self.storage_exit():
                 for step in range(start, total_steps):
-                    yield step
+                    self.begin_step()
+                    try:
+                        yield step
+                    except GeneratorExit:
+                        self.log.error(
+                            "the loop over steps() was left during step %d of %d (break, return or an exception): "
+                            "no final checkpoint and no COMPLETED were written, so a restart re-runs the steps since "
+                            "the last checkpoint; to end training early set stop_training = True on the "
+                            "checkpointer inside the step instead of break", step, total_steps)
+                        raise
                     self.after_step()
-                self.finish()
+                    self.end_step()
+                    if self.stop_training:
+                        self.log.info("stop_training set at step %d of %d; treating it as the end", self.step,
+                                      total_steps)
+                        break
+                self.complete()
         finally:
             self.close()
 
     @contextlib.contextmanager
     def storage_exit(self) -> Iterator[None]:
-        """Turn a :class:`CheckpointDiskFullError` into ``SystemExit(storage_exit_code)`` (74,
-        :data:`CHECKPOINT_STORAGE_EXIT_CODE`, for the front-ends that set it) after logging its
-        message (path, bytes needed and free), so the node agent does not restart a trainer that
-        would fail the same way. No-op when ``storage_exit_code`` is None."""
+        """Turn a checkpoint error that no restart can fix into ``SystemExit`` with the contract's
+        status (:func:`checkpoint_exit_code`: 74 for full or unusable storage, 78 for a checkpoint
+        of another framework, adapter or model), after logging its class and message (which name
+        the path, and for a full disk the bytes needed and free), so the node agent does not
+        restart a trainer that would fail the same way. For the front-ends that set
+        ``storage_exit_code`` (Keras, the TF loop, Gluon); a no-op when it is None."""
         try:
             yield
-        except CheckpointDiskFullError as err:
-            if self.storage_exit_code is None:
+        except CheckpointError as err:
+            code = checkpoint_exit_code(err)
+            if self.storage_exit_code is None or code is None:
                 raise
-            self.log.error("%s; exiting %d (checkpoint storage full)", err, self.storage_exit_code)
-            raise SystemExit(self.storage_exit_code) from err
+            if code == CHECKPOINT_STORAGE_EXIT_CODE:
+                code = self.storage_exit_code
+            self.log.error("%s (exit %d, restarting will not help): %s", type(err).__name__, code, err)
+            raise SystemExit(code) from err

@@ -47,7 +47,6 @@ import io
 import json
 import logging
 import os
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
@@ -56,12 +55,11 @@ import keras
 import numpy as np
 
 from spot_training.training.core import (CHECKPOINT_STORAGE_EXIT_CODE, DEFAULT, DEFAULT_KEEP, CheckpointDriver, StateAdapter,
-                           renamed_option)
+                           renamed_option, warn_not_exact)
 from spot_training.training.datasets import batch_indices
 from spot_training.training.datasets import steps_per_epoch as steps_per_epoch_of
 from spot_training.training.notice import NoticeHandler
 from spot_training.training.store import (
-    BackgroundSaver,
     Checkpoint,
     CheckpointStore,
     ShapeMismatchError,
@@ -104,35 +102,21 @@ def _tf_version() -> str:
 
 
 class KerasCheckpointer:
-    """Saves and restores one compiled Keras 3 model (and its optimizer) through a CheckpointStore.
+    """Reads and host-copies the state of one compiled Keras 3 model (and its optimizer): the
+    framework half of :class:`KerasAdapter`, through which :class:`ResumableFit` saves (one save
+    path: :class:`~spot_training.training.core.CheckpointDriver`).
 
-    model: a compiled Keras model (``model.optimizer`` set). store: a CheckpointStore with
-    ``framework="tensorflow"``. background: write on a BackgroundSaver thread after a host copy
-    (default True); False writes on the calling thread.
+    model: a compiled Keras model (``model.optimizer`` set). store: an optional CheckpointStore
+    (``framework="tensorflow"``) for reading outside a driver, as ``store.restore(ck.read)``.
     Raises ValueError when the model is not compiled.
-
-    Host memory: saves copy into host buffers that are allocated once and reused, two sets in
-    background mode (one being written while the next save fills the other; the BackgroundSaver
-    never runs two writes at once), one set when synchronous: 2x (1x) the size of the state, kept
-    until :meth:`close`. Why: a copy into fresh memory pays a page fault per page, and on
-    virtual machines whose freed memory goes back to the host (free page reporting) those faults
-    cost far more than the copy itself; measured on the 2-CPU development VM for a 64.6 MB state,
-    6 s apart as saves come (docs/training.md): 43-108 ms into new arrays, 21-23 ms into reused ones.
     """
 
-    def __init__(self, model: keras.Model, store: CheckpointStore, *, background: bool = True) -> None:
+    def __init__(self, model: keras.Model, store: CheckpointStore | None = None) -> None:
         if getattr(model, "optimizer", None) is None:
             raise ValueError(f"model {model.name!r} has no optimizer: call model.compile(optimizer=...) first")
         self.model = model
         self.store = store
-        self.background = background
-        self.saver: BackgroundSaver | None = None  # started on the first background save
-        self.save_seconds: list[float] = []  # training-thread time per save (host copy, or the whole write)
-        self.last_saved_step: int | None = None
         self._reader = None  # (variable ids, tf.function reading them all), see _read_values
-        self._host_buffers: list[list[np.ndarray] | None] = [None, None]
-        self._buffer_busy = [False, False]  # a write reads that set: never copy into it
-        self._next_buffer = 0
 
     # -- state
     def ensure_built(self, sample_x: np.ndarray | None = None) -> None:
@@ -256,60 +240,6 @@ class KerasCheckpointer:
         for entry, (_group, v) in zip(index, current):
             v.assign(np.load(ckpt.path / VARIABLES_DIR / f"{entry['key']}.npy", allow_pickle=False))
 
-    # -- saving
-    def save(self, *, step: int, epoch: int, metadata: dict | None = None, wait: bool = False,
-             **deprecated) -> Checkpoint | None:
-        """Save the current state as checkpoint ``step`` straight into ``store`` (the low-level path;
-        :class:`ResumableFit` saves through :class:`~spot_training.training.core.CheckpointDriver` instead). In
-        background mode the host copy is taken now and written on the saver thread (returns None
-        unless ``wait``); ``wait=True`` also waits until it is committed and returns it.
-        Deprecated: ``block`` (use ``wait``)."""
-        block = renamed_option(deprecated, "block", "wait", wait, owner="KerasCheckpointer.save", unset=False)
-        if deprecated:
-            raise TypeError(f"KerasCheckpointer.save got unexpected keyword arguments {sorted(deprecated)}")
-        if step == self.last_saved_step:  # e.g. the final save right after a scheduled one
-            return self.wait() if block else None
-        started = time.perf_counter()
-        slot = self._next_buffer if self.background else 0
-        if self._buffer_busy[slot]:  # not expected: submit() waited for the write before the last
-            self.wait()
-        arrays, index = self.snapshot(out=self._host_buffers[slot])
-        self._host_buffers[slot] = list(arrays.values())
-        self._buffer_busy[slot] = True
-        self._next_buffer = 1 - slot
-        meta = {"adapter": "keras", "adapter_format": ADAPTER_FORMAT, **(metadata or {})}
-
-        def write(directory: Path) -> dict[str, dict]:
-            try:
-                return self.write_snapshot(arrays, index, directory)
-            finally:
-                self._buffer_busy[slot] = False
-
-        if not self.background:
-            ckpt = self.store.save(write, step=step, epoch=epoch, metadata=meta)
-        else:
-            if self.saver is None:
-                self.saver = BackgroundSaver(self.store)
-            self.saver.submit(write, step=step, epoch=epoch, metadata=meta)
-            ckpt = self.saver.wait() if block else None
-        self.last_saved_step = step
-        self.save_seconds.append(time.perf_counter() - started)
-        return ckpt
-
-    def wait(self) -> Checkpoint | None:
-        """Wait for a background write (no-op in synchronous mode)."""
-        return self.saver.wait() if self.saver is not None else None
-
-    def close(self) -> None:
-        """Finish pending writes, stop the writer thread and free the host buffers (a later save
-        starts a new thread and allocates new buffers)."""
-        if self.saver is not None:
-            saver, self.saver = self.saver, None
-            saver.close()
-        self._host_buffers = [None, None]
-        self._buffer_busy = [False, False]
-
-
 # ---------------------------------------------------------------------------------------------
 # Callback state (EarlyStopping, ReduceLROnPlateau, any callback with get/set_checkpoint_state)
 
@@ -357,7 +287,7 @@ class KerasAdapter(StateAdapter):
     """The Keras :class:`~spot_training.training.core.StateAdapter`: every model and optimizer variable (weights,
     BatchNorm statistics, the SeedGenerator states of Dropout and random-augmentation layers,
     iteration counter, learning rate, slots) through :class:`KerasCheckpointer`'s host snapshot
-    (two reused sets of host buffers), plus the state of the stateful callbacks given to
+    into two sets of host buffers used in turn, plus the state of the stateful callbacks given to
     :meth:`ResumableFit.fit` (``keras.callbacks.json`` and ``keras.callbacks.npz``)."""
 
     framework = "tensorflow"
@@ -365,7 +295,7 @@ class KerasAdapter(StateAdapter):
     adapter_format = ADAPTER_FORMAT
 
     def __init__(self, model: keras.Model) -> None:
-        self.checkpointer = KerasCheckpointer(model, None, background=False)  # type: ignore[arg-type]
+        self.checkpointer = KerasCheckpointer(model)
         self.callbacks: list = []
         #: callback states read from the checkpoint or held between two fit() calls of one resume
         self.callback_states: dict[str, dict] | None = None
@@ -470,6 +400,9 @@ class StepCallback(keras.callbacks.Callback):
         super().__init__()
         self.fitter = fitter
 
+    def on_train_batch_begin(self, batch, logs=None):
+        self.fitter.driver.begin_step()
+
     def on_train_batch_end(self, batch, logs=None):
         self.fitter.driver.step += 1
 
@@ -490,9 +423,51 @@ class _SaveCallback(keras.callbacks.Callback):
         self.fitter.adapter.callback_states = self.fitter.adapter.capture_callbacks()
 
     def on_train_batch_end(self, batch, logs=None):
-        if self.fitter.driver.after_step(exit_on_stop=False, count=False):
+        try:
+            stopped = self.fitter.driver.after_step(exit_on_stop=False, count=False)
+        finally:
+            self.fitter.driver.end_step()  # validation and epoch-end callbacks run outside a step
+        if stopped:
             self.fitter.stopped = True
             raise _StopFit()
+
+
+class _ResumedPyDataset(keras.utils.PyDataset):
+    """The rest of one epoch of a user's ``PyDataset``, from batch ``offset`` on: batch ``i`` is the
+    user's batch ``offset + i``, fetched by Keras's own workers (``workers``, ``use_multiprocessing``
+    and ``max_queue_size`` are the user's). ``on_epoch_end`` is forwarded."""
+
+    def __init__(self, base: keras.utils.PyDataset, offset: int, steps_per_epoch: int) -> None:
+        super().__init__(workers=base.workers, use_multiprocessing=base.use_multiprocessing,
+                         max_queue_size=base.max_queue_size)
+        self.base, self.offset, self.length = base, offset, steps_per_epoch - offset
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index):
+        return self.base[self.offset + index]
+
+    def on_epoch_end(self) -> None:
+        self.base.on_epoch_end()
+
+
+def _warn_if_reshuffling(dataset, first_batch) -> None:
+    """Read ``dataset``'s first batch a second time: when it differs from ``first_batch`` the
+    pipeline yields another order on each iteration (``shuffle(...)`` with the default
+    ``reshuffle_each_iteration=True``), and a resumed run cannot reproduce the interrupted order."""
+    import tensorflow as tf
+
+    again = next(iter(dataset.take(1)))
+    same = all(np.array_equal(np.asarray(a), np.asarray(b))
+               for a, b in zip(tf.nest.flatten(first_batch), tf.nest.flatten(again)))
+    if not same:
+        warn_not_exact("tf-data-reshuffle", (
+            "the tf.data.Dataset yields another first batch each time it is iterated (shuffle(...) with the "
+            "default reshuffle_each_iteration=True), so a resumed run reads another order than the interrupted "
+            "one; fix: shuffle(..., seed=S, reshuffle_each_iteration=False), or pass a function epoch -> Dataset "
+            "such as lambda e: ds.shuffle(1000, seed=e).batch(32) (docs/training.md, \"Your Keras script\")"),
+            logger=log)
 
 
 def _class_weight_to_sample_weight(y: np.ndarray, class_weight: dict) -> np.ndarray:
@@ -511,6 +486,10 @@ def _class_weight_to_sample_weight(y: np.ndarray, class_weight: dict) -> np.ndar
     for cls, weight in class_weight.items():
         weights[classes == int(cls)] = weight
     return weights
+
+
+class _FitDriver(CheckpointDriver):
+    storage_exit_code = CHECKPOINT_STORAGE_EXIT_CODE  # 74/78 exits, as the TF loop and Gluon
 
 
 class ResumableFit:
@@ -579,9 +558,7 @@ class ResumableFit:
         self.stopped = False
 
     def _new_driver(self) -> CheckpointDriver:
-        driver = CheckpointDriver(self.adapter, notices=self._notices, logger=log, **self._options)
-        driver.storage_exit_code = CHECKPOINT_STORAGE_EXIT_CODE
-        return driver
+        return _FitDriver(self.adapter, notices=self._notices, logger=log, **self._options)
 
     # The driver's state, under the names this class always had.
     @property
@@ -701,7 +678,22 @@ class ResumableFit:
         if class_weight is not None and not isinstance(class_weight, dict):
             raise ValueError(f"class_weight must be a dict {{class index: weight}}. Received: {class_weight!r}")
         is_dataset = isinstance(x, tf.data.Dataset) or (callable(x) and not hasattr(x, "shape"))
-        if is_dataset:
+        if isinstance(x, keras.utils.PyDataset):
+            for name, value in (("y", y), ("batch_size", batch_size), ("sample_weight", sample_weight)):
+                if value is not None:
+                    raise ValueError(f"with a keras.utils.PyDataset, {name} comes from the dataset; remove {name}=")
+            if validation_split:
+                raise ValueError("validation_split needs numpy arrays (Keras's rule too); pass validation_data=")
+            spe = steps_per_epoch if steps_per_epoch is not None else x.num_batches
+            if isinstance(spe, bool) or not isinstance(spe, int) or spe < 1:
+                raise ValueError("steps_per_epoch must be an integer >= 1 (the PyDataset's length is unknown or "
+                                 f"infinite: pass steps_per_epoch=). Received: {spe!r}")
+            sample = x[0]
+            self.checkpointer.ensure_built(np.asarray(sample[0]) if not isinstance(sample[0], dict) else None)
+            if class_weight is not None:
+                fit_kwargs["class_weight"] = class_weight
+            batches = lambda start, count: x if start % spe == 0 else _ResumedPyDataset(x, start % spe, spe)  # noqa: E731
+        elif is_dataset:
             for name, value in (("y", y), ("batch_size", batch_size), ("sample_weight", sample_weight)):
                 if value is not None:
                     raise ValueError(f"with a tf.data.Dataset, {name} comes from the dataset; remove {name}=")
@@ -722,6 +714,7 @@ class ResumableFit:
                 raise ValueError(f"steps_per_epoch must be an integer >= 1. Received: {steps_per_epoch!r}")
             spe = steps_per_epoch
             sample = next(iter(first.take(1)))
+            _warn_if_reshuffling(first, sample)
             self.checkpointer.ensure_built(np.asarray(sample[0]) if not isinstance(sample[0], dict) else None)
             batches = lambda start, count: self._dataset_batches(x, class_weight, start, count, spe)  # noqa: E731
         else:
@@ -760,26 +753,20 @@ class ResumableFit:
                 log.warning("make_deterministic(seed) was not called before the model was built: its initial "
                             "weights differ from run to run, so two uninterrupted runs differ (a resume itself is "
                             "still exact)")
-        if self.driver._closed:
+        if self.driver.closed:
             self.driver = self._new_driver()
         driver = self.driver
         driver.steps_per_epoch = spe
-        driver.install()
         callbacks = list(callbacks)
         self.adapter.callbacks = callbacks
         self.stopped = False
         result = FitResult(step=0, epoch=0, total_steps=total, completed=False, stopped=False, restored_from=None)
         try:
             with driver.storage_exit():
-                driver.restore()  # ValueError for a checkpoint of another steps_per_epoch
-                restored = driver.restored
-                result.restored_from = restored
+                driver.begin(total)  # ValueError for a checkpoint of another steps_per_epoch or past the total
+                restored = result.restored_from = driver.restored
                 if restored is not None:
                     log.info("resumed from %s (step %d of %d)", restored.path, driver.step, total)
-                    if driver.step > total:
-                        raise ValueError(
-                            f"checkpoint {str(restored.path)!r} is at step {driver.step}, beyond this run's {total} "
-                            f"steps (epochs={epochs} x {spe} steps); raise epochs or use another checkpoint directory")
                     saved_seed = restored.metadata.get("seed")
                     if saved_seed not in (None, self.seed):
                         log.warning("checkpoint %s was written with seed=%s, this run has seed=%s: the batch order "
@@ -814,7 +801,7 @@ class ResumableFit:
                 if not self.stopped:
                     if driver.step != total:
                         log.info("a callback stopped training at step %d of %d; treating it as the end", driver.step, total)
-                    driver.finish()
+                    driver.complete()
                     result.completed = True
         finally:
             driver.close()

@@ -469,6 +469,9 @@ class GluonAdapter(StateAdapter):
         self.trainer = trainer
         self.seed = seed
         self.is_writer = is_writer
+        # A dist_* kvstore job stops at a step boundary on every worker (the cluster's agreed stop);
+        # a single process may save outside a step (core.CheckpointDriver.begin_step).
+        self.saves_outside_step = not _is_distributed(trainer)
         self.log = logging.getLogger("training.mxnet")
         self.trainer_params = trainer_order(net, trainer)
         # Two sets of host arrays used in turn (allocated at the first two saves, freed by release()).

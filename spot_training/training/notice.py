@@ -4,13 +4,17 @@ The node agent watches instance metadata; the trainer only sees what docs/contra
 ``SIGTERM`` = finish the current step, save, exit 0; ``SIGUSR1`` or the file named by
 ``SPOT_TRAINING_CHECKPOINT_REQUEST_FILE`` = save an extra checkpoint and keep training. This module
 polls nothing from AWS. Signal handlers only set flags (the loop acts between steps), because a
-handler that saves would run in the middle of a step with half-updated weights.
+handler that saves would run in the middle of a step with half-updated weights. A stop watcher
+(:meth:`NoticeHandler.add_stop_watcher`) hears a stop at once on a thread of its own, so that the
+checkpoint driver can save while the main thread is outside a step (spot_training/training/core.py).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -65,6 +69,8 @@ class NoticeHandler:
         self._checkpoint = threading.Event()
         self._previous: dict[int, object] = {}
         self.stop_signal: int | None = None
+        self._watchers: list[Callable[[], None]] = []
+        self._wakeup: tuple[socket.socket, socket.socket, int] | None = None
 
     # -- installation
     def install(self) -> "NoticeHandler":
@@ -76,7 +82,59 @@ class NoticeHandler:
         for sig in self.checkpoint_signals:
             self._previous[sig] = signal.signal(sig, self._on_checkpoint)
         self._take_over_early_notice()
+        if self._watchers:
+            self._start_wakeup()
+        _INSTALLED.add(self)
+        _register_fork_handler()
         return self
+
+    def add_stop_watcher(self, callback: Callable[[], None]) -> None:
+        """Call ``callback()`` on a thread of its own as soon as a stop signal arrives, even while the
+        main thread is inside a long C call (a validation pass, a first trace, a blocking fetch),
+        where Python runs the signal handler only when that call returns.
+
+        Uses :func:`signal.set_wakeup_fd` (the interpreter's C-level handler writes the signal
+        number to a socket at once) read by a daemon thread; the previous wakeup fd is restored on
+        :meth:`uninstall`. The stop flag is set before ``callback`` runs. Must be called on the main
+        thread once the handler is installed or before :meth:`install`.
+        """
+        if callback not in self._watchers:
+            self._watchers.append(callback)
+        if self._previous:
+            self._start_wakeup()
+
+    def remove_stop_watcher(self, callback: Callable[[], None]) -> None:
+        """Forget a callback of :meth:`add_stop_watcher` (no error when it is not there)."""
+        if callback in self._watchers:
+            self._watchers.remove(callback)
+
+    def _start_wakeup(self) -> None:
+        if self._wakeup is not None:
+            return
+        reader, writer = socket.socketpair()
+        writer.setblocking(False)
+        previous = signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
+        self._wakeup = (reader, writer, previous)
+        threading.Thread(target=self._read_wakeup, args=(reader,), name="notice-watcher", daemon=True).start()
+
+    def _read_wakeup(self, reader: socket.socket) -> None:
+        while True:
+            try:
+                data = reader.recv(64)
+            except OSError:
+                return
+            if not data:
+                reader.close()
+                return  # uninstall closed the writer
+            if any(sig in self.stop_signals for sig in data):
+                if self.stop_signal is None:
+                    self.stop_signal = next(sig for sig in data if sig in self.stop_signals)
+                self._stop.set()
+                for callback in list(self._watchers):
+                    try:
+                        callback()
+                    except Exception:  # a watcher must not kill the thread that serves the others
+                        logging.getLogger("spot_training.training.notice").exception("stop watcher failed")
 
     def _take_over_early_notice(self) -> None:
         # A signal caught by spot_training.training.early_notice before this handler existed (the script imported
@@ -93,9 +151,15 @@ class NoticeHandler:
 
     def uninstall(self) -> None:
         """Restore the handlers that were there before :meth:`install`."""
+        if self._wakeup is not None:
+            reader, writer, previous = self._wakeup
+            self._wakeup = None
+            signal.set_wakeup_fd(previous)
+            writer.close()  # the reader thread sees end of file and ends
         for sig, previous in self._previous.items():
             signal.signal(sig, previous)  # type: ignore[arg-type]
         self._previous.clear()
+        _INSTALLED.discard(self)
 
     def __enter__(self) -> "NoticeHandler":
         return self.install()
@@ -136,6 +200,38 @@ class NoticeHandler:
             except FileNotFoundError:
                 pass
         return requested
+
+
+_INSTALLED: set[NoticeHandler] = set()
+_FORK_HANDLER = False
+
+
+def _in_forked_child() -> None:
+    # A process forked by the trainer (a Keras PyDataset worker, a PyTorch DataLoader worker, a
+    # multiprocessing pool) while notices are handled: a notice is the trainer's to act on, not
+    # the worker's. The agent may signal the whole process group, so the worker ignores the stop
+    # signals (it ends when the trainer does: its pipe to the trainer closes) and must not write
+    # into the trainer's wakeup socket, which it inherited.
+    handlers = list(_INSTALLED)
+    _INSTALLED.clear()
+    if not handlers:
+        return
+    try:
+        signal.set_wakeup_fd(-1)
+    except ValueError:  # forked from a thread other than the main one: no wakeup fd to clear
+        pass
+    for handler in handlers:
+        handler._previous.clear()
+        handler._wakeup = None
+        for sig in handler.stop_signals:
+            signal.signal(sig, signal.SIG_IGN)
+
+
+def _register_fork_handler() -> None:
+    global _FORK_HANDLER
+    if not _FORK_HANDLER and hasattr(os, "register_at_fork"):
+        os.register_at_fork(after_in_child=_in_forked_child)
+        _FORK_HANDLER = True
 
 
 class SaveSchedule:

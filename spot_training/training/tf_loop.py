@@ -41,7 +41,7 @@ from typing import Any, Callable
 import tensorflow as tf
 
 from spot_training.training.core import (CHECKPOINT_STORAGE_EXIT_CODE, DEFAULT, DEFAULT_KEEP, CheckpointDriver, StateAdapter,
-                           renamed_option)
+                           renamed_option, warn_not_exact)
 from spot_training.training.notice import NoticeHandler
 from spot_training.training.store import Checkpoint, CheckpointError, ShapeMismatchError
 
@@ -89,6 +89,29 @@ def _seed_generator_states(model) -> list:
     return [v for v in getattr(model, "variables", []) if str(getattr(v, "path", "")).endswith("seed_generator_state")]
 
 
+#: TensorFlow's stateful random kernels: their state lives in the op kernel (seeded from
+#: ``tf.random.set_seed`` and an op counter); no API reads or restores it.
+STATEFUL_RANDOM_OPS = frozenset({
+    "RandomStandardNormal", "RandomUniform", "RandomUniformInt", "TruncatedNormal", "RandomShuffle",
+    "Multinomial", "RandomGamma", "RandomPoisson", "RandomPoissonV2", "ParameterizedTruncatedNormal"})
+
+
+def stateful_random_ops() -> dict[str, list[str]]:
+    """``{traced function name: [stateful random op types]}`` over every ``tf.function`` traced in
+    this process so far (TensorFlow's eager context keeps their FunctionDefs)."""
+    from tensorflow.python.eager import context
+
+    ctx = context.context()
+    found = {}
+    for name in ctx.list_function_names():
+        if not name.startswith("__inference_"):
+            continue
+        ops = sorted({node.op for node in ctx.get_function_def(name).node_def} & STATEFUL_RANDOM_OPS)
+        if ops:
+            found[name] = ops
+    return found
+
+
 class TFAdapter(StateAdapter):
     """The ``tf.train.Checkpoint`` :class:`~spot_training.training.core.StateAdapter`.
 
@@ -122,9 +145,26 @@ class TFAdapter(StateAdapter):
         if background:
             _fix_keras_async_copy()
         self._step = step
+        self._at_step_calls = 0
 
     def framework_version(self) -> str:
         return f"tensorflow {tf.__version__}"
+
+    def at_step(self, step: int) -> None:
+        # After the first step of the run (the second call: the first follows the restore) the
+        # training step has been traced: look once for random ops whose state no checkpoint holds.
+        self._at_step_calls += 1
+        if self._at_step_calls == 2:
+            found = stateful_random_ops()
+            if found:
+                name, ops = next(iter(found.items()))
+                warn_not_exact("tf-stateful-random", (
+                    f"the traced function {name} uses the stateful random op(s) {', '.join(ops)} "
+                    "(tf.random.normal/uniform, tf.nn.dropout, ...), whose state lives in the op kernel and is not "
+                    "checkpointed, so a resumed run draws other numbers; fix: draw from "
+                    "tf.random.get_global_generator() or a tf.random.Generator passed to TFCheckpointer, or use "
+                    "tf.random.stateless_* with a seed from the step (docs/training.md, \"Your custom TensorFlow loop\")"),
+                    logger=logging.getLogger("spot_training.training.tf_loop"))
 
     def check_metadata(self, ckpt: Checkpoint) -> None:
         meta = ckpt.metadata

@@ -172,11 +172,14 @@ def test_torn_newest_checkpoint_without_manifest_falls_back(tmp_path, caplog):
     ck2.close()
 
 
-def test_fails_when_checkpoint_path_is_a_file(tmp_path):
+def test_fails_when_checkpoint_path_is_a_file_exiting_74_naming_the_path(tmp_path, caplog):
     path = tmp_path / "checkpoints"
     path.write_text("not a directory\n")
-    with pytest.raises(CheckpointPathError, match=str(path)):
+    with pytest.raises(SystemExit) as info:  # docs/contracts.md: 74, checkpoint storage unusable
         checkpointer(*make(), path)
+    assert info.value.code == 74
+    assert isinstance(info.value.__cause__, CheckpointPathError)
+    assert "CheckpointPathError" in caplog.text and str(path) in caplog.text
     assert path.read_text() == "not a directory\n"
 
 

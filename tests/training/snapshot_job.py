@@ -1,9 +1,10 @@
 """Subprocess for tests/training/test_keras_snapshot.py (TensorFlow never runs in the pytest process).
 
-Trains a small Keras model with Adam and saves through ``KerasCheckpointer`` in background mode
-while holding the first write back, so that the second save copies its snapshot while the first
-write has not yet read its own. Prints one JSON line: for each save, whether the committed
-checkpoint equals the variables at that step (bitwise), and which host buffer set each save used.
+Trains a small Keras model with Adam and saves through the checkpoint driver with a
+:class:`KerasAdapter` in background mode while holding the first write back, so that the next
+save must wait for it before copying (one write at a time) and training goes on meanwhile. Prints
+one JSON line: for each save, whether the committed checkpoint equals the variables at that step
+(bitwise), and which host buffer set each save used.
 
     python tests/training/snapshot_job.py CHECKPOINT_DIR
 """
@@ -20,8 +21,9 @@ sys.path.insert(0, str(REPO))
 
 import numpy as np  # noqa: E402
 
-from spot_training.training.keras_adapter import KerasCheckpointer, make_deterministic  # noqa: E402
-from spot_training.training.store import CheckpointStore  # noqa: E402
+from spot_training.training.core import CheckpointDriver  # noqa: E402
+from spot_training.training.keras_adapter import KerasAdapter, KerasCheckpointer, make_deterministic  # noqa: E402
+from spot_training.training.notice import NoticeHandler  # noqa: E402
 
 
 def main(checkpoint_dir: str) -> int:
@@ -34,46 +36,46 @@ def main(checkpoint_dir: str) -> int:
     rng = np.random.default_rng(3)
     x = rng.standard_normal((32, 8)).astype(np.float32)
     y = rng.integers(0, 3, 32)
-    store = CheckpointStore(checkpoint_dir, framework="tensorflow", framework_version="test", keep=5)
-    ck = KerasCheckpointer(model, store, background=True)
+    adapter = KerasAdapter(model)
+    driver = CheckpointDriver(adapter, checkpoint_dir=checkpoint_dir, every_steps=None, background=True, keep=5,
+                              host_rng=False,
+                              notices=NoticeHandler(request_file=None, stop_signals=(), checkpoint_signals=()))
+    store, ck = driver.store, adapter.checkpointer
     ck.ensure_built(x)
 
     def values():
         return [np.array(v.numpy()) for _g, v in ck._variables()]
 
     release_first = threading.Event()
-    snapshotted = threading.Event()
     used = []  # id of the first array of each save's snapshot: which buffer set it copied into
-    real_write, real_snapshot = ck.write_snapshot, ck.snapshot
+    real_write, real_snapshot = KerasCheckpointer.write_snapshot, ck.snapshot
 
     def write_snapshot(arrays, index, directory):
         if not release_first.is_set():
-            release_first.wait(30)  # the first write reads its snapshot only after save 2 copied
+            release_first.wait(30)  # the first write reads its snapshot only after training went on
         return real_write(arrays, index, directory)
 
     def snapshot(out=None):
         arrays, index = real_snapshot(out)
         used.append(id(next(iter(arrays.values()))))
-        snapshotted.set()
         return arrays, index
 
-    ck.write_snapshot, ck.snapshot = write_snapshot, snapshot
+    KerasCheckpointer.write_snapshot, ck.snapshot = staticmethod(write_snapshot), snapshot
     expected = {}
     model.train_on_batch(x, y)
     expected[1] = values()
-    ck.save(step=1, epoch=0)                      # its write waits for release_first
-    model.train_on_batch(x, y)
+    driver.step = 1
+    driver.save()                                 # its write waits for release_first
+    model.train_on_batch(x, y)                    # training goes on while the first copy is held
     expected[2] = values()
-    snapshotted.clear()
-    second = threading.Thread(target=ck.save, kwargs={"step": 2, "epoch": 0})
-    second.start()                                # copies, then waits in submit() for write 1
-    snapshotted.wait(30)
-    model.train_on_batch(x, y)                    # training goes on while both copies are held
-    release_first.set()
-    second.join(60)
+    threading.Timer(0.5, release_first.set).start()
+    driver.step = 2
+    driver.save()                                 # waits for write 1, then copies into the other set
+    model.train_on_batch(x, y)
     expected[3] = values()
-    ck.save(step=3, epoch=0, block=True)          # write 1 is done: its buffer set is reused
-    ck.close()
+    driver.step = 3
+    driver.save(wait=True)                        # write 2 is done: the first set is reused
+    driver.close()
 
     equal = {}
     for ckpt in store.checkpoints():

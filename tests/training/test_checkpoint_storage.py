@@ -9,10 +9,12 @@ import json
 import os
 import re
 import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
-from keras_jobs import SAVE_EVERY, STEP_DELAY
+from keras_jobs import REPO, SAVE_EVERY, STEP_DELAY
 from spot_training.training.store import CheckpointStore
 
 pytestmark = [pytest.mark.tensorflow, pytest.mark.slow]
@@ -70,3 +72,19 @@ def test_disk_full_during_a_save_names_path_and_sizes_keeps_the_previous_checkpo
     rc = job.run()
     assert rc == 74
     assert job.logged_steps().count(SAVE_EVERY + 1) == 2
+
+
+def test_read_only_checkpoint_directory_exits_74_from_the_plain_keras_recipe(tmp_path, mounts):
+    # The documented recipe without run_script: ResumableFit itself ends the process with 74.
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    mount("--bind", str(ckpt), str(ckpt))
+    mounts.append(ckpt)
+    mount("-o", "remount,ro,bind", str(ckpt))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SPOT_TRAINING_")}
+    env.update(PYTHONPATH=str(REPO), TF_CPP_MIN_LOG_LEVEL="2")
+    proc = subprocess.run([sys.executable, str(Path(__file__).with_name("phase_job.py")), "keras", str(ckpt)],
+                          env=env, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 74, proc.stderr[-3000:]
+    assert "CheckpointPathError" in proc.stderr and f"checkpoint directory '{ckpt}' is not writable" in proc.stderr
+    assert "Traceback" not in proc.stderr

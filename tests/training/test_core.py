@@ -202,3 +202,27 @@ def test_before_save_runs_on_every_rank_and_only_the_writer_snapshots(tmp_path: 
             train(adapter, step)
         assert adapter.before == 3  # steps 2, 4 and the final 5
         assert adapter.snapshots == (3 if writer else 0)
+
+
+def test_stop_training_ends_early_with_a_final_checkpoint_and_completed(tmp_path: Path) -> None:
+    driver = CheckpointDriver(VectorAdapter(), checkpoint_dir=tmp_path, every_steps=None, background=False,
+                              notices=NoticeHandler(request_file=None, stop_signals=(), checkpoint_signals=()))
+    for step in driver.steps(20):
+        train(driver.adapter, step)
+        if step == 6:  # early stopping after the 7th step
+            driver.stop_training = True
+    assert driver.store.latest().step == 7
+    assert driver.store.is_complete()
+
+
+def test_break_out_of_steps_is_refused_loudly_and_writes_no_completed(tmp_path: Path, caplog) -> None:
+    driver = CheckpointDriver(VectorAdapter(), checkpoint_dir=tmp_path, every_steps=None, background=False,
+                              notices=NoticeHandler(request_file=None, stop_signals=(), checkpoint_signals=()))
+    for step in driver.steps(20):
+        train(driver.adapter, step)
+        if step == 6:
+            break
+    assert not driver.store.is_complete()
+    errors = [r for r in caplog.records if r.levelname == "ERROR"]
+    assert errors and "left during step 6 of 20" in errors[0].getMessage()
+    assert "stop_training = True" in errors[0].getMessage()

@@ -1,4 +1,4 @@
-"""KerasCheckpointer's reused host buffers: a background write always commits the state of its own
+"""The Keras adapter's reused host buffers (through the driver): a background write always commits the state of its own
 step, even when the next save copies (into the other buffer set) before the write has read its copy."""
 
 from __future__ import annotations

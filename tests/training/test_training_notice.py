@@ -118,3 +118,21 @@ def test_save_schedule_with_neither_is_on_demand_only():
 def test_fails_on_bad_schedule(kwargs, match):
     with pytest.raises(ValueError, match=match):
         SaveSchedule(**kwargs)
+
+
+def test_stop_watcher_hears_the_signal_on_its_thread_and_forked_children_ignore_it():
+    import threading
+
+    heard = threading.Event()
+    notice = NoticeHandler(request_file=None, stop_signals=(signal.SIGUSR2,), checkpoint_signals=())
+    notice.add_stop_watcher(lambda: heard.set() if threading.current_thread() is not threading.main_thread() else None)
+    with notice:
+        pid = os.fork()
+        if pid == 0:  # a worker forked while the handlers are installed: the stop signal is ignored
+            os._exit(0 if signal.getsignal(signal.SIGUSR2) is signal.SIG_IGN else 1)
+        assert os.waitpid(pid, 0)[1] == 0, "the forked child kept the trainer's stop handler"
+        os.kill(os.getpid(), signal.SIGUSR2)
+        assert heard.wait(5), "the watcher thread did not hear the stop signal"
+        assert notice.stop_requested and notice.stop_signal == signal.SIGUSR2
+    assert signal.getsignal(signal.SIGUSR2) is signal.SIG_DFL
+    assert signal.set_wakeup_fd(-1) == -1, "uninstall left the wakeup fd set"

@@ -77,7 +77,7 @@ def main() -> int:
                 time.sleep(args.step_delay)
     if args.save_final_weights:
         model.compile(optimizer=optimizer)  # only so that KerasCheckpointer can list the optimizer's variables
-        arrays, index = KerasCheckpointer(model, ckpt.store, background=False).snapshot()
+        arrays, index = KerasCheckpointer(model).snapshot()
         np.savez(args.save_final_weights, **{e["key"]: arrays[e["key"]] for e in index})
     return 0
 
