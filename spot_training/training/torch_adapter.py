@@ -54,11 +54,10 @@ save every rank meets at a barrier.
 
 from __future__ import annotations
 
-import base64
 import json
 import logging
 import os
-import pickle
+import signal
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
@@ -75,11 +74,14 @@ __all__ = [
     "DEVICE_HEADROOM_FRACTION",
     "DEVICE_HEADROOM_MIN_BYTES",
     "INDEX_FILE",
+    "IgnoreNoticeSignals",
     "SNAPSHOT_MODES",
     "StepSampler",
     "TENSORS_FILE",
     "TorchAdapter",
     "TorchCheckpointer",
+    "WORKER_IGNORED_SIGNALS",
+    "protect_loader_workers",
     "unwrap_module",
 ]
 
@@ -111,11 +113,17 @@ def unwrap_module(module: torch.nn.Module) -> torch.nn.Module:
 
 
 # ----------------------------------------------------------------------------- state <-> JSON skeleton
+#: Tags of the JSON skeleton (a dict holding one of these keys is not a plain dict).
+_TAGS = ("__tensor__", "__items__", "__tuple__", "__dtype__", "__device__")
+_ALL_DTYPES = {str(d).removeprefix("torch."): d for d in vars(torch).values() if isinstance(d, torch.dtype)}
+
+
 def _flatten(value: Any, path: str, tensors: dict[str, torch.Tensor]) -> Any:
     """A JSON-able copy of ``value`` with each tensor replaced by ``{"__tensor__": key}`` (the
     tensor goes into ``tensors``). Dicts with non-string keys (optimizer state is keyed by
-    parameter index) and tuples keep their types; a leaf JSON cannot hold (rare: a function in an
-    old scheduler's state) is pickled, because the framework's own state_dict contains it."""
+    parameter index) and tuples keep their types, ``torch.dtype`` and ``torch.device`` values are
+    tagged. A checkpoint is data, never code: any other object raises ValueError naming its place
+    in the state (no pickle, which would run code on restore)."""
     if isinstance(value, torch.Tensor):
         tensors[path] = value
         return {"__tensor__": path}
@@ -130,11 +138,62 @@ def _flatten(value: Any, path: str, tensors: dict[str, torch.Tensor]) -> Any:
         return [_flatten(v, f"{path}/{i}", tensors) for i, v in enumerate(value)]
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
-    return {"__pickle__": base64.b64encode(pickle.dumps(value)).decode("ascii")}
+    if isinstance(value, torch.dtype):
+        return {"__dtype__": str(value).removeprefix("torch.")}
+    if isinstance(value, torch.device):
+        return {"__device__": str(value)}
+    raise ValueError(
+        f"state entry {path!r} is a {type(value).__module__}.{type(value).__qualname__}, which a checkpoint "
+        "cannot hold: only tensors, numbers, strings, None, lists, tuples, dicts, torch.dtype and torch.device "
+        "(checkpoints are data; restoring pickled objects would run code). Keep such objects out of state_dict()")
+
+
+def _check_data(value: Any, where: str, entries: Mapping[str, Any], path: str = "") -> None:
+    """Raise CheckpointError (naming ``where`` and the entry) unless ``value`` is a skeleton
+    :func:`_flatten` writes: plain JSON and the tags of :data:`_TAGS` with well-formed contents, every
+    tensor reference naming a tensor of the index. Runs before anything is read into live objects."""
+    def bad(what: str) -> CheckpointError:
+        return CheckpointError(f"{where}: state entry {path or '/'!r} {what}; a checkpoint holds only data "
+                               "(tensors and JSON), refusing to restore it")
+
+    if isinstance(value, dict):
+        tags = [k for k in value if isinstance(k, str) and k.startswith("__")]
+        if not tags:
+            for k, v in value.items():
+                _check_data(v, where, entries, f"{path}/{k}")
+            return
+        if len(value) != 1 or tags[0] not in _TAGS:
+            raise bad(f"holds {sorted(tags)!r}, not one of the data tags {list(_TAGS)}")
+        tag, inner = tags[0], value[tags[0]]
+        if tag == "__tensor__":
+            if not isinstance(inner, str) or inner not in entries:
+                raise bad(f"refers to tensor {inner!r}, which the index does not list")
+        elif tag == "__items__":
+            if not isinstance(inner, list) or not all(isinstance(kv, list) and len(kv) == 2 for kv in inner):
+                raise bad("is not a list of [key, value] pairs")
+            for k, v in inner:
+                if isinstance(k, (dict, list)):
+                    raise bad(f"has an unhashable key {k!r}")
+                _check_data(v, where, entries, f"{path}/{k}")
+        elif tag == "__tuple__":
+            if not isinstance(inner, list):
+                raise bad("is not a list")
+            for i, v in enumerate(inner):
+                _check_data(v, where, entries, f"{path}/{i}")
+        elif tag == "__dtype__" and inner not in _ALL_DTYPES:
+            raise bad(f"names no torch dtype ({inner!r})")
+        elif tag == "__device__" and not isinstance(inner, str):
+            raise bad(f"names no device ({inner!r})")
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            _check_data(v, where, entries, f"{path}/{i}")
+    elif not (value is None or isinstance(value, (bool, int, float, str))):
+        raise bad(f"is a {type(value).__name__}")
 
 
 def _unflatten(value: Any, tensors: Mapping[str, torch.Tensor] | None) -> Any:
-    """The inverse of :func:`_flatten` (``tensors`` None: tensor references stay ``{"__tensor__": key}``)."""
+    """The inverse of :func:`_flatten` (``tensors`` None: tensor references stay ``{"__tensor__": key}``).
+    Checked by :func:`_check_data` first: nothing here runs code from the checkpoint."""
     if isinstance(value, dict):
         if "__tensor__" in value:
             return value if tensors is None else tensors[value["__tensor__"]]
@@ -142,8 +201,10 @@ def _unflatten(value: Any, tensors: Mapping[str, torch.Tensor] | None) -> Any:
             return {_unflatten(k, tensors): _unflatten(v, tensors) for k, v in value["__items__"]}
         if "__tuple__" in value:
             return tuple(_unflatten(v, tensors) for v in value["__tuple__"])
-        if "__pickle__" in value:
-            return pickle.loads(base64.b64decode(value["__pickle__"]))
+        if "__dtype__" in value:
+            return _ALL_DTYPES[value["__dtype__"]]
+        if "__device__" in value:
+            return torch.device(value["__device__"])
         return {k: _unflatten(v, tensors) for k, v in value.items()}
     if isinstance(value, list):
         return [_unflatten(v, tensors) for v in value]
@@ -376,6 +437,9 @@ class TorchAdapter(StateAdapter):
         if index.get("format") != _INDEX_FORMAT:
             raise CheckpointError(f"checkpoint {str(path)!r}: index format {index.get('format')!r}, "
                                   f"this version reads {_INDEX_FORMAT}")
+        if not isinstance(state, dict):
+            raise CheckpointError(f"checkpoint {str(path)!r}: {INDEX_FILE} holds no state mapping")
+        _check_data(state, f"checkpoint {str(path / INDEX_FILE)!r}", entries)
         self._check(path, state, entries)
         tensors: dict[str, torch.Tensor] = {}
         with open(path / TENSORS_FILE, "rb") as f:
@@ -532,6 +596,52 @@ class StepSampler(torch.utils.data.Sampler):
         return max(0, self.total_steps - start)
 
 
+# ----------------------------------------------------------------------------- loader workers
+#: Signals a DataLoader worker ignores: the node agent's notice (SIGTERM) and checkpoint request
+#: (SIGUSR1, whose default action also terminates) may be sent to the trainer's whole process group.
+WORKER_IGNORED_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+
+
+class IgnoreNoticeSignals:
+    """A ``DataLoader`` ``worker_init_fn`` that makes the worker ignore :data:`WORKER_IGNORED_SIGNALS`,
+    then calls the user's own ``worker_init_fn`` (if any).
+
+    A SIGTERM sent to the trainer's process group also reaches the loader's worker processes; torch's
+    worker-side handler (installed before ``worker_init_fn`` runs) lets it kill them, and the main
+    process's SIGCHLD handler then raises ``RuntimeError: DataLoader worker (pid N) is killed by signal:
+    Terminated`` in the middle of the notice save. Ignored, the workers keep serving batches until the
+    main process has saved and exits; they leave with it (torch's workers stop when their iterator is
+    shut down or their parent is gone). A module-level class, so that it pickles for the ``spawn`` and
+    ``forkserver`` start methods.
+
+    Args:
+        init_fn: the loader's original ``worker_init_fn`` (called with the worker id), or None.
+    """
+
+    def __init__(self, init_fn: Callable[[int], Any] | None = None) -> None:
+        self.init_fn = init_fn
+
+    def __call__(self, worker_id: int) -> None:
+        for sig in WORKER_IGNORED_SIGNALS:
+            signal.signal(sig, signal.SIG_IGN)
+        if self.init_fn is not None:
+            self.init_fn(worker_id)
+
+
+def protect_loader_workers(loader: Any) -> Any:
+    """Make a ``torch.utils.data.DataLoader`` with ``num_workers > 0`` start workers that survive a
+    notice sent to the whole process group (:class:`IgnoreNoticeSignals` wraps its ``worker_init_fn``).
+    Other iterables, loaders without workers and loaders already protected are returned unchanged.
+    Call it before the loader's first ``iter()`` (persistent workers keep the function they started with).
+
+    Returns ``loader``.
+    """
+    if (isinstance(loader, torch.utils.data.DataLoader) and loader.num_workers > 0
+            and not isinstance(loader.worker_init_fn, IgnoreNoticeSignals)):
+        loader.worker_init_fn = IgnoreNoticeSignals(loader.worker_init_fn)
+    return loader
+
+
 # ----------------------------------------------------------------------------- user-facing front-end
 class TorchCheckpointer:
     """Resumable PyTorch training: :class:`TorchAdapter` on :class:`spot_training.training.core.CheckpointDriver`.
@@ -605,6 +715,7 @@ class TorchCheckpointer:
                 yield step
                 continue
             if it is None:
+                protect_loader_workers(loader)
                 state = torch.get_rng_state()
                 it = iter(loader)
                 torch.set_rng_state(state)

@@ -217,3 +217,64 @@ def test_a_torchrun_launch_without_a_process_group_is_refused(monkeypatch) -> No
     monkeypatch.setenv("WORLD_SIZE", "2")
     with pytest.raises(ValueError, match="WORLD_SIZE=2.*init_process_group"):
         TorchAdapter(torch.nn.Linear(1, 1))
+
+
+class _Payload:
+    """Pickles to a call that creates ``marker``: what an attacker plants in a checkpoint."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return open, (str(self.marker), "w")
+
+
+def test_a_planted_pickle_payload_never_runs_and_the_checkpoint_is_refused(tmp_path: Path) -> None:
+    import base64
+    import pickle
+
+    from spot_training.training import store as store_module
+    from spot_training.training.store import MANIFEST_NAME, CheckpointError
+
+    objs = _objects()
+    driver = CheckpointDriver(TorchAdapter(*objs[:3]), checkpoint_dir=tmp_path / "ckpt", notices=_quiet())
+    _train(*objs, steps=1)
+    driver.step = 1
+    ckpt = driver.save(wait=True)
+    driver.close()
+    marker = tmp_path / "pwned"
+    index = json.loads((ckpt.path / INDEX_FILE).read_text())
+    index["state"]["optimizer"]["param_groups"][0]["lr"] = {
+        "__pickle__": base64.b64encode(pickle.dumps(_Payload(marker))).decode()}
+    (ckpt.path / INDEX_FILE).write_text(json.dumps(index))
+    # Whoever can write the directory can also make the manifest's checksums match.
+    manifest = json.loads((ckpt.path / MANIFEST_NAME).read_text())
+    for rel, entry in manifest["files"].items():
+        entry.update(size=(ckpt.path / rel).stat().st_size, sha256=store_module._file_sha256(ckpt.path / rel))
+    manifest["checksum"] = store_module._combined_checksum(manifest["files"])
+    (ckpt.path / MANIFEST_NAME).write_text(json.dumps(manifest))
+
+    fresh = _objects()
+    before = {k: v.clone() for k, v in fresh[0].state_dict().items()}
+    driver2 = CheckpointDriver(TorchAdapter(*fresh[:3]), checkpoint_dir=tmp_path / "ckpt", notices=_quiet())
+    with pytest.raises(CheckpointError, match=r"index\.json.*param_groups/0/lr.*__pickle__.*refusing"):
+        driver2.restore()
+    assert not marker.exists(), "the checkpoint ran code on restore"
+    assert all(torch.equal(before[k], v) for k, v in fresh[0].state_dict().items())
+
+
+def test_state_that_is_not_data_is_refused_at_save_naming_the_entry(tmp_path: Path) -> None:
+    class Holder:
+        def state_dict(self):
+            return {"fn": print}
+
+        def load_state_dict(self, state):
+            pass
+
+    model = torch.nn.Linear(2, 2)
+    driver = CheckpointDriver(TorchAdapter(model, extra={"holder": Holder()}), checkpoint_dir=tmp_path,
+                              notices=_quiet(), background=False)
+    driver.step = 1
+    with pytest.raises(ValueError, match=r"'extra.holder/fn'.*builtin_function_or_method.*checkpoints are data"):
+        driver.save()
+    driver.close()
