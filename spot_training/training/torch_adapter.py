@@ -54,6 +54,7 @@ save every rank meets at a barrier.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -65,7 +66,9 @@ from typing import Any
 
 import torch
 
-from spot_training.training.core import DEFAULT, DEFAULT_KEEP, CheckpointDriver, StateAdapter, default_every_seconds
+from spot_training.contract import COMPLETED_FILE
+from spot_training.training.core import (DEFAULT, DEFAULT_KEEP, CheckpointDriver, StateAdapter, checkpoint_exit_code,
+                                         default_every_seconds)
 from spot_training.training.datasets import batch_indices
 from spot_training.training.notice import NoticeHandler
 from spot_training.training.store import Checkpoint, CheckpointError, ShapeMismatchError, write_file
@@ -289,15 +292,51 @@ class TorchAdapter(StateAdapter):
         self._stream: torch.cuda.Stream | None = None
         self._copy_event: torch.cuda.Event | None = None
         self._hooks = []
+        #: ``{"batch_size", "examples"}`` of the data position (set by TorchCheckpointer.batch_sampler).
+        self.data: dict[str, int] = {}
+        self.early_stop = False  # TorchCheckpointer.finish() ended training inside the loop
+        self._optimizer_steps = 0  # optimizer.step() calls so far
+        self._optimizer_steps_at_boundary = 0  # ... when the last step boundary was passed
         if optimizer is not None and hasattr(optimizer, "register_step_pre_hook"):
             self._hooks.append(optimizer.register_step_pre_hook(lambda *_args, **_kw: self.wait_for_snapshot()))
+            self._hooks.append(optimizer.register_step_post_hook(lambda *_args, **_kw: self._count_optimizer_step()))
+
+    def _count_optimizer_step(self) -> None:
+        self._optimizer_steps += 1
+
+    def at_step(self, step: int) -> None:
+        self._optimizer_steps_at_boundary = self._optimizer_steps
+
+    def _mid_accumulation(self) -> bool:
+        """True when the step that just ended ran backward but no ``optimizer.step()`` (gradient
+        accumulation between optimizer steps): the gradients are then part of the training state."""
+        return self.optimizer is not None and self._optimizer_steps == self._optimizer_steps_at_boundary
 
     # ------------------------------------------------------------------ metadata
     def framework_version(self) -> str:
         return f"torch {torch.__version__}"
 
     def metadata(self) -> dict:
-        return {"world_size": self.world_size, "snapshot_mode": self.mode or self.snapshot_mode}
+        meta = {"world_size": self.world_size, "snapshot_mode": self.mode or self.snapshot_mode, **self.data}
+        if self.early_stop:
+            meta["early_stop"] = True
+        if self.optimizer is not None:
+            meta["optimizer"] = type(self.optimizer).__name__
+        return meta
+
+    def check_metadata(self, ckpt: Checkpoint) -> None:
+        """The adapter's checks, then: the same optimizer class and the same per-rank batch size and
+        dataset size as the checkpoint (recorded since these were added; older checkpoints pass), before
+        anything is read. Raises ShapeMismatchError naming the checkpoint and the difference."""
+        super().check_metadata(ckpt)
+        saved, live = ckpt.metadata, self.metadata()
+        labels = {"optimizer": "optimizer", "batch_size": "batch size per rank", "examples": "examples in the dataset"}
+        for key, label in labels.items():
+            if key in saved and key in live and saved[key] != live[key]:
+                raise ShapeMismatchError(
+                    f"checkpoint {str(ckpt.path)!r} was written with {label} {saved[key]!r}, this run has "
+                    f"{live[key]!r}; resuming would not continue the same training (keep the {label}, or use "
+                    "another checkpoint directory)")
 
     # ------------------------------------------------------------------ capture
     def _rng_state(self) -> dict[str, torch.Tensor]:
@@ -317,6 +356,10 @@ class TorchAdapter(StateAdapter):
         module = unwrap_module(self.model)
         skeleton: dict[str, Any] = {"model": _flatten(dict(module.state_dict(keep_vars=False)), "model", tensors)}
         step_only = {f"model/{name}" for name, _ in module.named_parameters()}
+        if self._mid_accumulation():
+            grads = {name: p.grad for name, p in module.named_parameters() if p.grad is not None}
+            if grads:
+                skeleton["grads"] = _flatten(grads, "grads", tensors)
         for name, obj in self.components.items():
             before = set(tensors)
             skeleton[name] = _flatten(obj.state_dict(), name, tensors)
@@ -453,6 +496,9 @@ class TorchAdapter(StateAdapter):
         unwrap_module(self.model).load_state_dict(_unflatten(state["model"], tensors), strict=True)
         for name, obj in self.components.items():
             obj.load_state_dict(_unflatten(state[name], tensors))
+        grads = _unflatten(state.get("grads", {}), tensors)
+        for name, p in unwrap_module(self.model).named_parameters():
+            p.grad = grads[name].to(p.device).clone() if name in grads else None
         if self.rng and "rng" in state:
             self._set_rng(path, [_unflatten(s, tensors) for s in state["rng"]])
 
@@ -471,7 +517,7 @@ class TorchAdapter(StateAdapter):
     def _check(self, path: Path, state: dict, entries: dict) -> None:
         where = f"checkpoint {str(path)!r}"
         missing = [n for n in ("model", *self.components) if n not in state]
-        unexpected = [n for n in state if n not in ("model", "rng", *self.components)]
+        unexpected = [n for n in state if n not in ("model", "rng", "grads", *self.components)]
         if missing or unexpected:
             raise ShapeMismatchError(
                 f"{where} does not match this run's objects: missing {missing}, not in this run {unexpected}; "
@@ -666,14 +712,30 @@ class TorchCheckpointer:
                  snapshot_mode: str = "auto", rng: bool = True, metadata: Callable[[], dict] | None = None,
                  logger: logging.Logger | None = None) -> None:
         seconds = default_every_seconds() if every_seconds is DEFAULT else every_seconds
+        self.log = logger or logging.getLogger("training.torch")
         self.adapter = TorchAdapter(model, optimizer, scheduler, scaler=scaler, extra=extra, rng=rng,
                                     snapshot_mode=snapshot_mode,
                                     every_seconds=seconds)
-        self.driver = CheckpointDriver(
-            self.adapter, checkpoint_dir=checkpoint_dir, every_steps=every_steps,
-            every_seconds=None if self.adapter.distributed else seconds, background=background, keep=keep,
-            steps_per_epoch=steps_per_epoch, notices=notices, metadata=metadata,
-            logger=logger or logging.getLogger("training.torch"))
+        self._in_step = False  # between a step's yield and the loop asking for the next one
+        self._finished = False
+        with self._exit_on_checkpoint_error():
+            self.driver = CheckpointDriver(
+                self.adapter, checkpoint_dir=checkpoint_dir, every_steps=every_steps,
+                every_seconds=None if self.adapter.distributed else seconds, background=background, keep=keep,
+                steps_per_epoch=steps_per_epoch, notices=notices, metadata=metadata, logger=self.log)
+
+    @contextlib.contextmanager
+    def _exit_on_checkpoint_error(self) -> Iterator[None]:
+        """A checkpoint error that no restart can fix ends the process with the contract's status
+        (docs/contracts.md, :func:`~spot_training.training.core.checkpoint_exit_code`): 74 for storage
+        that is full or unusable, 78 for a checkpoint that cannot serve this job; logged with its
+        message (which names the path). The 4-line recipe needs no mapping of its own."""
+        try:
+            yield
+        except CheckpointError as err:
+            code = checkpoint_exit_code(err)
+            self.log.error("%s (exit %d, restarting will not help): %s", type(err).__name__, code, err)
+            raise SystemExit(code) from err
 
     @property
     def step(self) -> int:
@@ -697,6 +759,7 @@ class TorchCheckpointer:
                       world_size: int | None = None) -> StepSampler:
         """A :class:`StepSampler` that starts at this checkpointer's step when iteration begins
         (pass it as ``DataLoader(..., batch_sampler=...)`` and the loader to :meth:`steps`)."""
+        self.adapter.data = {"batch_size": batch_size, "examples": n}  # a resume with others is refused
         return StepSampler(n, batch_size, seed=seed, start=lambda: self.driver.step, rank=rank, world_size=world_size)
 
     def steps(self, total_steps: int, loader: Iterable | None = None) -> Iterator:
@@ -710,22 +773,65 @@ class TorchCheckpointer:
         when it starts iterating, which would otherwise shift every later draw of a resumed run.
         """
         it = None
-        for step in self.driver.steps(total_steps):
-            if loader is None:
-                yield step
-                continue
-            if it is None:
-                protect_loader_workers(loader)
-                state = torch.get_rng_state()
-                it = iter(loader)
-                torch.set_rng_state(state)
+        with self._exit_on_checkpoint_error():
+            early = self._completed_early(total_steps)
+            if early is not None:  # ckpt.finish() ended this training before total_steps: nothing to run
+                self.driver.restore()
+                self.log.info("training was completed early at step %d (COMPLETED in %s); no step to run",
+                              early, self.driver.directory)
+                self.driver.close()
+                return
+            steps = self.driver.steps(total_steps)
             try:
-                batch = next(it)
-            except StopIteration:
-                raise ValueError(
-                    f"the loader ran out of batches at step {step} of total_steps={total_steps}; give the "
-                    "DataLoader batch_sampler=ckpt.batch_sampler(...) (endless, derived from the step)") from None
-            yield step, batch
+                for step in steps:
+                    if self._finished:
+                        raise RuntimeError(f"ckpt.finish() ended training at step {self.driver.step}; "
+                                           "leave the loop (break) after calling it")
+                    if loader is None:
+                        item = step
+                    else:
+                        if it is None:
+                            protect_loader_workers(loader)
+                            state = torch.get_rng_state()
+                            it = iter(loader)
+                            torch.set_rng_state(state)
+                        try:
+                            batch = next(it)
+                        except StopIteration:
+                            raise ValueError(
+                                f"the loader ran out of batches at step {step} of total_steps={total_steps}; give "
+                                "the DataLoader batch_sampler=ckpt.batch_sampler(...) (endless, derived from the "
+                                "step)") from None
+                        item = (step, batch)
+                    self._in_step = True
+                    try:
+                        yield item
+                    except GeneratorExit:
+                        if not self._finished:
+                            self.log.error(
+                                "the training loop was left at step %d of total_steps=%d without ckpt.finish(): no "
+                                "final checkpoint of this step and no COMPLETED, so the job is not complete and "
+                                "will be restarted; to stop early call ckpt.finish() before break "
+                                "(docs/training-pytorch.md)", step, total_steps)
+                        raise
+                    self._in_step = False
+            finally:
+                steps.close()
+
+    def _completed_early(self, total_steps: int) -> int | None:
+        """The step of a ``COMPLETED`` marker that :meth:`finish` wrote inside the loop (an early stop,
+        recorded in the final checkpoint's metadata) before ``total_steps``, matching the newest checkpoint;
+        None otherwise (no marker, unreadable, a run that completed its own total and is now given more)."""
+        try:
+            marker = json.loads((self.driver.directory / COMPLETED_FILE).read_text(encoding="utf-8"))
+            step = marker["step"]
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+        latest = self.driver.store.latest()
+        if (isinstance(step, int) and latest is not None and latest.step == step < total_steps
+                and latest.metadata.get("early_stop")):
+            return step
+        return None
 
     # For loops that cannot be written as ``for ... in ckpt.steps(...)`` (as CheckpointDriver):
     def install(self) -> "TorchCheckpointer":
@@ -742,8 +848,18 @@ class TorchCheckpointer:
         return self.driver.after_step()
 
     def finish(self) -> Checkpoint | None:
-        """Final checkpoint (waited for), then ``COMPLETED``."""
-        return self.driver.finish()
+        """End training now: the final checkpoint (waited for), then ``COMPLETED``, as after the last
+        step. Inside a ``for ... in ckpt.steps(...)`` loop (early stopping) the step in progress counts
+        as completed (call it after that step's ``optimizer.step()``), then leave the loop with ``break``;
+        the next run restores that checkpoint and yields no step. Returns the final checkpoint (None on
+        ranks that do not write)."""
+        if self._in_step:
+            self.driver.step += 1  # the yielded step ran; after_step never will
+            self._in_step = False
+            self.adapter.early_stop = True  # recorded in the final manifest: a rerun runs no step
+        self._finished = True
+        with self._exit_on_checkpoint_error():
+            return self.driver.finish()
 
     def save(self, *, wait: bool = False) -> Checkpoint | None:
         """Checkpoint now (between steps); see :meth:`CheckpointDriver.save`."""

@@ -47,7 +47,9 @@ def main() -> None:
     p.add_argument("--pin", action="store_true")
     p.add_argument("--accumulate", type=int, default=1)
     p.add_argument("--stop-at", type=int, default=None, help="break out of the loop after this step (early stop)")
+    p.add_argument("--finish-on-stop", action="store_true", help="call ckpt.finish() before the early-stop break")
     p.add_argument("--optimizer", choices=("sgd", "adamw"), default="sgd")
+    p.add_argument("--hidden", type=int, default=32, help="hidden units (another value: a changed model)")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--step-delay", type=float, default=0.0)
     p.add_argument("--every-steps", type=int, default=10)
@@ -60,7 +62,7 @@ def main() -> None:
 
     x, y = load_digits(args.data_dir, "train", layout="NCHW")
     x, y = torch.from_numpy(x).flatten(1), torch.from_numpy(y)
-    model = nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 10))
+    model = nn.Sequential(nn.Linear(64, args.hidden), nn.ReLU(), nn.Linear(args.hidden, 10))
     if args.optimizer == "sgd":
         optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     else:
@@ -82,6 +84,8 @@ def main() -> None:
         if args.step_delay:
             time.sleep(args.step_delay)
         if args.stop_at is not None and step >= args.stop_at:
+            if args.finish_on_stop:
+                ckpt.finish()
             break
     if args.final:
         state = {f"model/{k}": v.numpy() for k, v in model.state_dict().items()}
