@@ -85,6 +85,7 @@ __all__ = [
     "TorchCheckpointer",
     "WORKER_IGNORED_SIGNALS",
     "protect_loader_workers",
+    "worker_draws_random_numbers",
     "unwrap_module",
 ]
 
@@ -688,6 +689,43 @@ def protect_loader_workers(loader: Any) -> Any:
     return loader
 
 
+def worker_draws_random_numbers(loader: Any) -> str | None:
+    """Which global generator a ``DataLoader``'s dataset draws from in ``__getitem__`` when its
+    workers run it (``num_workers > 0``): ``"torch"``, ``"numpy"`` or ``"random"``; None when it draws
+    none, or when it cannot be seen cheaply (an ``IterableDataset``, no workers, another iterable).
+
+    Fetches example 0 once in this process and compares the three generators' states before and
+    after (then puts them back, so nothing changes). Workers seed torch and ``random`` from the
+    loader's base seed, not from the step, so such draws make a resume not bitwise.
+    """
+    if not (isinstance(loader, torch.utils.data.DataLoader) and loader.num_workers > 0):
+        return None
+    dataset = loader.dataset
+    if isinstance(dataset, torch.utils.data.IterableDataset) or not hasattr(dataset, "__getitem__"):
+        return None
+    import random
+
+    import numpy as np
+
+    before = (torch.get_rng_state(), np.random.get_state(), random.getstate())
+    try:
+        dataset[0]
+    except Exception:  # noqa: BLE001 - a dataset that cannot fetch example 0 here: nothing to see
+        return None
+    finally:
+        after = (torch.get_rng_state(), np.random.get_state(), random.getstate())
+        torch.set_rng_state(before[0])
+        np.random.set_state(before[1])
+        random.setstate(before[2])
+    if not torch.equal(before[0], after[0]):
+        return "torch"
+    if any(not np.array_equal(a, b) for a, b in zip(before[1], after[1])):
+        return "numpy"
+    if before[2] != after[2]:
+        return "random"
+    return None
+
+
 # ----------------------------------------------------------------------------- user-facing front-end
 class TorchCheckpointer:
     """Resumable PyTorch training: :class:`TorchAdapter` on :class:`spot_training.training.core.CheckpointDriver`.
@@ -792,6 +830,13 @@ class TorchCheckpointer:
                     else:
                         if it is None:
                             protect_loader_workers(loader)
+                            drawn = worker_draws_random_numbers(loader)
+                            if drawn is not None:
+                                self.log.warning(
+                                    "resume is not exact: the DataLoader's %d workers draw from the %s generator in "
+                                    "the dataset's __getitem__, seeded when iteration starts, not from the step; draw "
+                                    "augmentation in the main process after fetching the batch, or seed it from the "
+                                    "example index and the step (docs/training-pytorch.md)", loader.num_workers, drawn)
                             state = torch.get_rng_state()
                             it = iter(loader)
                             torch.set_rng_state(state)

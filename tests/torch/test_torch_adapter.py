@@ -278,3 +278,29 @@ def test_state_that_is_not_data_is_refused_at_save_naming_the_entry(tmp_path: Pa
     with pytest.raises(ValueError, match=r"'extra.holder/fn'.*builtin_function_or_method.*checkpoints are data"):
         driver.save()
     driver.close()
+
+
+class _NoisyDataset(torch.utils.data.Dataset):
+    def __len__(self) -> int:
+        return 16
+
+    def __getitem__(self, i: int):
+        return torch.tensor([float(i)]) + torch.rand(1)
+
+
+@pytest.mark.parametrize(("noisy", "workers"), [(True, 2), (False, 2), (True, 0)])
+def test_worker_side_randomness_warns_once_that_resume_is_not_exact(tmp_path: Path, caplog, noisy, workers) -> None:
+    dataset = _NoisyDataset() if noisy else torch.utils.data.TensorDataset(torch.arange(16.0)[:, None])
+    ckpt = TorchCheckpointer(torch.nn.Linear(1, 1), checkpoint_dir=tmp_path, every_steps=None, background=False,
+                             notices=_quiet())
+    loader = torch.utils.data.DataLoader(dataset, batch_sampler=ckpt.batch_sampler(16, 4), num_workers=workers)
+    state = torch.get_rng_state()
+    with caplog.at_level("WARNING"):
+        for _ in ckpt.steps(3, loader):
+            pass
+    warned = [r for r in caplog.records if "resume is not exact" in r.getMessage()]
+    assert len(warned) == (1 if noisy and workers else 0)
+    if warned:
+        assert "torch generator" in warned[0].getMessage() and "docs/training-pytorch.md" in warned[0].getMessage()
+    if workers:  # the probe drew nothing for good (without workers the dataset draws in this process)
+        assert torch.equal(torch.get_rng_state(), state)
