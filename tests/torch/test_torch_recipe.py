@@ -107,17 +107,12 @@ def test_early_stop_with_a_bare_break_is_refused_loudly(tmp_path, digits_dir):
     assert "ERROR" in out.stderr and "without ckpt.finish()" in out.stderr, out.stderr[-2000:]
 
 
-@pytest.mark.parametrize("case", ["file", "other-framework", "changed-model"])
+@pytest.mark.parametrize("case", ["file", "other-framework"])
 def test_recipe_failures_exit_with_the_contract_codes(tmp_path, digits_dir, case):
     ckpt_dir = tmp_path / "ckpt"
     expected = 74
     if case == "file":
         ckpt_dir.write_text("not a directory")
-    elif case == "read-only":
-        if os.geteuid() == 0:
-            pytest.skip("root writes into read-only directories")
-        ckpt_dir.mkdir()
-        ckpt_dir.chmod(0o555)
     else:
         expected = 78
         assert run(ckpt_dir, digits_dir, "--steps", "10", "--every-steps", "5").returncode == 0
@@ -125,23 +120,20 @@ def test_recipe_failures_exit_with_the_contract_codes(tmp_path, digits_dir, case
         if case == "other-framework":
             for manifest in ckpt_dir.glob("ckpt-*/manifest.json"):
                 manifest.write_text(manifest.read_text().replace('"pytorch"', '"tensorflow"'))
-    more = ("--optimizer", "sgd") if case != "changed-model" else ()
-    out = run(ckpt_dir, digits_dir, "--steps", "20", *more)
-    if case == "changed-model":
-        out = run(ckpt_dir, digits_dir, "--steps", "20", "--hidden", "16")
+    out = run(ckpt_dir, digits_dir, "--steps", "20")
     assert out.returncode == expected, out.stderr[-2000:]
     assert str(ckpt_dir) in out.stderr and "Traceback" not in out.stderr, out.stderr[-2000:]
 
 
-@pytest.mark.parametrize(("flag", "value", "words"), [("--optimizer", "adamw", "optimizer 'SGD'.*'AdamW'"),
-                                                      ("--batch-size", "16", "batch size per rank 32.*16")])
-def test_changed_optimizer_or_batch_size_is_refused_before_loading(tmp_path, digits_dir, flag, value, words):
+def test_changed_optimizer_or_batch_size_is_refused_before_loading(tmp_path, digits_dir):
     import re
 
     ckpt_dir = tmp_path / "ckpt"
     assert run(ckpt_dir, digits_dir, "--steps", "10", "--every-steps", "5").returncode == 0
     (ckpt_dir / "COMPLETED").unlink()
-    out = run(ckpt_dir, digits_dir, "--steps", "20", flag, value)
-    assert out.returncode == 78, out.stderr[-2000:]
-    assert re.search(rf"ckpt-0*10'.*{words}", out.stderr), out.stderr[-2000:]
-    assert "restored" not in out.stderr
+    for flag, value, words in [("--optimizer", "adamw", "optimizer 'SGD'.*'AdamW'"),
+                               ("--batch-size", "16", "batch size per rank 32.*16")]:
+        out = run(ckpt_dir, digits_dir, "--steps", "20", flag, value)
+        assert out.returncode == 78, (flag, out.stderr[-2000:])
+        assert re.search(rf"ckpt-0*10'.*{words}", out.stderr), (flag, out.stderr[-2000:])
+        assert "restored" not in out.stderr and "Traceback" not in out.stderr, (flag, out.stderr[-2000:])
