@@ -304,3 +304,22 @@ def test_worker_side_randomness_warns_once_that_resume_is_not_exact(tmp_path: Pa
         assert "torch generator" in warned[0].getMessage() and "docs/training-pytorch.md" in warned[0].getMessage()
     if workers:  # the probe drew nothing for good (without workers the dataset draws in this process)
         assert torch.equal(torch.get_rng_state(), state)
+
+
+@pytest.mark.parametrize("background", [True, False])
+def test_a_full_disk_exits_74_without_the_script_mapping_it(tmp_path: Path, monkeypatch, background: bool) -> None:
+    import errno
+
+    from spot_training.training import torch_adapter
+
+    def full(*_args, **_kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(torch_adapter, "write_file", full)
+    ckpt = TorchCheckpointer(torch.nn.Linear(2, 2), checkpoint_dir=tmp_path, every_steps=2, background=background,
+                             notices=_quiet())
+    with pytest.raises(SystemExit) as exited:
+        for _ in ckpt.steps(6):
+            pass
+    assert exited.value.code == 74
+    assert not list(tmp_path.glob("ckpt-*"))  # nothing half-written was committed
