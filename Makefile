@@ -26,7 +26,7 @@ CDK_FLAGS := --no-notices --no-version-reporting
 PYTEST := $(BIN)/python -m pytest
 
 BENCHES := synth checkpoint agent elastic boot move
-.PHONY: setup system-deps test test-unit test-fast demo synth $(addprefix bench-,$(BENCHES)) clean
+.PHONY: setup system-deps test test-unit test-fast demo synth $(addprefix bench-,$(BENCHES)) bench-notice clean
 
 setup: system-deps $(STAMP) $(TORCH_STAMP) $(CHECKOV_STAMP) $(CDK)
 
@@ -100,6 +100,10 @@ demo: setup
 # bench-move: the bytes a move across AZs copies, with and without a periodic snapshot (local EBS block model).
 $(addprefix bench-,$(BENCHES)): bench-%: setup
 	$(BIN)/python bench/bench_$*.py
+
+# bench-notice: the phase drill (PyTorch): notices sent as the agent sends them, per phase (bench/bench_notice.py).
+bench-notice: setup
+	$(TORCH_VENV)/bin/python bench/bench_notice.py
 
 clean:
 	rm -rf cdk.out out .pytest_cache

@@ -54,11 +54,11 @@ save every rank meets at a barrier.
 
 from __future__ import annotations
 
-import base64
+import contextlib
 import json
 import logging
 import os
-import pickle
+import signal
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
@@ -66,7 +66,9 @@ from typing import Any
 
 import torch
 
-from spot_training.training.core import DEFAULT, DEFAULT_KEEP, CheckpointDriver, StateAdapter, default_every_seconds
+from spot_training.contract import COMPLETED_FILE
+from spot_training.training.core import (DEFAULT, DEFAULT_KEEP, CheckpointDriver, StateAdapter, checkpoint_exit_code,
+                                         default_every_seconds)
 from spot_training.training.datasets import batch_indices
 from spot_training.training.notice import NoticeHandler
 from spot_training.training.store import Checkpoint, CheckpointError, ShapeMismatchError, write_file
@@ -75,11 +77,15 @@ __all__ = [
     "DEVICE_HEADROOM_FRACTION",
     "DEVICE_HEADROOM_MIN_BYTES",
     "INDEX_FILE",
+    "IgnoreNoticeSignals",
     "SNAPSHOT_MODES",
     "StepSampler",
     "TENSORS_FILE",
     "TorchAdapter",
     "TorchCheckpointer",
+    "WORKER_IGNORED_SIGNALS",
+    "protect_loader_workers",
+    "worker_draws_random_numbers",
     "unwrap_module",
 ]
 
@@ -111,11 +117,17 @@ def unwrap_module(module: torch.nn.Module) -> torch.nn.Module:
 
 
 # ----------------------------------------------------------------------------- state <-> JSON skeleton
+#: Tags of the JSON skeleton (a dict holding one of these keys is not a plain dict).
+_TAGS = ("__tensor__", "__items__", "__tuple__", "__dtype__", "__device__")
+_ALL_DTYPES = {str(d).removeprefix("torch."): d for d in vars(torch).values() if isinstance(d, torch.dtype)}
+
+
 def _flatten(value: Any, path: str, tensors: dict[str, torch.Tensor]) -> Any:
     """A JSON-able copy of ``value`` with each tensor replaced by ``{"__tensor__": key}`` (the
     tensor goes into ``tensors``). Dicts with non-string keys (optimizer state is keyed by
-    parameter index) and tuples keep their types; a leaf JSON cannot hold (rare: a function in an
-    old scheduler's state) is pickled, because the framework's own state_dict contains it."""
+    parameter index) and tuples keep their types, ``torch.dtype`` and ``torch.device`` values are
+    tagged. A checkpoint is data, never code: any other object raises ValueError naming its place
+    in the state (no pickle, which would run code on restore)."""
     if isinstance(value, torch.Tensor):
         tensors[path] = value
         return {"__tensor__": path}
@@ -130,11 +142,62 @@ def _flatten(value: Any, path: str, tensors: dict[str, torch.Tensor]) -> Any:
         return [_flatten(v, f"{path}/{i}", tensors) for i, v in enumerate(value)]
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
-    return {"__pickle__": base64.b64encode(pickle.dumps(value)).decode("ascii")}
+    if isinstance(value, torch.dtype):
+        return {"__dtype__": str(value).removeprefix("torch.")}
+    if isinstance(value, torch.device):
+        return {"__device__": str(value)}
+    raise ValueError(
+        f"state entry {path!r} is a {type(value).__module__}.{type(value).__qualname__}, which a checkpoint "
+        "cannot hold: only tensors, numbers, strings, None, lists, tuples, dicts, torch.dtype and torch.device "
+        "(checkpoints are data; restoring pickled objects would run code). Keep such objects out of state_dict()")
+
+
+def _check_data(value: Any, where: str, entries: Mapping[str, Any], path: str = "") -> None:
+    """Raise CheckpointError (naming ``where`` and the entry) unless ``value`` is a skeleton
+    :func:`_flatten` writes: plain JSON and the tags of :data:`_TAGS` with well-formed contents, every
+    tensor reference naming a tensor of the index. Runs before anything is read into live objects."""
+    def bad(what: str) -> CheckpointError:
+        return CheckpointError(f"{where}: state entry {path or '/'!r} {what}; a checkpoint holds only data "
+                               "(tensors and JSON), refusing to restore it")
+
+    if isinstance(value, dict):
+        tags = [k for k in value if isinstance(k, str) and k.startswith("__")]
+        if not tags:
+            for k, v in value.items():
+                _check_data(v, where, entries, f"{path}/{k}")
+            return
+        if len(value) != 1 or tags[0] not in _TAGS:
+            raise bad(f"holds {sorted(tags)!r}, not one of the data tags {list(_TAGS)}")
+        tag, inner = tags[0], value[tags[0]]
+        if tag == "__tensor__":
+            if not isinstance(inner, str) or inner not in entries:
+                raise bad(f"refers to tensor {inner!r}, which the index does not list")
+        elif tag == "__items__":
+            if not isinstance(inner, list) or not all(isinstance(kv, list) and len(kv) == 2 for kv in inner):
+                raise bad("is not a list of [key, value] pairs")
+            for k, v in inner:
+                if isinstance(k, (dict, list)):
+                    raise bad(f"has an unhashable key {k!r}")
+                _check_data(v, where, entries, f"{path}/{k}")
+        elif tag == "__tuple__":
+            if not isinstance(inner, list):
+                raise bad("is not a list")
+            for i, v in enumerate(inner):
+                _check_data(v, where, entries, f"{path}/{i}")
+        elif tag == "__dtype__" and inner not in _ALL_DTYPES:
+            raise bad(f"names no torch dtype ({inner!r})")
+        elif tag == "__device__" and not isinstance(inner, str):
+            raise bad(f"names no device ({inner!r})")
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            _check_data(v, where, entries, f"{path}/{i}")
+    elif not (value is None or isinstance(value, (bool, int, float, str))):
+        raise bad(f"is a {type(value).__name__}")
 
 
 def _unflatten(value: Any, tensors: Mapping[str, torch.Tensor] | None) -> Any:
-    """The inverse of :func:`_flatten` (``tensors`` None: tensor references stay ``{"__tensor__": key}``)."""
+    """The inverse of :func:`_flatten` (``tensors`` None: tensor references stay ``{"__tensor__": key}``).
+    Checked by :func:`_check_data` first: nothing here runs code from the checkpoint."""
     if isinstance(value, dict):
         if "__tensor__" in value:
             return value if tensors is None else tensors[value["__tensor__"]]
@@ -142,8 +205,10 @@ def _unflatten(value: Any, tensors: Mapping[str, torch.Tensor] | None) -> Any:
             return {_unflatten(k, tensors): _unflatten(v, tensors) for k, v in value["__items__"]}
         if "__tuple__" in value:
             return tuple(_unflatten(v, tensors) for v in value["__tuple__"])
-        if "__pickle__" in value:
-            return pickle.loads(base64.b64decode(value["__pickle__"]))
+        if "__dtype__" in value:
+            return _ALL_DTYPES[value["__dtype__"]]
+        if "__device__" in value:
+            return torch.device(value["__device__"])
         return {k: _unflatten(v, tensors) for k, v in value.items()}
     if isinstance(value, list):
         return [_unflatten(v, tensors) for v in value]
@@ -228,15 +293,51 @@ class TorchAdapter(StateAdapter):
         self._stream: torch.cuda.Stream | None = None
         self._copy_event: torch.cuda.Event | None = None
         self._hooks = []
+        #: ``{"batch_size", "examples"}`` of the data position (set by TorchCheckpointer.batch_sampler).
+        self.data: dict[str, int] = {}
+        self.early_stop = False  # TorchCheckpointer.finish() ended training inside the loop
+        self._optimizer_steps = 0  # optimizer.step() calls so far
+        self._optimizer_steps_at_boundary = 0  # ... when the last step boundary was passed
         if optimizer is not None and hasattr(optimizer, "register_step_pre_hook"):
             self._hooks.append(optimizer.register_step_pre_hook(lambda *_args, **_kw: self.wait_for_snapshot()))
+            self._hooks.append(optimizer.register_step_post_hook(lambda *_args, **_kw: self._count_optimizer_step()))
+
+    def _count_optimizer_step(self) -> None:
+        self._optimizer_steps += 1
+
+    def at_step(self, step: int) -> None:
+        self._optimizer_steps_at_boundary = self._optimizer_steps
+
+    def _mid_accumulation(self) -> bool:
+        """True when the step that just ended ran backward but no ``optimizer.step()`` (gradient
+        accumulation between optimizer steps): the gradients are then part of the training state."""
+        return self.optimizer is not None and self._optimizer_steps == self._optimizer_steps_at_boundary
 
     # ------------------------------------------------------------------ metadata
     def framework_version(self) -> str:
         return f"torch {torch.__version__}"
 
     def metadata(self) -> dict:
-        return {"world_size": self.world_size, "snapshot_mode": self.mode or self.snapshot_mode}
+        meta = {"world_size": self.world_size, "snapshot_mode": self.mode or self.snapshot_mode, **self.data}
+        if self.early_stop:
+            meta["early_stop"] = True
+        if self.optimizer is not None:
+            meta["optimizer"] = type(self.optimizer).__name__
+        return meta
+
+    def check_metadata(self, ckpt: Checkpoint) -> None:
+        """The adapter's checks, then: the same optimizer class and the same per-rank batch size and
+        dataset size as the checkpoint (recorded since these were added; older checkpoints pass), before
+        anything is read. Raises ShapeMismatchError naming the checkpoint and the difference."""
+        super().check_metadata(ckpt)
+        saved, live = ckpt.metadata, self.metadata()
+        labels = {"optimizer": "optimizer", "batch_size": "batch size per rank", "examples": "examples in the dataset"}
+        for key, label in labels.items():
+            if key in saved and key in live and saved[key] != live[key]:
+                raise ShapeMismatchError(
+                    f"checkpoint {str(ckpt.path)!r} was written with {label} {saved[key]!r}, this run has "
+                    f"{live[key]!r}; resuming would not continue the same training (keep the {label}, or use "
+                    "another checkpoint directory)")
 
     # ------------------------------------------------------------------ capture
     def _rng_state(self) -> dict[str, torch.Tensor]:
@@ -256,6 +357,10 @@ class TorchAdapter(StateAdapter):
         module = unwrap_module(self.model)
         skeleton: dict[str, Any] = {"model": _flatten(dict(module.state_dict(keep_vars=False)), "model", tensors)}
         step_only = {f"model/{name}" for name, _ in module.named_parameters()}
+        if self._mid_accumulation():
+            grads = {name: p.grad for name, p in module.named_parameters() if p.grad is not None}
+            if grads:
+                skeleton["grads"] = _flatten(grads, "grads", tensors)
         for name, obj in self.components.items():
             before = set(tensors)
             skeleton[name] = _flatten(obj.state_dict(), name, tensors)
@@ -376,6 +481,9 @@ class TorchAdapter(StateAdapter):
         if index.get("format") != _INDEX_FORMAT:
             raise CheckpointError(f"checkpoint {str(path)!r}: index format {index.get('format')!r}, "
                                   f"this version reads {_INDEX_FORMAT}")
+        if not isinstance(state, dict):
+            raise CheckpointError(f"checkpoint {str(path)!r}: {INDEX_FILE} holds no state mapping")
+        _check_data(state, f"checkpoint {str(path / INDEX_FILE)!r}", entries)
         self._check(path, state, entries)
         tensors: dict[str, torch.Tensor] = {}
         with open(path / TENSORS_FILE, "rb") as f:
@@ -389,6 +497,9 @@ class TorchAdapter(StateAdapter):
         unwrap_module(self.model).load_state_dict(_unflatten(state["model"], tensors), strict=True)
         for name, obj in self.components.items():
             obj.load_state_dict(_unflatten(state[name], tensors))
+        grads = _unflatten(state.get("grads", {}), tensors)
+        for name, p in unwrap_module(self.model).named_parameters():
+            p.grad = grads[name].to(p.device).clone() if name in grads else None
         if self.rng and "rng" in state:
             self._set_rng(path, [_unflatten(s, tensors) for s in state["rng"]])
 
@@ -407,7 +518,7 @@ class TorchAdapter(StateAdapter):
     def _check(self, path: Path, state: dict, entries: dict) -> None:
         where = f"checkpoint {str(path)!r}"
         missing = [n for n in ("model", *self.components) if n not in state]
-        unexpected = [n for n in state if n not in ("model", "rng", *self.components)]
+        unexpected = [n for n in state if n not in ("model", "rng", "grads", *self.components)]
         if missing or unexpected:
             raise ShapeMismatchError(
                 f"{where} does not match this run's objects: missing {missing}, not in this run {unexpected}; "
@@ -532,6 +643,89 @@ class StepSampler(torch.utils.data.Sampler):
         return max(0, self.total_steps - start)
 
 
+# ----------------------------------------------------------------------------- loader workers
+#: Signals a DataLoader worker ignores: the node agent's notice (SIGTERM) and checkpoint request
+#: (SIGUSR1, whose default action also terminates) may be sent to the trainer's whole process group.
+WORKER_IGNORED_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+
+
+class IgnoreNoticeSignals:
+    """A ``DataLoader`` ``worker_init_fn`` that makes the worker ignore :data:`WORKER_IGNORED_SIGNALS`,
+    then calls the user's own ``worker_init_fn`` (if any).
+
+    A SIGTERM sent to the trainer's process group also reaches the loader's worker processes; torch's
+    worker-side handler (installed before ``worker_init_fn`` runs) lets it kill them, and the main
+    process's SIGCHLD handler then raises ``RuntimeError: DataLoader worker (pid N) is killed by signal:
+    Terminated`` in the middle of the notice save. Ignored, the workers keep serving batches until the
+    main process has saved and exits; they leave with it (torch's workers stop when their iterator is
+    shut down or their parent is gone). A module-level class, so that it pickles for the ``spawn`` and
+    ``forkserver`` start methods.
+
+    Args:
+        init_fn: the loader's original ``worker_init_fn`` (called with the worker id), or None.
+    """
+
+    def __init__(self, init_fn: Callable[[int], Any] | None = None) -> None:
+        self.init_fn = init_fn
+
+    def __call__(self, worker_id: int) -> None:
+        for sig in WORKER_IGNORED_SIGNALS:
+            signal.signal(sig, signal.SIG_IGN)
+        if self.init_fn is not None:
+            self.init_fn(worker_id)
+
+
+def protect_loader_workers(loader: Any) -> Any:
+    """Make a ``torch.utils.data.DataLoader`` with ``num_workers > 0`` start workers that survive a
+    notice sent to the whole process group (:class:`IgnoreNoticeSignals` wraps its ``worker_init_fn``).
+    Other iterables, loaders without workers and loaders already protected are returned unchanged.
+    Call it before the loader's first ``iter()`` (persistent workers keep the function they started with).
+
+    Returns ``loader``.
+    """
+    if (isinstance(loader, torch.utils.data.DataLoader) and loader.num_workers > 0
+            and not isinstance(loader.worker_init_fn, IgnoreNoticeSignals)):
+        loader.worker_init_fn = IgnoreNoticeSignals(loader.worker_init_fn)
+    return loader
+
+
+def worker_draws_random_numbers(loader: Any) -> str | None:
+    """Which global generator a ``DataLoader``'s dataset draws from in ``__getitem__`` when its
+    workers run it (``num_workers > 0``): ``"torch"``, ``"numpy"`` or ``"random"``; None when it draws
+    none, or when it cannot be seen cheaply (an ``IterableDataset``, no workers, another iterable).
+
+    Fetches example 0 once in this process and compares the three generators' states before and
+    after (then puts them back, so nothing changes). Workers seed torch and ``random`` from the
+    loader's base seed, not from the step, so such draws make a resume not bitwise.
+    """
+    if not (isinstance(loader, torch.utils.data.DataLoader) and loader.num_workers > 0):
+        return None
+    dataset = loader.dataset
+    if isinstance(dataset, torch.utils.data.IterableDataset) or not hasattr(dataset, "__getitem__"):
+        return None
+    import random
+
+    import numpy as np
+
+    before = (torch.get_rng_state(), np.random.get_state(), random.getstate())
+    try:
+        dataset[0]
+    except Exception:  # noqa: BLE001 - a dataset that cannot fetch example 0 here: nothing to see
+        return None
+    finally:
+        after = (torch.get_rng_state(), np.random.get_state(), random.getstate())
+        torch.set_rng_state(before[0])
+        np.random.set_state(before[1])
+        random.setstate(before[2])
+    if not torch.equal(before[0], after[0]):
+        return "torch"
+    if any(not np.array_equal(a, b) for a, b in zip(before[1], after[1])):
+        return "numpy"
+    if before[2] != after[2]:
+        return "random"
+    return None
+
+
 # ----------------------------------------------------------------------------- user-facing front-end
 class TorchCheckpointer:
     """Resumable PyTorch training: :class:`TorchAdapter` on :class:`spot_training.training.core.CheckpointDriver`.
@@ -556,14 +750,30 @@ class TorchCheckpointer:
                  snapshot_mode: str = "auto", rng: bool = True, metadata: Callable[[], dict] | None = None,
                  logger: logging.Logger | None = None) -> None:
         seconds = default_every_seconds() if every_seconds is DEFAULT else every_seconds
+        self.log = logger or logging.getLogger("training.torch")
         self.adapter = TorchAdapter(model, optimizer, scheduler, scaler=scaler, extra=extra, rng=rng,
                                     snapshot_mode=snapshot_mode,
                                     every_seconds=seconds)
-        self.driver = CheckpointDriver(
-            self.adapter, checkpoint_dir=checkpoint_dir, every_steps=every_steps,
-            every_seconds=None if self.adapter.distributed else seconds, background=background, keep=keep,
-            steps_per_epoch=steps_per_epoch, notices=notices, metadata=metadata,
-            logger=logger or logging.getLogger("training.torch"))
+        self._in_step = False  # between a step's yield and the loop asking for the next one
+        self._finished = False
+        with self._exit_on_checkpoint_error():
+            self.driver = CheckpointDriver(
+                self.adapter, checkpoint_dir=checkpoint_dir, every_steps=every_steps,
+                every_seconds=None if self.adapter.distributed else seconds, background=background, keep=keep,
+                steps_per_epoch=steps_per_epoch, notices=notices, metadata=metadata, logger=self.log)
+
+    @contextlib.contextmanager
+    def _exit_on_checkpoint_error(self) -> Iterator[None]:
+        """A checkpoint error that no restart can fix ends the process with the contract's status
+        (docs/contracts.md, :func:`~spot_training.training.core.checkpoint_exit_code`): 74 for storage
+        that is full or unusable, 78 for a checkpoint that cannot serve this job; logged with its
+        message (which names the path). The 4-line recipe needs no mapping of its own."""
+        try:
+            yield
+        except CheckpointError as err:
+            code = checkpoint_exit_code(err)
+            self.log.error("%s (exit %d, restarting will not help): %s", type(err).__name__, code, err)
+            raise SystemExit(code) from err
 
     @property
     def step(self) -> int:
@@ -587,6 +797,7 @@ class TorchCheckpointer:
                       world_size: int | None = None) -> StepSampler:
         """A :class:`StepSampler` that starts at this checkpointer's step when iteration begins
         (pass it as ``DataLoader(..., batch_sampler=...)`` and the loader to :meth:`steps`)."""
+        self.adapter.data = {"batch_size": batch_size, "examples": n}  # a resume with others is refused
         return StepSampler(n, batch_size, seed=seed, start=lambda: self.driver.step, rank=rank, world_size=world_size)
 
     def steps(self, total_steps: int, loader: Iterable | None = None) -> Iterator:
@@ -600,21 +811,72 @@ class TorchCheckpointer:
         when it starts iterating, which would otherwise shift every later draw of a resumed run.
         """
         it = None
-        for step in self.driver.steps(total_steps):
-            if loader is None:
-                yield step
-                continue
-            if it is None:
-                state = torch.get_rng_state()
-                it = iter(loader)
-                torch.set_rng_state(state)
+        with self._exit_on_checkpoint_error():
+            early = self._completed_early(total_steps)
+            if early is not None:  # ckpt.finish() ended this training before total_steps: nothing to run
+                self.driver.restore()
+                self.log.info("training was completed early at step %d (COMPLETED in %s); no step to run",
+                              early, self.driver.directory)
+                self.driver.close()
+                return
+            steps = self.driver.steps(total_steps)
             try:
-                batch = next(it)
-            except StopIteration:
-                raise ValueError(
-                    f"the loader ran out of batches at step {step} of total_steps={total_steps}; give the "
-                    "DataLoader batch_sampler=ckpt.batch_sampler(...) (endless, derived from the step)") from None
-            yield step, batch
+                for step in steps:
+                    if self._finished:
+                        raise RuntimeError(f"ckpt.finish() ended training at step {self.driver.step}; "
+                                           "leave the loop (break) after calling it")
+                    if loader is None:
+                        item = step
+                    else:
+                        if it is None:
+                            protect_loader_workers(loader)
+                            drawn = worker_draws_random_numbers(loader)
+                            if drawn is not None:
+                                self.log.warning(
+                                    "resume is not exact: the DataLoader's %d workers draw from the %s generator in "
+                                    "the dataset's __getitem__, seeded when iteration starts, not from the step; draw "
+                                    "augmentation in the main process after fetching the batch, or seed it from the "
+                                    "example index and the step (docs/training-pytorch.md)", loader.num_workers, drawn)
+                            state = torch.get_rng_state()
+                            it = iter(loader)
+                            torch.set_rng_state(state)
+                        try:
+                            batch = next(it)
+                        except StopIteration:
+                            raise ValueError(
+                                f"the loader ran out of batches at step {step} of total_steps={total_steps}; give "
+                                "the DataLoader batch_sampler=ckpt.batch_sampler(...) (endless, derived from the "
+                                "step)") from None
+                        item = (step, batch)
+                    self._in_step = True
+                    try:
+                        yield item
+                    except GeneratorExit:
+                        if not self._finished:
+                            self.log.error(
+                                "the training loop was left at step %d of total_steps=%d without ckpt.finish(): no "
+                                "final checkpoint of this step and no COMPLETED, so the job is not complete and "
+                                "will be restarted; to stop early call ckpt.finish() before break "
+                                "(docs/training-pytorch.md)", step, total_steps)
+                        raise
+                    self._in_step = False
+            finally:
+                steps.close()
+
+    def _completed_early(self, total_steps: int) -> int | None:
+        """The step of a ``COMPLETED`` marker that :meth:`finish` wrote inside the loop (an early stop,
+        recorded in the final checkpoint's metadata) before ``total_steps``, matching the newest checkpoint;
+        None otherwise (no marker, unreadable, a run that completed its own total and is now given more)."""
+        try:
+            marker = json.loads((self.driver.directory / COMPLETED_FILE).read_text(encoding="utf-8"))
+            step = marker["step"]
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+        latest = self.driver.store.latest()
+        if (isinstance(step, int) and latest is not None and latest.step == step < total_steps
+                and latest.metadata.get("early_stop")):
+            return step
+        return None
 
     # For loops that cannot be written as ``for ... in ckpt.steps(...)`` (as CheckpointDriver):
     def install(self) -> "TorchCheckpointer":
@@ -631,8 +893,18 @@ class TorchCheckpointer:
         return self.driver.after_step()
 
     def finish(self) -> Checkpoint | None:
-        """Final checkpoint (waited for), then ``COMPLETED``."""
-        return self.driver.finish()
+        """End training now: the final checkpoint (waited for), then ``COMPLETED``, as after the last
+        step. Inside a ``for ... in ckpt.steps(...)`` loop (early stopping) the step in progress counts
+        as completed (call it after that step's ``optimizer.step()``), then leave the loop with ``break``;
+        the next run restores that checkpoint and yields no step. Returns the final checkpoint (None on
+        ranks that do not write)."""
+        if self._in_step:
+            self.driver.step += 1  # the yielded step ran; after_step never will
+            self._in_step = False
+            self.adapter.early_stop = True  # recorded in the final manifest: a rerun runs no step
+        self._finished = True
+        with self._exit_on_checkpoint_error():
+            return self.driver.finish()
 
     def save(self, *, wait: bool = False) -> Checkpoint | None:
         """Checkpoint now (between steps); see :meth:`CheckpointDriver.save`."""

@@ -218,3 +218,109 @@ def test_a_torchrun_launch_without_a_process_group_is_refused(monkeypatch) -> No
     monkeypatch.setenv("WORLD_SIZE", "2")
     with pytest.raises(ValueError, match="WORLD_SIZE=2.*init_process_group"):
         TorchAdapter(torch.nn.Linear(1, 1))
+
+
+class _Payload:
+    """Pickles to a call that creates ``marker``: what an attacker plants in a checkpoint."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return open, (str(self.marker), "w")
+
+
+def test_a_planted_pickle_payload_never_runs_and_the_checkpoint_is_refused(tmp_path: Path) -> None:
+    import base64
+    import pickle
+
+    from spot_training.training import store as store_module
+    from spot_training.training.store import MANIFEST_NAME, CheckpointError
+
+    objs = _objects()
+    driver = CheckpointDriver(TorchAdapter(*objs[:3]), checkpoint_dir=tmp_path / "ckpt", notices=_quiet())
+    _train(*objs, steps=1)
+    driver.step = 1
+    ckpt = driver.save(wait=True)
+    driver.close()
+    marker = tmp_path / "pwned"
+    index = json.loads((ckpt.path / INDEX_FILE).read_text())
+    index["state"]["optimizer"]["param_groups"][0]["lr"] = {
+        "__pickle__": base64.b64encode(pickle.dumps(_Payload(marker))).decode()}
+    (ckpt.path / INDEX_FILE).write_text(json.dumps(index))
+    # Whoever can write the directory can also make the manifest's checksums match.
+    manifest = json.loads((ckpt.path / MANIFEST_NAME).read_text())
+    for rel, entry in manifest["files"].items():
+        entry.update(size=(ckpt.path / rel).stat().st_size, sha256=store_module._file_sha256(ckpt.path / rel))
+    manifest["checksum"] = store_module._combined_checksum(manifest["files"])
+    (ckpt.path / MANIFEST_NAME).write_text(json.dumps(manifest))
+
+    fresh = _objects()
+    before = {k: v.clone() for k, v in fresh[0].state_dict().items()}
+    driver2 = CheckpointDriver(TorchAdapter(*fresh[:3]), checkpoint_dir=tmp_path / "ckpt", notices=_quiet())
+    with pytest.raises(CheckpointError, match=r"index\.json.*param_groups/0/lr.*__pickle__.*refusing"):
+        driver2.restore()
+    assert not marker.exists(), "the checkpoint ran code on restore"
+    assert all(torch.equal(before[k], v) for k, v in fresh[0].state_dict().items())
+
+
+def test_state_that_is_not_data_is_refused_at_save_naming_the_entry(tmp_path: Path) -> None:
+    class Holder:
+        def state_dict(self):
+            return {"fn": print}
+
+        def load_state_dict(self, state):
+            pass
+
+    model = torch.nn.Linear(2, 2)
+    driver = CheckpointDriver(TorchAdapter(model, extra={"holder": Holder()}), checkpoint_dir=tmp_path,
+                              notices=_quiet(), background=False)
+    driver.step = 1
+    with pytest.raises(ValueError, match=r"'extra.holder/fn'.*builtin_function_or_method.*checkpoints are data"):
+        driver.save()
+    driver.close()
+
+
+class _NoisyDataset(torch.utils.data.Dataset):
+    def __len__(self) -> int:
+        return 16
+
+    def __getitem__(self, i: int):
+        return torch.tensor([float(i)]) + torch.rand(1)
+
+
+@pytest.mark.parametrize(("noisy", "workers"), [(True, 2), (False, 2), (True, 0)])
+def test_worker_side_randomness_warns_once_that_resume_is_not_exact(tmp_path: Path, caplog, noisy, workers) -> None:
+    dataset = _NoisyDataset() if noisy else torch.utils.data.TensorDataset(torch.arange(16.0)[:, None])
+    ckpt = TorchCheckpointer(torch.nn.Linear(1, 1), checkpoint_dir=tmp_path, every_steps=None, background=False,
+                             notices=_quiet())
+    loader = torch.utils.data.DataLoader(dataset, batch_sampler=ckpt.batch_sampler(16, 4), num_workers=workers)
+    state = torch.get_rng_state()
+    with caplog.at_level("WARNING"):
+        for _ in ckpt.steps(3, loader):
+            pass
+    warned = [r for r in caplog.records if "resume is not exact" in r.getMessage()]
+    assert len(warned) == (1 if noisy and workers else 0)
+    if warned:
+        assert "torch generator" in warned[0].getMessage() and "docs/training-pytorch.md" in warned[0].getMessage()
+    if workers:  # the probe drew nothing for good (without workers the dataset draws in this process)
+        assert torch.equal(torch.get_rng_state(), state)
+
+
+@pytest.mark.parametrize("background", [True, False])
+def test_a_full_disk_exits_74_without_the_script_mapping_it(tmp_path: Path, monkeypatch, background: bool) -> None:
+    import errno
+
+    from spot_training.training import torch_adapter
+
+    def full(*_args, **_kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(torch_adapter, "write_file", full)
+    ckpt = TorchCheckpointer(torch.nn.Linear(2, 2), checkpoint_dir=tmp_path, every_steps=2, background=background,
+                             notices=_quiet())
+    with pytest.raises(SystemExit) as exited:
+        for _ in ckpt.steps(6):
+            pass
+    assert exited.value.code == 74
+    assert not list(tmp_path.glob("ckpt-*"))  # nothing half-written was committed

@@ -128,6 +128,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     parser.add_argument("--compile", nargs="?", const="inductor", default=None, metavar="BACKEND",
                         help="train a torch.compile'd model (default backend inductor)")
+    parser.add_argument("--num-workers", type=int, default=0,
+                        help="DataLoader worker processes (persistent; they ignore the notice signals)")
     parser.add_argument("--step-delay", type=float, default=0.0,
                         help="sleep this many seconds after each step (tests use it to land signals mid-run)")
     parser.add_argument("--save-final-weights", type=Path, default=None,
@@ -209,7 +211,8 @@ def train(argv=None) -> int:
                              background=not args.sync, keep=args.keep, steps_per_epoch=spe, notices=notices,
                              snapshot_mode=args.snapshot_mode)
     dataset = TensorDataset(torch.from_numpy(x_train), torch.from_numpy(y_train))
-    loader = DataLoader(dataset, batch_sampler=ckpt.batch_sampler(n, bs, seed=args.seed))  # resumable
+    loader = DataLoader(dataset, batch_sampler=ckpt.batch_sampler(n, bs, seed=args.seed),  # resumable
+                        num_workers=args.num_workers, persistent_workers=args.num_workers > 0)
 
     log_path = (args.log_dir or default_log_dir()) / LOG_NAME
     log_file = writer = None
