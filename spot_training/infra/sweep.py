@@ -20,7 +20,8 @@ on EFS (docs/sweeps.md). Built only from aws-cdk-lib's ``aws_batch`` L2s; no sch
 - Storage: an encrypted EFS file system with one access point (:class:`SharedFileSystem`), mounted
   with TLS and the job role's IAM authorization at :data:`spot_training.contract.SWEEP_MOUNT_POINT`;
   an encrypted, SSL-only S3 bucket for the manifests.
-- IAM: the job role may read the manifests and mount/write this file system only; the execution
+- IAM: the job role may read the manifests, write under their ``sweeps/`` prefix (each child's
+  metrics and attempts) and mount/write this file system only; the execution
   role pulls the one image repository and writes the job log group.
 
 The image (``image_uri``): no ``DockerImageAsset`` (it would need a Docker daemon at synth); the
@@ -174,6 +175,8 @@ class ParallelExperiments(constructs.Construct):
         self.job_role = iam.Role(self, "JobRole", assumed_by=iam.ServicePrincipal("ecs-tasks.amazonaws.com"),
                                  description="A sweep child: read the manifests, mount and write the sweep file system")
         self.manifest_bucket.grant_read(self.job_role)
+        # Each child mirrors its metrics.json and attempts.json under sweeps/ for spot-train sweep.
+        self.manifest_bucket.grant_put(self.job_role, "sweeps/*")
         self.file_system.file_system.grant_read_write(self.job_role)
         self.execution_role = iam.Role(self, "ExecutionRole", assumed_by=iam.ServicePrincipal("ecs-tasks.amazonaws.com"),
                                        description="Pull the sweep image, write the job log group")
@@ -209,6 +212,10 @@ class ParallelExperiments(constructs.Construct):
                 "(grant_read): manifest keys are made per sweep at submit time.",
                 applies_to=["Action::s3:GetBucket*", "Action::s3:GetObject*", "Action::s3:List*",
                             cdk_nag.RegexAppliesTo(regex=r"/^Resource::<.*ManifestBucket[0-9A-F]{8}\.Arn>\/\*$/g")]),
+            cdk_nag.NagPackSuppression(
+                id="AwsSolutions-IAM5", reason="s3:PutObject* (grant_put) only under the bucket's sweeps/ prefix: each "
+                "child mirrors its metrics.json and attempts.json to sweeps/<sweep>/<index>/, keys made at run time.",
+                applies_to=["Action::s3:Abort*", cdk_nag.RegexAppliesTo(regex=r"/^Resource::<.*ManifestBucket[0-9A-F]{8}\.Arn>\/sweeps\/\*$/g")]),
             cdk_nag.NagPackSuppression(
                 id="AwsSolutions-IAM5", reason="ecr:GetAuthorizationToken, which supports no resource-level "
                 "permissions (ECR User Guide, 'Private registry authentication'); the image pull itself is "
