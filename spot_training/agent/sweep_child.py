@@ -11,7 +11,7 @@ AWS Batch runs ``python -m spot_training.agent.sweep_child -- COMMAND`` in every
    to ``<mount>/<sweep>/<index>/params.json`` (the seed's ``/storage/<index>/``);
 3. runs ``COMMAND --key value ...`` (one option per parameter) with the trainer environment of a
    node (``SPOT_TRAINING_CHECKPOINT_DIR`` = ``<index dir>/checkpoints``, ``SPOT_TRAINING_LOG_DIR`` =
-   ``<index dir>/logs``): the script does not know whether it runs on a fleet node, a cluster or a
+   ``<index dir>/logs``, working directory ``<index dir>``): the script does not know whether it runs on a fleet node, a cluster or a
    sweep. On attempt > 1 it resumes from the last committed checkpoint (the store reads only what
    ``LATEST`` names and ignores temporary directories); on attempt 1 a committed checkpoint in the
    folder means the folder belongs to an earlier run, and the child stops (exit 78) instead of
@@ -310,7 +310,9 @@ class SweepChild:
 
         previous = signal.signal(signal.SIGTERM, on_term)
         try:
-            self.group = ProcessGroup.start(argv, cwd=self.env.get("PWD") or os.getcwd(), env=env,
+            # The index's folder is the trainer's working directory: relative paths (a final model, as the
+            # seed's /storage/<index>/model/) land beside its checkpoints, one folder per index.
+            self.group = ProcessGroup.start(argv, cwd=self.dir, env=env,
                                             log_path=self.log_dir / f"trainer-attempt-{self.attempt}.log")
             while self.group.poll() is None:
                 watcher.tick()

@@ -54,8 +54,8 @@ def sweep_stack(cloudformation: Any, stack: str) -> SweepStack:
         raise OperationsError(f"stack {stack!r} not found: {error}", Exit.STACK_NOT_FOUND) from None
     found: dict[str, str] = {}
     for r in resources:
-        kind = r["ResourceType"]
-        if kind == "AWS::S3::Bucket" and "ManifestBucket" in r["LogicalResourceId"]:
+        kind = r.get("ResourceType", "")
+        if kind == "AWS::S3::Bucket" and "ManifestBucket" in r.get("LogicalResourceId", ""):
             found["bucket"] = r["PhysicalResourceId"]
         elif kind in ("AWS::Batch::JobQueue", "AWS::Batch::JobDefinition"):
             found[kind.rsplit(":", 1)[-1]] = r["PhysicalResourceId"]
