@@ -278,3 +278,23 @@ def passed(report: dict[str, Any], options: SweepDrillOptions) -> bool:
         and all(c["cost_usd"] is not None for c in children) and report["best"]
         and report.get("orphans_after_destroy") == []
     )
+
+
+def cmd_sweep_drill(args: Any) -> int:
+    """``spot-train local drill --sweep``: run the drill, print the report's summary; exit 0 passed, 1 failed."""
+    options = SweepDrillOptions(work_dir=args.work_dir if args.work_dir is not None else SweepDrillOptions.work_dir,
+                                stack=args.stack if args.stack is not None else SweepDrillOptions.stack,
+                                timeout_s=args.timeout if args.timeout is not None else SweepDrillOptions.timeout_s)
+    try:
+        report = run_sweep_drill(options, on_event=lambda e: print(f"[{e['t']:7.1f}s] {e['event']}: "
+                                                                      f"{e.get('message') or e.get('job_id', '')}", flush=True))
+    except ValueError as error:
+        print(f"spot-train: error: {error}", file=sys.stderr)
+        return 2
+    for child in report["children"]:
+        print(f"index {child['index']}: {child['state']:<9} attempts {child['attempts']} reclaims {child['reclaims']} "
+              f"lost steps {child['lost_steps']} accuracy {child['accuracy']} cost {child['cost_usd']} USD"
+              + (f" matches uninterrupted: {child['matches_uninterrupted_run']}" if "matches_uninterrupted_run" in child else ""))
+    print(f"orphans after destroy: {report['orphans_after_destroy']}; error: {report['error']}; passed: {report['passed']}")
+    print(f"report: {Path(report['work_dir']) / 'report.json'}")
+    return 0 if report["passed"] else 1
