@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from spot_training import contract
+from spot_training.agent.supervisor import descendants
 from spot_training.local.imds_emulator import ImdsEmulator
 from spot_training.local.nodes import signal_group
 
@@ -362,10 +363,18 @@ class LocalBatch:
                     "instance_id": instance["InstanceId"], "instance_type": instance_type, "availability_zone": zone})
 
     def _take_host(self, attempt: _Attempt) -> None:
-        """The host goes away: everything on it dies at once (SIGKILL), the instance is terminated."""
+        """The host goes away: everything on it dies at once (SIGKILL), the instance is terminated.
+        Every descendant too: the child starts the trainer in a session of its own, which a signal to
+        the child's group alone would leave running (the descendants are listed before any signal)."""
         if attempt.status_reason is None:
             attempt.status_reason = contract.BATCH_HOST_TERMINATED_REASON.format(instance_id=attempt.instance_id)
+        pids = descendants(attempt.process.pid)
         signal_group(attempt.process.pid, signal.SIGKILL)
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
     def _end_attempt(self, job: _ArrayJob, child: _Child, attempt: _Attempt, *, final: bool = False) -> None:
         attempt.process.wait()

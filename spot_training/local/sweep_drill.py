@@ -107,7 +107,39 @@ def batch_orphans(endpoint_url: str, stack: str) -> list[str]:
     return out
 
 
-def _empty_bucket(s3: Any, bucket: str) -> None:
+def deployed_batch(server: MotoServer, stack_name: str, *, work_dir: Path, instance_types: tuple[str, ...], max_running: int,
+                   on_event: Callable[[dict[str, Any]], None] | None = None, notice_poll_interval_s: float = 0.5) -> tuple[LocalBatch, Any, Any]:
+    """A :class:`LocalBatch` for the deployed SpotSweep stack ``stack_name`` (its job definition as
+    deployed, its subnets), its :class:`spot_training.ops.sweep.SweepStack` and an S3 client. The
+    children reach the local AWS through the server's environment and poll their IMDS every
+    ``notice_poll_interval_s`` seconds. Also used by bench/bench_sweep.py."""
+    from spot_training.ops import sweep as sweep_ops
+
+    cloudformation, s3, ec2 = client(server.endpoint_url, "cloudformation"), client(server.endpoint_url, "s3"), client(server.endpoint_url, "ec2")
+    stack = sweep_ops.sweep_stack(cloudformation, stack_name)
+    job_definition = client(server.endpoint_url, "batch").describe_job_definitions(jobDefinitions=[stack.job_definition])["jobDefinitions"][0]
+    vpc = [r["PhysicalResourceId"] for r in cloudformation.describe_stack_resources(StackName=stack_name)["StackResources"]
+           if r.get("ResourceType") == "AWS::EC2::VPC"][0]
+    subnets = {s["AvailabilityZone"]: s["SubnetId"] for s in ec2.describe_subnets(Filters=[{"Name": "vpc-id", "Values": [vpc]}])["Subnets"]}
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    environment.update({**server.env(), "SPOT_TRAINING_NOTICE_POLL_INTERVAL_S": str(notice_poll_interval_s),
+                        "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
+    batch = LocalBatch(ec2=ec2, job_definition=job_definition, subnets=subnets, instance_types=instance_types,
+                       efs_dir=work_dir / "efs", work_dir=work_dir, stack=stack_name, environment=environment,
+                       max_running=max_running, on_event=on_event)
+    return batch, stack, s3
+
+
+#: The CDK context of a local SpotSweep deployment (the image is never pulled locally).
+def local_sweep_context(instance_types: tuple[str, ...]) -> dict[str, str]:
+    """``-c`` keys that make SpotSweep deployable to the moto server (pinned AZs, no flow logs, CPU children)."""
+    return {"account": "123456789012", "region": "us-east-1", "availability_zones": "us-east-1a,us-east-1b",
+            "vpc_flow_logs": "false", "sweep_image": "local/spot-training-sweep:latest", "sweep_gpus": "0",
+            "sweep_instance_types": ",".join(instance_types)}
+
+
+def empty_bucket(s3: Any, bucket: str) -> None:
+    """Delete every object version and delete marker in ``bucket`` (a versioned bucket is deleted only empty)."""
     for page in s3.get_paginator("list_object_versions").paginate(Bucket=bucket):
         for item in page.get("Versions", []) + page.get("DeleteMarkers", []):
             s3.delete_object(Bucket=bucket, Key=item["Key"], VersionId=item["VersionId"])
@@ -146,9 +178,7 @@ def run_sweep_drill(options: SweepDrillOptions, *, on_event: Callable[[dict[str,
     report: dict[str, Any] = {"stack": options.stack, "work_dir": str(work_dir), "options": options_dict(options), "error": None,
                               "children": [], "best": [], "reclaims": [], "phases_s": {}, "orphans_after_destroy": None}
     server = MotoServer(work_dir / "moto")
-    context = {"account": "123456789012", "region": "us-east-1", "availability_zones": "us-east-1a,us-east-1b",
-               "vpc_flow_logs": "false", "sweep_image": "local/spot-training-sweep:latest", "sweep_gpus": "0",
-               "sweep_instance_types": ",".join(options.instance_types)}
+    context = local_sweep_context(options.instance_types)
     cdk: CdkCli | None = None
     batch: LocalBatch | None = None
     baselines: dict[int, subprocess.Popen[bytes]] = {}
@@ -158,18 +188,8 @@ def run_sweep_drill(options: SweepDrillOptions, *, on_event: Callable[[dict[str,
         server.start()
         cdk = CdkCli(server.endpoint_url, work_dir=work_dir)
         bootstrap_and_deploy(cdk, options.stack, context, record=record, phases=report["phases_s"])
-        cloudformation, s3, ec2 = client(server.endpoint_url, "cloudformation"), client(server.endpoint_url, "s3"), client(server.endpoint_url, "ec2")
-        stack = sweep_ops.sweep_stack(cloudformation, options.stack)
-        job_definition = client(server.endpoint_url, "batch").describe_job_definitions(jobDefinitions=[stack.job_definition])["jobDefinitions"][0]
-        vpc = [r["PhysicalResourceId"] for r in cloudformation.describe_stack_resources(StackName=options.stack)["StackResources"]
-               if r.get("ResourceType") == "AWS::EC2::VPC"][0]
-        subnets = {s["AvailabilityZone"]: s["SubnetId"] for s in ec2.describe_subnets(Filters=[{"Name": "vpc-id", "Values": [vpc]}])["Subnets"]}
-        environment = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
-        environment.update({**server.env(), "SPOT_TRAINING_NOTICE_POLL_INTERVAL_S": "0.5",
-                            "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
-        batch = LocalBatch(ec2=ec2, job_definition=job_definition, subnets=subnets, instance_types=options.instance_types,
-                           efs_dir=work_dir / "efs", work_dir=work_dir, stack=options.stack, environment=environment,
-                           max_running=options.max_running, on_event=record)
+        batch, stack, s3 = deployed_batch(server, options.stack, work_dir=work_dir, instance_types=options.instance_types,
+                                          max_running=options.max_running, on_event=record)
         record({"event": "phase", "phase": "submit", "message": f"{len(sets)} parameter sets -> one array job"})
         t = time.time()
         submitted = sweep_ops.submit(batch, s3, stack, sets, command=options.command(), sweep_id="drill")
@@ -243,7 +263,7 @@ def run_sweep_drill(options: SweepDrillOptions, *, on_event: Callable[[dict[str,
                 t = time.time()
                 try:
                     if stack is not None:
-                        _empty_bucket(client(server.endpoint_url, "s3"), stack.bucket)
+                        empty_bucket(client(server.endpoint_url, "s3"), stack.bucket)
                     cdk.destroy(options.stack, context=context)
                 except Exception as error:  # noqa: BLE001 - the orphan check says what is left
                     report["destroy_error"] = str(error)[-2000:]
