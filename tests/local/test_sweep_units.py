@@ -105,3 +105,13 @@ def test_metrics_at_takes_the_committed_steps_row(tmp_path: Path) -> None:
 def test_best_table_ranks_by_metric() -> None:
     rows = [{"index": i, "accuracy": a, "step": 1, "total_steps": 2, "state": "RUNNING", "params": {}} for i, a in enumerate([0.5, None, 0.9, 0.9])]
     assert [b["index"] for b in best_table(rows)] == [2, 3, 0]
+
+
+def test_sweep_commands_are_registered() -> None:
+    from spot_training.cli import parse_args
+
+    args = parse_args(["sweep", "status", "s1", "--json", "--metric", "loss"])
+    assert (args.sweep_command, args.sweep_id, args.json, args.metric, args.stack) == ("status", "s1", True, "loss", "SpotSweep")
+    args = parse_args(["sweep", "submit", "grid.yaml", "--command", "python train.py"])
+    assert args.file == Path("grid.yaml") and args.command == "python train.py"
+    assert parse_args(["local", "drill", "--sweep"]).sweep is True
