@@ -25,7 +25,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 CDK_FLAGS := --no-notices --no-version-reporting
 PYTEST := $(BIN)/python -m pytest
 
-BENCHES := synth checkpoint agent elastic boot move
+BENCHES := synth checkpoint agent elastic boot move sweep
 .PHONY: setup system-deps test test-unit test-fast demo synth $(addprefix bench-,$(BENCHES)) bench-notice clean
 
 setup: system-deps $(STAMP) $(TORCH_STAMP) $(CHECKOV_STAMP) $(CDK)
@@ -98,6 +98,7 @@ demo: setup
 # make bench-NAME runs bench/bench_NAME.py (one rule for all: each prints a LAST LINE of JSON).
 # bench-boot: boot -> first training step of a local node, trainer's environment cold (built) and warm (reused).
 # bench-move: the bytes a move across AZs copies, with and without a periodic snapshot (local EBS block model).
+# bench-sweep: a sweep of 4, 8, 16 children on local AWS Batch: wall time, submit -> first step, lost steps per reclaim.
 $(addprefix bench-,$(BENCHES)): bench-%: setup
 	$(BIN)/python bench/bench_$*.py
 

@@ -299,6 +299,10 @@ def cmd_drill(args: argparse.Namespace) -> int:
         return 2
     if args.cluster:
         return cmd_cluster_drill(args)
+    if args.sweep:
+        from spot_training.local.sweep_drill import cmd_sweep_drill
+
+        return cmd_sweep_drill(args)
     from spot_training.local.drill import DrillOptions, run_drill
 
     args.work_dir = args.work_dir if args.work_dir is not None else DEFAULT_DRILL_DIR
@@ -574,8 +578,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     drill.add_argument("--cluster", action="store_true",
                        help="the DistributedTraining drill: 2 workers, a third joins, one is interrupted (MXNet "
                             "parameter-server cluster, or with --framework pytorch TorchElastic)")
+    drill.add_argument("--sweep", action="store_true",
+                       help="the SpotSweep drill: 8 children on local AWS Batch, 3 reclaimed (one twice), one code error")
     drill.add_argument("--work-dir", type=Path, default=None,
-                       help="output and state (default out/demo, with --cluster out/cluster-drill; emptied first)")
+                       help="output and state (default out/demo, with --cluster out/cluster-drill, with --sweep out/sweep-drill; emptied first)")
     drill.add_argument("--stack", default=None, help="stack name (default SpotTraining, with --cluster DistributedTraining)")
     drill.add_argument("--interruptions", type=int, default=3, help="spot interruptions to inject (default 3)")
     drill.add_argument("--az-moves", type=int, default=1, help="interruptions whose replacement lands in another AZ (default 1)")
@@ -642,6 +648,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     cost.add_argument("--ebs-gb-month-price", type=_price, default=None, help="USD per GB-month of the data volume")
     cost.add_argument("--snapshot-gb-month-price", type=_price, default=None, help="USD per GB-month of snapshots")
     cost.set_defaults(handler=cmd_cost)
+    from spot_training.ops import sweep as sweep_module  # boto3 only until it runs
+
+    sweep_module.add_parser(sub)
     return parser.parse_args(argv)
 
 

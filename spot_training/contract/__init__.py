@@ -359,3 +359,29 @@ def write_json_atomic(path: "str | os.PathLike[str]", payload: Mapping[str, Any]
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+# ---- parameter sweeps on AWS Batch (docs/sweeps.md) ------------------------------------------------
+#: Where a sweep child's container mounts the stack's EFS access point (the seed's ``/storage``).
+SWEEP_MOUNT_POINT = "/storage"
+#: Per child, under ``<sweep mount>/<sweep id>/<index>/``: its parameters, its metric at the newest
+#: committed checkpoint, its attempts (one entry per AWS Batch attempt) and checkpoints/, logs/.
+SWEEP_PARAMS_FILE, SWEEP_METRICS_FILE, SWEEP_ATTEMPTS_FILE = "params.json", "metrics.json", "attempts.json"
+#: The manifest: a JSON list of parameter sets, index i = array child i (S3 key ``sweeps/<id>/manifest.json``).
+SWEEP_MANIFEST_FILE = "manifest.json"
+#: The environment AWS Batch gives an array child (AWS Batch User Guide, "Array jobs"; "Job environment variables").
+ENV_BATCH_ARRAY_INDEX = "AWS_BATCH_JOB_ARRAY_INDEX"
+ENV_BATCH_JOB_ATTEMPT = "AWS_BATCH_JOB_ATTEMPT"
+ENV_BATCH_JOB_ID = "AWS_BATCH_JOB_ID"
+#: What ``spot-train sweep submit`` passes the array job: the manifest's S3 URI and the sweep id.
+ENV_SWEEP_MANIFEST_URI = "SPOT_TRAINING_SWEEP_MANIFEST_URI"
+ENV_SWEEP_ID = "SPOT_TRAINING_SWEEP_ID"
+#: A child whose trainer stopped for a spot notice and whose host was not taken by the notice's
+#: deadline exits with this status (EX_TEMPFAIL); the job definition retries it like a reclaim.
+EXIT_SWEEP_RECLAIM_NOT_TAKEN = EXIT_TEMPFAIL
+#: AWS Batch's limits: retry attempts 1..10, evaluateOnExit rules <= 5, array size 2..10000.
+MAX_BATCH_ATTEMPTS, MAX_BATCH_RETRY_RULES, MAX_BATCH_ARRAY_SIZE = 10, 5, 10000
+#: AWS Batch's status reason of a job whose host EC2 instance went away (a spot reclaim), matched by
+#: the job definition's retry rule ``onStatusReason: "Host EC2*"`` (aws-cdk-lib Reason.SPOT_INSTANCE_RECLAIMED).
+BATCH_HOST_TERMINATED_REASON = "Host EC2 (instance {instance_id}) terminated."
+SWEEP_RECLAIM_STATUS_REASON_GLOB = "Host EC2*"

@@ -337,7 +337,10 @@ def target_from_context(context: Mapping[str, Any], *, stack: str, region: str) 
     from .cluster_config import ClusterSettings
     from .config import CONTEXT_KEYS, StackSettings, check_context_keys
 
-    check_context_keys(context, StackSettings.context_keys + ClusterSettings.context_keys)  # as app.py does
+    from .sweep import SweepSettings
+
+    check_context_keys(context, StackSettings.context_keys + ClusterSettings.context_keys
+                       + SweepSettings.context_keys)  # as app.py does
     if stack == "cluster":
         from .cluster_config import CLUSTER_CONTEXT_KEYS, SHARED_KEYS, ClusterSettings
 

@@ -227,9 +227,10 @@ class MotoServer:
 def _serve(host: str, port: int, ebs_dir: str, compat: bool) -> None:
     """Inside the server process: apply the compatibility patches, then run moto's own server."""
     if compat:
-        from spot_training.local import cfn_compat, moto_compat
+        from spot_training.local import cfn_compat, moto_batch, moto_compat
 
         moto_compat.apply(ebs_dir=Path(ebs_dir))
+        moto_batch.apply()
         cfn_compat.apply(endpoint_url=f"http://{host}:{port}", work_dir=Path(ebs_dir).parent)
     from moto import server
 

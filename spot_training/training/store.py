@@ -111,7 +111,7 @@ def is_stale_temp(path: Path, *, now: float | None = None) -> bool:
     return now - _newest_mtime(path) >= STALE_TEMP_AGE_S
 FORMAT = "spot-training-checkpoint"
 FORMAT_VERSION = 1
-FRAMEWORKS = ("tensorflow", "mxnet", "pytorch")
+FRAMEWORKS = ("tensorflow", "mxnet", "pytorch", "numpy")
 _HASH_CHUNK = 4 * 1024 * 1024
 
 
