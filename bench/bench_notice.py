@@ -3,7 +3,7 @@
     .venv-torch/bin/python bench/bench_notice.py [--trials 3] [--workers 0 2 4] [--seed 0]
 
 Each trial starts ``spot_training/training/examples/torch_resnet.py`` as the agent starts a trainer
-(:class:`spot_training.agent.supervisor.ProcessGroup`: a session of its own) and sends the notice as the
+(:class:`spot_training.agent.process_group.ProcessGroup`: a session of its own) and sends the notice as the
 agent does (``ProcessGroup.stop``: SIGTERM to the whole group, SIGKILL only after the notice budget),
 at a random time inside one phase:
 
@@ -36,7 +36,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from spot_training.agent.supervisor import ProcessGroup  # noqa: E402
+from spot_training.agent.process_group import ProcessGroup  # noqa: E402
 from spot_training.training.examples.prepare_data import prepare_digits  # noqa: E402
 from spot_training.training.store import CheckpointStore  # noqa: E402
 

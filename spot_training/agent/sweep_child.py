@@ -48,7 +48,7 @@ from typing import Any
 from spot_training import contract
 from spot_training.agent.imds import ImdsClient, ImdsError
 from spot_training.agent.interruption import InterruptionWatcher, imds_monitors
-from spot_training.agent.supervisor import ProcessGroup
+from spot_training.agent.process_group import ProcessGroup
 
 log = logging.getLogger("spot_training.agent.sweep_child")
 

@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from spot_training import contract
-from spot_training.agent.supervisor import descendants
+from spot_training.agent.process_group import descendants
 from spot_training.local.imds_emulator import ImdsEmulator
 from spot_training.local.nodes import signal_group
 

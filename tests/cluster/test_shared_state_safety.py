@@ -24,7 +24,7 @@ import pytest
 
 from spot_training.agent.cluster_state import ClusterState, Plan, make_plan
 from spot_training.agent.safepath import UnsafePathError
-from spot_training.agent.supervisor import ProcessGroup
+from spot_training.agent.process_group import ProcessGroup
 from spot_training.agent.torch_elastic import RendezvousState, TorchWorker
 from spot_training.agent.cluster_state import ClusterSettings
 
