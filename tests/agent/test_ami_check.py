@@ -42,6 +42,7 @@ def test_a_complete_ami_passes_and_no_rate_needs_no_new_botocore():
     ami_check.check_node(parse_config(_config(rate=None)), botocore_version="1.31.0", which=lambda n: f"/usr/bin/{n}")
 
 
+@pytest.mark.integration
 def test_run_with_an_old_botocore_is_a_final_boot_error_not_a_restart_loop(tmp_path, monkeypatch):
     """``run`` ends with exit 69 (systemd does not restart it) after reporting boot step ``config``
     as final, before any EC2 call: no restart every 15 s."""

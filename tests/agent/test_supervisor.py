@@ -412,6 +412,7 @@ def _alive(pid: int) -> bool:
         return False
 
 
+@pytest.mark.integration
 def test_a_script_outside_the_asset_can_import_the_training_package(tmp_path):
     """Code cloned from git or copied from S3 lives outside the asset: the trainer's PYTHONPATH starts
     with the asset's directory (the one holding spot_training/), and keeps the node's own entries."""
@@ -459,6 +460,7 @@ if __name__ == "__main__":
 '''
 
 
+@pytest.mark.integration
 def test_a_notice_reaches_only_the_trainers_leader_and_its_workers_survive_until_it_saved(tmp_path):
     config = base_config(tmp_path)
     (tmp_path / "code" / "trainer.py").write_text(POOL_TRAINER)
@@ -476,6 +478,7 @@ def test_a_notice_reaches_only_the_trainers_leader_and_its_workers_survive_until
     assert status == 0 and sup.last_status == 0
 
 
+@pytest.mark.integration
 def test_a_trainer_that_ignores_sigterm_is_killed_with_its_group_at_the_deadline(tmp_path):
     config = base_config(tmp_path)
     ckpt = tmp_path / "dltraining" / "checkpoints"
@@ -493,6 +496,7 @@ def test_a_trainer_that_ignores_sigterm_is_killed_with_its_group_at_the_deadline
     assert not thread.is_alive()
 
 
+@pytest.mark.integration
 def test_trainer_exit_75_is_retried_without_counting_as_a_crash(tmp_path):
     """The restart policy's ``retry`` (75): the trainer stopped cleanly and asks to be run again; with
     ``max_restarts=0`` a crash would end supervision, a retry does not."""

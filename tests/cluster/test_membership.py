@@ -309,6 +309,7 @@ def test_a_worker_whose_imds_turns_403_leaves_through_a_checkpoint_and_is_handed
     assert plan.state == CHECKPOINT  # a leave goes through a checkpoint, as for a notice
 
 
+@pytest.mark.integration
 def test_mxnet_worker_whose_trainer_exits_78_gives_up_instead_of_tearing_generations_down(world, tmp_path):
     """The contract's restart policy on a parameter-server node: a checkpoint of another job (78) would
     stop every new generation the same way, so the worker leaves and exits 78."""

@@ -90,6 +90,7 @@ def test_planted_cluster_log_does_not_make_root_write_through_it(efs, variant):
     untouched(efs)
 
 
+@pytest.mark.integration
 @needs_root
 def test_cluster_log_is_written_and_owned_by_the_process_user_on_a_clean_share(efs):
     account = pwd.getpwnam(USER)

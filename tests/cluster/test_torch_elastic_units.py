@@ -174,6 +174,7 @@ def test_worker_leaving_sigterms_only_its_torchrun_and_waits_for_it(tmp_path):
     assert worker.rdzv.reports() == []
 
 
+@pytest.mark.integration
 def test_worker_whose_trainer_exits_74_is_not_relaunched_and_exits_74(tmp_path):
     """The contract's restart policy (TRAINER_EXIT_POLICY): full or unusable checkpoint storage is
     permanent, so the worker gives up with the same status instead of relaunching every 2 s."""
@@ -218,6 +219,7 @@ class _FlakyImdsThenNotice:
         return Event(kind="spot-interruption", id="n1", deadline=deadline, detail={"action": "terminate"})
 
 
+@pytest.mark.integration
 def test_worker_keeps_training_through_an_imds_blip_and_leaves_through_a_checkpoint_by_the_notice_deadline(tmp_path):
     """One interruption pipeline: a transient IMDS error is retried (it ended the agent loop, whose
     cleanup SIGKILLed torchrun without a checkpoint), and the wait for the checkpoint runs to the

@@ -289,6 +289,7 @@ class _NoisyDataset(torch.utils.data.Dataset):
         return torch.tensor([float(i)]) + torch.rand(1)
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(("noisy", "workers"), [(True, 2), (False, 2), (True, 0)])
 def test_worker_side_randomness_warns_once_that_resume_is_not_exact(tmp_path: Path, caplog, noisy, workers) -> None:
     dataset = _NoisyDataset() if noisy else torch.utils.data.TensorDataset(torch.arange(16.0)[:, None])

@@ -120,6 +120,7 @@ def test_fails_on_bad_schedule(kwargs, match):
         SaveSchedule(**kwargs)
 
 
+@pytest.mark.integration
 def test_stop_watcher_hears_the_signal_on_its_thread_and_forked_children_ignore_it():
     import threading
 
