@@ -48,6 +48,7 @@ from __future__ import annotations
 import logging
 import os
 import pickle
+import tempfile
 import threading
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -389,11 +390,70 @@ def _check_same_parameters(saved_order: list[str], current_order: list[str], *, 
         )
 
 
+#: The only globals a ``trainer.states`` file may name (what ``Trainer.save_states`` and :class:`StatesPickler`
+#: write): MXNet's NDArray, optimizer and learning-rate-scheduler classes, numpy's array and scalar
+#: reconstructors, and a few plain containers. Anything else (``os.system``, ``builtins.eval``) is refused.
+_STATES_GLOBALS = {
+    ("mxnet.ndarray.ndarray", "NDArray"), ("numpy.core.multiarray", "_reconstruct"),
+    ("numpy.core.multiarray", "scalar"), ("numpy", "ndarray"), ("numpy", "dtype"),
+    ("builtins", "set"), ("builtins", "frozenset"), ("builtins", "complex"), ("builtins", "slice"),
+    ("collections", "OrderedDict"), ("copyreg", "_reconstructor"),
+}
+
+
+class _StatesUnpickler(pickle.Unpickler):
+    """An unpickler that resolves only :data:`_STATES_GLOBALS` and subclasses of MXNet's ``Optimizer``
+    and ``LRScheduler`` (an explicit allow-list, as ``torch.load(weights_only=True)`` is for PyTorch)."""
+
+    def __init__(self, data: bytes, path: Path) -> None:
+        super().__init__(__import__("io").BytesIO(data))
+        self.path = path
+
+    def find_class(self, module: str, name: str) -> Any:
+        import importlib
+
+        if (module, name) not in _STATES_GLOBALS and module.partition(".")[0] == "mxnet" and "." not in name:
+            import mxnet as mx
+
+            found = getattr(importlib.import_module(module), name, None)
+            if isinstance(found, type) and issubclass(found, (mx.optimizer.Optimizer, mx.lr_scheduler.LRScheduler)):
+                return found
+        elif (module, name) in _STATES_GLOBALS:
+            return super().find_class(module, name)
+        raise CheckpointError(f"{self.path}: refers to {module}.{name}, which a trainer-states file never holds; "
+                              "refusing to load it (a checkpoint is data and never runs code). Delete this "
+                              "checkpoint if you did not write it")
+
+
+def verified_trainer_states(path: Path) -> bytes:
+    """The bytes of a ``trainer.states`` file, after unpickling them once with :class:`_StatesUnpickler`.
+
+    Args:
+        path: the file (``<checkpoint>/trainer.states``).
+
+    Returns:
+        The file's bytes, for ``Trainer.load_states`` to read from a private copy.
+
+    Raises:
+        CheckpointError: the file names a global outside the allow-list (a planted payload) or is not a
+            pickle at all; the message names the file. Nothing of it has run.
+    """
+    data = Path(path).read_bytes()
+    try:
+        _StatesUnpickler(data, Path(path)).load()
+    except CheckpointError:
+        raise
+    except Exception as exc:  # truncated or not a pickle: unreadable, not a payload
+        raise CheckpointError(f"{path}: not a readable trainer-states file ({type(exc).__name__}: {exc})") from exc
+    return data
+
+
 def load_state(net, trainer, path: Path, *, saved_order: list[str] | None = None) -> None:
     """Load a checkpoint directory written by :class:`GluonState` into ``net`` and ``trainer``.
 
     All shapes are checked before anything is changed (ShapeMismatchError, nothing modified).
-    Trainer states go through the public ``Trainer.load_states``.
+    Trainer states go through the public ``Trainer.load_states``, after :func:`verified_trainer_states`
+    refused any global outside its allow-list (a checkpoint never runs code on restore).
     """
     import mxnet as mx
 
@@ -418,9 +478,15 @@ def load_state(net, trainer, path: Path, *, saved_order: list[str] | None = None
             param.shape = params[name].shape
             param._finish_deferred_init()
     _updater(trainer)
+    states = verified_trainer_states(path / TRAINER_FILE)
     for name, param in named.items():
         param.set_data(params[name])
-    trainer.load_states(str(path / TRAINER_FILE))
+    # The public reader, on a private copy of the verified bytes: the checkpoint directory may be on
+    # shared storage that another writer could change between the check and the read.
+    with tempfile.TemporaryDirectory(prefix="spot-training-states-") as private:
+        copy = Path(private) / TRAINER_FILE
+        copy.write_bytes(states)
+        trainer.load_states(str(copy))
     if saved_order is not None:
         remap_trainer_states(trainer, saved_order, current_order, path=path)
 

@@ -347,3 +347,32 @@ def test_background_writer_thread_runs_at_lower_cpu_priority_and_training_thread
         GluonState.write = original
     main_nice = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
     assert seen == {"checkpoint-writer": max(WRITER_NICE, main_nice), "MainThread": main_nice}, seen
+
+
+class _Payload:
+    """A pickle that runs ``touch MARKER`` when it is loaded."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        import os
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_a_planted_payload_in_trainer_states_is_refused_naming_the_file_and_never_runs(tmp_path):
+    from spot_training.training.mxnet_adapter import load_state
+
+    net, trainer, ck = trained_with_checkpoints(tmp_path / "ckpt", steps=1)
+    ckpt = CheckpointStore(tmp_path / "ckpt", framework="mxnet").latest()
+    ck.close()
+    marker = tmp_path / "ran"
+    (ckpt.path / TRAINER_FILE).write_bytes(pickle.dumps(((0, {}), _Payload(marker))))
+    net2, trainer2 = make(seed=5)
+    before = params_of(net2)
+    with pytest.raises(CheckpointError, match=r"trainer\.states: refers to (posix|os)\.system"):
+        from spot_training.training.mxnet_adapter import trainer_order
+        load_state(net2, trainer2, ckpt.path, saved_order=trainer_order(net2, trainer2))
+    assert not marker.exists()
+    for name, value in before.items():  # refused before any parameter changed
+        assert np.array_equal(params_of(net2)[name], value), name
