@@ -186,6 +186,19 @@ CHECKOV: dict[str, tuple[CheckovAcknowledgement, ...]] = {
     "TrainingMonitoring": (
         CheckovAcknowledgement("CKV_AWS_158", "AWS::Logs::LogGroup", _LOG_GROUP_KMS),
     ),
+    # A sweep's children's logs and its manifest bucket (spot_training/infra/sweep.py).
+    "ParallelExperiments": (
+        CheckovAcknowledgement(
+            "CKV_AWS_158", "AWS::Logs::LogGroup",
+            "The children's stdout/stderr; CloudWatch Logs encrypts every log group at rest with a service "
+            "key, and a customer managed key would add a key and a key policy for logs that hold no secrets.",
+            path=r"JobLogs/Resource"),
+        CheckovAcknowledgement(
+            "CKV_AWS_18", "AWS::S3::Bucket",
+            "The manifest bucket holds only the parameter lists users upload with spot-train sweep submit; "
+            "access logging would need a second bucket to keep and empty on destroy.",
+            path=r"ManifestBucket/Resource"),
+    ),
     # The stacks: their VPC's flow-log group, and the Lambda function that aws-cdk-lib adds to a new VPC
     # under the feature flag @aws-cdk/aws-ec2:restrictDefaultSecurityGroup (cdk.json) to strip the
     # default security group's rules.

@@ -49,6 +49,7 @@ from aws_cdk import aws_s3 as s3
 
 from spot_training import contract
 
+from . import acknowledgements
 from .config import ContextKey, ContextSettings, StackSettings, context_int, context_value_error, instance_types
 from .filesystem import SharedFileSystem
 from .stack import SettingsStack, new_vpc, node_subnets
@@ -198,6 +199,7 @@ class ParallelExperiments(constructs.Construct):
             retry_strategies=_retry_strategies(), timeout=job_timeout, propagate_tags=True,
             parameters={"command": "python train.py"})
         self._acknowledge()
+        acknowledgements.attach(self)  # checkov's (acknowledgements.CHECKOV) as Metadata on its resources
 
     def _acknowledge(self) -> None:
         """cdk-nag findings of this construct that stay, each with its reason."""
@@ -338,18 +340,3 @@ class SpotSweepStack(SettingsStack):
 
 
 __all__ = ["ParallelExperiments", "SpotSweepStack", "SweepSettings", "SWEEP_CONTEXT_KEYS", "RETRY_RULES"]
-
-
-def checkov_acknowledgements() -> tuple[Any, ...]:
-    """checkov findings of the ``SpotSweep`` template that stay, each with its reason (the other
-    stacks' are in :mod:`spot_training.infra.checkov`; flow logs are covered there)."""
-    from .checkov import Acknowledgement
-
-    return (
-        Acknowledgement("CKV_AWS_158", r"AWS::Logs::LogGroup\.SweepJobLogs[0-9A-F]{8}",
-                        "The children's stdout/stderr; CloudWatch Logs encrypts every log group at rest with a service "
-                        "key, and a customer managed key would add a key and a key policy for logs that hold no secrets."),
-        Acknowledgement("CKV_AWS_18", r"AWS::S3::Bucket\.SweepManifestBucket[0-9A-F]{8}",
-                        "The manifest bucket holds only the parameter lists users upload with spot-train sweep submit; "
-                        "access logging would need a second bucket to keep and empty on destroy."),
-    )

@@ -10,7 +10,7 @@ import pytest
 from infra_helpers import Synth, _synth, as_list, cfn_lint_errors
 
 from spot_training import contract
-from spot_training.infra.sweep import SpotSweepStack, SweepSettings, checkov_acknowledgements
+from spot_training.infra.sweep import SpotSweepStack, SweepSettings
 
 
 def synth_sweep(outdir: Path, settings: SweepSettings | None = None) -> Synth:
@@ -85,12 +85,15 @@ def test_nag_clean_and_cfn_lint_clean(sweep: Synth, sweep_on_demand: Synth) -> N
 
 @pytest.mark.slow
 def test_checkov_findings_acknowledged(sweep: Synth, sweep_on_demand: Synth) -> None:
-    from spot_training.infra.checkov import ACKNOWLEDGEMENTS, run_checkov, unacknowledged, unused
+    """Nothing fails, and each of the sweep's acknowledgements is a skip checkov saw with its reason."""
+    from spot_training.infra.acknowledgements import CHECKOV
+    from spot_training.infra.checkov import run_checkov_report, unacknowledged
 
-    findings = run_checkov([sweep.template_file, sweep_on_demand.template_file])
-    acks = ACKNOWLEDGEMENTS + checkov_acknowledgements()
-    assert unacknowledged(findings, acks) == []
-    assert unused(findings, checkov_acknowledgements()) == []
+    findings, skipped = run_checkov_report([sweep.template_file, sweep_on_demand.template_file])
+    assert unacknowledged(findings) == []
+    seen = {(s.check_id, s.comment) for s in skipped}
+    for ack in CHECKOV["ParallelExperiments"]:
+        assert (ack.check_id, ack.reason) in seen, f"stale acknowledgement {ack.check_id} {ack.path}"
 
 
 @pytest.mark.parametrize("key, value", [("sweep_retry_attempts", "11"), ("sweep_gpus", "-1"), ("sweep_on_demand_fallback", "maybe"),
