@@ -138,8 +138,11 @@ def assert_resource_star_only_where_no_resource_level_permissions(statements: li
     for st in statements:
         if "*" in as_list(st["Resource"]):
             if as_list(st["Action"]) == ["cloudwatch:PutMetricData"]:
-                # No resource-level permissions exist for it: scoped to our namespace instead (issue 13).
-                assert st["Condition"] == {"StringEquals": {"cloudwatch:namespace": "SpotTraining"}}, st
+                # No resource-level permissions exist for it: scoped to the stack's (or job's) own namespace,
+                # SpotTraining/<id> (spot_training.contract.metrics_namespace), instead.
+                namespace = st["Condition"]["StringEquals"]["cloudwatch:namespace"]
+                assert list(st["Condition"]) == ["StringEquals"] and list(st["Condition"]["StringEquals"]) == [
+                    "cloudwatch:namespace"] and namespace.startswith("SpotTraining/") and namespace != "SpotTraining/", st
                 continue
             if sorted(as_list(st["Action"])) == sorted(a for a in SESSION_MANAGER_ACTIONS if a.startswith("ssmmessages:")):
                 # Session Manager's channels: no resource-level permissions exist (spot_training.infra.roles).

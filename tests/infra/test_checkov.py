@@ -18,9 +18,9 @@ from spot_training.infra.config import StackSettings
 
 @pytest.fixture(scope="module")
 def real_templates(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
-    """SpotTraining and DistributedTraining as ``cdk synth`` writes them with cdk.json's context."""
+    """SpotTraining, DistributedTraining and SpotSweep as ``cdk synth`` writes them with cdk.json's context."""
     files = synth_app_as_cdk_does(tmp_path_factory.mktemp("cdk-synth-real"))
-    assert {f.name for f in files} == {"SpotTraining.template.json", "DistributedTraining.template.json"}
+    assert {f.name for f in files} == {"SpotTraining.template.json", "DistributedTraining.template.json", "SpotSweep.template.json"}
     return files
 
 
