@@ -11,7 +11,7 @@ from aws_cdk import assertions
 from infra_helpers import (Synth, as_list, assert_resource_star_only_where_no_resource_level_permissions, cfn_lint_errors,
                            render_intrinsics)
 
-from spot_training.infra.tags import STACK_TAG_KEY
+from spot_training.infra.tags import DEPLOYMENT_TAG_KEY, STACK_TAG_KEY
 from spot_training.infra.userdata import extract_config
 
 Match = assertions.Match
@@ -96,8 +96,9 @@ def test_cancel_is_scoped_to_this_stacks_fleet_request(default_synth: Synth) -> 
 
 def test_the_stack_tag_itself_cannot_be_changed_by_nodes(default_synth: Synth) -> None:
     retag = [s for s in _policy_statements(default_synth, "NodeRole") if "ec2:DeleteTags" in _as_list(s["Action"])]
-    assert retag and all(s["Condition"]["ForAllValues:StringNotEquals"]["aws:TagKeys"] == STACK_TAG_KEY
-                         or s["Condition"]["ForAllValues:StringNotEquals"]["aws:TagKeys"] == [STACK_TAG_KEY] for s in retag)
+    # Neither identity tag (stack, deployment) may be removed or changed by a node.
+    assert retag and all({STACK_TAG_KEY, DEPLOYMENT_TAG_KEY} <= set(_as_list(s["Condition"]["ForAllValues:StringNotEquals"]["aws:TagKeys"]))
+                         for s in retag)
 
 
 # ---- Must show ---------------------------------------------------------------------------------
@@ -316,7 +317,7 @@ def test_extract_config_reads_the_contract_config_from_user_data(default_synth: 
         },
         "cleanup": {"cancel_fleet_on_success": True},
         "imds_endpoint": None,
-        "monitoring": {"enabled": True, "log_group": "/spot-training/SpotTraining", "namespace": "SpotTraining"},
+        "monitoring": {"enabled": True, "log_group": "/spot-training/SpotTraining", "namespace": "SpotTraining/SpotTraining"},
         # The default job's dataset: the digits asset of the stack, synced and unpacked by the agent.
         "dataset": {"uri": f"s3://cdk-hnb659fds-assets-123456789012-us-east-1/"
                            f"{default_synth.stack.dataset_asset.asset.asset_hash}.zip", "unpack": True},
