@@ -355,14 +355,17 @@ def target_from_context(context: Mapping[str, Any], *, stack: str, region: str) 
 
 
 def default_client_factory(region: str, endpoint_url: str | None = None) -> Callable[[str], Any]:
-    """boto3 clients in ``region`` with standard retries (``endpoint_url``: e.g. a moto server)."""
+    """boto3 clients in ``region`` with standard retries (``endpoint_url``: e.g. a moto server), from one
+    session of their own, which reads the credentials as they are now (boto3's default session keeps
+    the ones it found first in this process)."""
     import boto3
     from botocore.config import Config
 
     config = Config(retries={"mode": "standard", "max_attempts": 3})
+    session = boto3.session.Session()
 
     def make(service: str) -> Any:
-        return boto3.client(service, region_name=region, endpoint_url=endpoint_url, config=config)
+        return session.client(service, region_name=region, endpoint_url=endpoint_url, config=config)
 
     return make
 
