@@ -131,7 +131,9 @@ def open_file(path: str | os.PathLike[str], flags: int, *, mode: int = 0o644, cr
                     f"root and does not write through it. Remove it (rm {pure}) and boot again") from None
             raise
         st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+        # nlink 0: a writer renamed a new file over this one after we opened it (write_bytes_atomic);
+        # what we hold is the old, complete file. Only a second link (a hard link to another file) is refused.
+        if not stat.S_ISREG(st.st_mode) or st.st_nlink > 1:
             os.close(fd)
             raise UnsafePathError(f"{str(pure)!r} is not a regular file with a single link; the agent runs as root "
                                   f"and does not write to it. Remove it (rm {pure}) and boot again")

@@ -244,3 +244,26 @@ def test_wrongly_typed_plan_is_absent(tmp_path, mutate):
     mutate(data)
     state.plan_path.write_text(json.dumps(data))
     assert state.plan() is None
+
+
+def test_a_state_file_replaced_between_open_and_check_is_read_not_refused(tmp_path, monkeypatch):
+    """A heartbeat is rewritten every second (write_bytes_atomic: rename over the old file). When the
+    rename lands between the reader's open and its fstat, the file it holds has 0 links: that is the
+    old, complete file, not a planted hard link, so it is read (the coordinator once declared a live
+    worker dead for it)."""
+    from spot_training.agent import safepath
+
+    path = tmp_path / "i-w1.json"
+    safepath.write_bytes_atomic(path, b'{"beat": 1}')
+    real_open, raced = os.open, []
+
+    def open_then_writer_renames(name, flags, *args, **kwargs):
+        fd = real_open(name, flags, *args, **kwargs)
+        if name == path.name and not raced:
+            raced.append(True)
+            safepath.write_bytes_atomic(path, b'{"beat": 2}')
+        return fd
+
+    monkeypatch.setattr(os, "open", open_then_writer_renames)
+    assert safepath.read_bytes(path, limit=1000) == b'{"beat": 1}' and raced
+    assert safepath.read_bytes(path, limit=1000) == b'{"beat": 2}'
