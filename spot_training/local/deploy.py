@@ -48,7 +48,8 @@ AVAILABILITY_ZONES = ("us-east-1a", "us-east-1b")
 #: Any well-formed AMI id: moto does not validate it, and local nodes are processes, not VMs.
 LOCAL_IMAGE_ID = "ami-0123456789abcdef0"
 from spot_training.contract import STACK_TAG as STACK_TAG_KEY  # noqa: E402
-FLEET_TAG = "aws:ec2spot:fleet-request-id"
+# The orphan check serves the drill on a real account too (spot_training.ops.aws_drill): it lives in ops.
+from spot_training.ops.orphans import FLEET_TAG, Clients, find_orphans  # noqa: E402,F401
 #: Seconds a CLI command may take before it is killed (bootstrap takes ~20 s on 2 cores).
 DEFAULT_CLI_TIMEOUT_S = 600
 _RETRY = Config(retries={"mode": "standard"})
@@ -241,15 +242,6 @@ def _context_args(context: Mapping[str, str]) -> list[str]:
     return args
 
 
-@dataclasses.dataclass
-class Clients:
-    """boto3 clients for the moto server (standard retry mode)."""
-
-    ec2: Any
-    cloudformation: Any
-    s3: Any
-
-
 def client(endpoint_url: str, service: str, region: str = REGION) -> Any:
     """A boto3 client of ``service`` (``"ec2"``, ``"autoscaling"``, ``"efs"`` ...) for the moto
     server at ``endpoint_url``: fake credentials, standard retry mode, region default us-east-1."""
@@ -320,40 +312,3 @@ def stack_resources(aws: Clients, stack: str) -> DeployedStack:
         subnets=dict(sorted(subnets.items())),
         resources=resources,
     )
-
-
-def find_orphans(aws: Clients, stack: str, *, fleet_request_ids: Sequence[str] = ()) -> list[str]:
-    """What of ``stack`` still exists in the moto server: a list of ``"kind id (state)"`` strings.
-
-    Looks for instances (not terminated) and volumes and snapshots tagged
-    ``spot-training:stack=<stack>``, instances tagged with one of ``fleet_request_ids``, spot fleet
-    requests that are tagged with the stack or listed in ``fleet_request_ids`` and not cancelled,
-    and the CloudFormation stack itself. An empty list means nothing is left.
-    """
-    orphans: list[str] = []
-    tagged = [{"Name": f"tag:{STACK_TAG_KEY}", "Values": [stack]}]
-    instance_filters = [tagged]
-    if fleet_request_ids:
-        instance_filters.append([{"Name": f"tag:{FLEET_TAG}", "Values": list(fleet_request_ids)}])
-    seen: set[str] = set()
-    for filters in instance_filters:
-        for reservation in aws.ec2.describe_instances(Filters=filters)["Reservations"]:
-            for instance in reservation["Instances"]:
-                state = instance["State"]["Name"]
-                if state != "terminated" and instance["InstanceId"] not in seen:
-                    seen.add(instance["InstanceId"])
-                    orphans.append(f"instance {instance['InstanceId']} ({state})")
-    for volume in aws.ec2.describe_volumes(Filters=tagged)["Volumes"]:
-        orphans.append(f"volume {volume['VolumeId']} ({volume['State']})")
-    for snapshot in aws.ec2.describe_snapshots(OwnerIds=["self"], Filters=tagged)["Snapshots"]:
-        orphans.append(f"snapshot {snapshot['SnapshotId']} ({snapshot['State']})")
-    for request in aws.ec2.describe_spot_fleet_requests()["SpotFleetRequestConfigs"]:
-        tags = {t["Key"]: t["Value"] for t in request.get("Tags", [])}
-        state = request["SpotFleetRequestState"]
-        ours = tags.get(STACK_TAG_KEY) == stack or request["SpotFleetRequestId"] in fleet_request_ids
-        if ours and not state.startswith("cancelled"):
-            orphans.append(f"spot-fleet-request {request['SpotFleetRequestId']} ({state})")
-    for summary in aws.cloudformation.list_stacks()["StackSummaries"]:
-        if summary["StackName"] == stack and summary["StackStatus"] != "DELETE_COMPLETE":
-            orphans.append(f"stack {stack} ({summary['StackStatus']})")
-    return orphans

@@ -15,7 +15,7 @@ Steps (each printed as it happens; the report is ``<work_dir>/report.json``):
    the one seen before the notice (nothing lost with the volume, wherever the replacement landed) and
    a newer one follows (training went on from there).
 6. **destroy** (``cdk destroy --force``, unless ``--keep-stack``) and the **orphan** check
-   (spot_training.local.deploy.find_orphans on the real account: tagged instances, volumes, snapshots, fleet
+   (spot_training.ops.orphans.find_orphans on the real account: tagged instances, volumes, snapshots, fleet
    requests, the stack).
 7. **cost**: each drill instance's running time x its Spot price (``ec2:DescribeSpotPriceHistory`` for
    its type and AZ over that time), in USD. Not counted: EBS volumes and snapshots, FIS action
@@ -220,7 +220,7 @@ class AwsDrill:
             raise DrillError(f"cdk destroy failed: {' '.join(argv)}; delete the stack in the console and check for orphans")
 
     def orphans(self, fleet_ids: Sequence[str]) -> list[str]:
-        from spot_training.local.deploy import Clients, find_orphans
+        from spot_training.ops.orphans import Clients, find_orphans
 
         return find_orphans(Clients(ec2=self.ec2, cloudformation=self.client("cloudformation"), s3=None), self.o.stack,
                             fleet_request_ids=list(fleet_ids))
