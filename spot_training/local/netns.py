@@ -2,7 +2,8 @@
 
 Shared by local mode's cluster drill (:mod:`spot_training.local.cluster_drill`) and the cluster stories'
 harness (tests/cluster/cluster_harness.py). Each node gets its own namespace and address in a
-private /24 we create (``10.213.X.0/24``, X random so that parallel runs do not meet), so every
+private /24 we create (``10.213.X.0/24``, X random among those no interface holds yet, so that parallel
+runs (the MXNet and PyTorch test runs beside the main one) do not meet), so every
 framework process can listen on the cluster's configured ports, as on separate instances. Without
 ``ip netns`` (no root, no iproute2), or with ``SPOT_TRAINING_TEST_LOOPBACK=1``, nodes fall back to
 127.0.0.1 with a distinct port offset each (said on stdout). :meth:`Network.close` removes
@@ -15,12 +16,29 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import shutil
 import subprocess
 
 
 def _ip(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(["ip", *args], capture_output=True, text=True, timeout=20)
+
+
+def _free_subnet() -> int:
+    """A random X in 1..254 such that no interface on this host has an address in ``10.213.X.0/24``.
+
+    Two runs that picked the same X would each route it to their own bridge and lose each other's
+    traffic. A race between two runs choosing at the same instant remains, at 1/254 per pair.
+
+    Returns:
+        The third octet X (1..254); a random one when ``ip`` cannot list the addresses.
+    """
+    listed = _ip("-o", "-4", "addr", "show") if shutil.which("ip") else None
+    text = listed.stdout if listed is not None and listed.returncode == 0 else ""
+    used = {int(octet) for octet in re.findall(r"\binet 10\.213\.(\d+)\.", text)}
+    free = [x for x in range(1, 255) if x not in used]
+    return random.choice(free or list(range(1, 255)))
 
 
 class Network:
@@ -31,7 +49,7 @@ class Network:
 
     def __init__(self) -> None:
         self.token = f"{os.getpid() % 10000:04d}{random.randint(0, 99):02d}"
-        self.subnet = random.randint(1, 254)
+        self.subnet = _free_subnet()
         self.bridge = f"stc{self.token}"
         self.namespaces: list[str] = []
         self.links: list[str] = []

@@ -236,3 +236,16 @@ def test_cli_drill_framework_is_checked_before_anything_starts(capsys, tmp_path)
 def test_report_table_names_the_framework():
     assert "framework                       pytorch" in format_report(_report(framework="pytorch"))
     assert "framework" not in format_report(_report())
+
+
+def test_network_subnet_avoids_subnets_other_runs_hold(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A second local cluster (the MXNet test run beside the main one) must not pick a /24 that
+    another run's bridge already routes: only X = 77 is free here, so it is the one chosen."""
+    import subprocess
+
+    from spot_training.local import netns
+
+    listing = "\n".join(f"9: stc1h{x}    inet 10.213.{x}.1/24 scope global stc1h{x}" for x in range(1, 255) if x != 77)
+    monkeypatch.setattr(netns.shutil, "which", lambda name: "/usr/sbin/ip")
+    monkeypatch.setattr(netns, "_ip", lambda *args: subprocess.CompletedProcess(["ip", *args], 0, listing, ""))
+    assert {netns._free_subnet() for _ in range(20)} == {77}
