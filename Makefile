@@ -66,11 +66,21 @@ $(CDK): package.json package-lock.json
 # TensorFlow, MXNet and PyTorch never share a process: the MXNet tests run in a pytest of their
 # own, the PyTorch tests in one of the PyTorch environment (--confcutdir: tests/conftest.py needs boto3).
 # `make test` (what CI runs) is every tier; each pytest prints its 30 slowest tests.
+# The MXNet and PyTorch runs (one after the other, about 11 minutes) run beside the main one, whose
+# tests spend much of their time waiting on agents and servers; their output is kept in files and
+# printed after the main run's, and `make test` fails when any of the three fails.
 DURATIONS := --durations=30
 test: setup
-	$(PYTEST) tests --ignore=tests/mxnet --ignore=tests/torch $(DURATIONS)
-	$(PYTEST) tests/mxnet $(DURATIONS)
-	$(TORCH_PYTEST) tests/torch $(DURATIONS)
+	@logs=$$(mktemp -d "$${TMPDIR:-/tmp}/spot-training-tests.XXXXXX"); \
+	( $(PYTEST) tests/mxnet $(DURATIONS) > $$logs/mxnet.log 2>&1; echo $$? > $$logs/mxnet.rc; \
+	  $(TORCH_PYTEST) tests/torch $(DURATIONS) > $$logs/torch.log 2>&1; echo $$? > $$logs/torch.rc ) & side=$$!; \
+	trap 'pkill -TERM -P $$side 2>/dev/null; kill $$side 2>/dev/null' INT TERM; \
+	echo "== main tests (MXNet and PyTorch tests run beside them, logs in $$logs)"; \
+	$(PYTEST) tests --ignore=tests/mxnet --ignore=tests/torch $(DURATIONS); main=$$?; \
+	wait $$side; \
+	echo "== MXNet tests (ran beside the main tests; exit $$(cat $$logs/mxnet.rc))"; cat $$logs/mxnet.log; \
+	echo "== PyTorch tests (ran beside the main tests; exit $$(cat $$logs/torch.rc))"; cat $$logs/torch.log; \
+	[ $$main -eq 0 ] && [ "$$(cat $$logs/mxnet.rc)" = 0 ] && [ "$$(cat $$logs/torch.rc)" = 0 ]
 
 # The quick loop: the unit tier only (in-process; tests/tier_guard.py fails a test that starts a process,
 # opens a connection or builds a CDK construct without being marked integration or slow).
