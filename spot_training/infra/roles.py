@@ -143,10 +143,11 @@ class TrainingNodeRole(constructs.Construct):
             raise ValueError(f"data_volume_access must be True or False, got {data_volume_access!r}")
         self.deployment_tag_value = deployment_tag_value
         self.adopt_volume_id = adopt_volume_id
-        for statement in node_policy_statements(self.stack_tag_value, deployment_tag_value=deployment_tag_value,
-                                                adopt_volume_id=adopt_volume_id):
-            if data_volume_access or statement.sid == "Describe":
-                self.role.add_to_principal_policy(statement)
+        statements = (node_policy_statements(self.stack_tag_value, deployment_tag_value=deployment_tag_value,
+                                             adopt_volume_id=adopt_volume_id)
+                      if data_volume_access else [_describe_statement()])
+        for statement in statements:
+            self.role.add_to_principal_policy(statement)
         for asset in assets:
             self.grant_read_asset(asset)
 
@@ -197,7 +198,7 @@ class TrainingNodeRole(constructs.Construct):
         """Let the nodes cancel their own stack's spot fleet request (``ec2:CancelSpotFleetRequests`` on a
         request tagged with this role's stack tag value): what a worker does when training completed.
         Roles with ``data_volume_access`` have it already."""
-        self.role.add_to_principal_policy(_statement(self.stack_tag_value, "CancelOwnSpotFleet"))
+        self.role.add_to_principal_policy(_cancel_own_fleet_statement(self.stack_tag_value))
 
     def allow_leaving_fleet(self) -> None:
         """Let a cluster worker leave its spot fleet (docs/contracts.md, "Parameter-server cluster").
@@ -260,9 +261,7 @@ class TrainingNodeRole(constructs.Construct):
             raise ValueError(f"counted_on must be 'fleet' or 'auto-scaling-group', got {counted_on!r}")
         tagged = {f"aws:ResourceTag/{STACK_TAG_KEY}": self.stack_tag_value}
         count_key = {"ForAllValues:StringEquals": {"aws:TagKeys": [FAILED_BOOTS_TAG]}, "Null": {"aws:TagKeys": "false"}}
-        statements = {s.sid: s for s in node_policy_statements(self.stack_tag_value,
-                                                               deployment_tag_value=self.deployment_tag_value)}
-        self.role.add_to_principal_policy(statements["TagOwnInstanceBootError"])
+        self.role.add_to_principal_policy(_boot_error_statement(self.stack_tag_value))
         if counted_on == "fleet":
             self.role.add_to_principal_policy(iam.PolicyStatement(
                 sid="CountFailedBootsOnOwnFleet", actions=["ec2:CreateTags", "ec2:DeleteTags"],
@@ -279,7 +278,7 @@ class TrainingNodeRole(constructs.Construct):
         self.role.add_to_principal_policy(iam.PolicyStatement(
             sid="SuspendLaunchesOfOwnGroup", actions=["autoscaling:SuspendProcesses"], resources=[group_arn],
             conditions={"StringEquals": tagged}))
-        self.role.add_to_principal_policy(statements["CancelOwnSpotFleet"])
+        self.role.add_to_principal_policy(_cancel_own_fleet_statement(self.stack_tag_value))
 
     @property
     def grant_principal(self) -> iam.IPrincipal:
@@ -287,9 +286,34 @@ class TrainingNodeRole(constructs.Construct):
         return self.role
 
 
-def _statement(stack_tag_value: str, sid: str) -> iam.PolicyStatement:
-    """The statement ``sid`` of :func:`node_policy_statements`, for the grant methods that add one alone."""
-    return next(s for s in node_policy_statements(stack_tag_value) if s.sid == sid)
+def _describe_statement() -> iam.PolicyStatement:
+    """EC2's Describe calls the agent makes; they support no resource-level permissions (``"*"``)."""
+    return iam.PolicyStatement(sid="Describe", actions=list(DESCRIBE_ACTIONS), resources=["*"])
+
+
+def _boot_error_statement(stack_tag_value: str) -> iam.PolicyStatement:
+    """Tag an instance of this stack with the failed boot step (only that key).
+
+    The boot-failure script (spot_training/infra/userdata.py) tags its own instance with the failed
+    step, where the user sees it in the console.
+    """
+    return iam.PolicyStatement(
+        sid="TagOwnInstanceBootError",
+        actions=["ec2:CreateTags"],
+        resources=[_arn("instance/*")],
+        conditions={"StringEquals": {f"aws:ResourceTag/{STACK_TAG_KEY}": stack_tag_value},
+                    "ForAllValues:StringEquals": {"aws:TagKeys": [BOOT_ERROR_TAG]}},
+    )
+
+
+def _cancel_own_fleet_statement(stack_tag_value: str) -> iam.PolicyStatement:
+    """``ec2:CancelSpotFleetRequests`` on spot fleet requests tagged with this stack only."""
+    return iam.PolicyStatement(
+        sid="CancelOwnSpotFleet",
+        actions=["ec2:CancelSpotFleetRequests"],
+        resources=[_arn("spot-fleet-request/*")],
+        conditions={"StringEquals": {f"aws:ResourceTag/{STACK_TAG_KEY}": stack_tag_value}},
+    )
 
 
 def _arn(resource: str) -> str:
@@ -326,7 +350,7 @@ def node_policy_statements(stack_tag_value: str, *, deployment_tag_value: str | 
     identity_keys = [STACK_TAG_KEY, DEPLOYMENT_TAG_KEY]
     volume, snapshot, instance = _arn("volume/*"), _snapshot_arn(), _arn("instance/*")
     statements = [
-        iam.PolicyStatement(sid="Describe", actions=list(DESCRIBE_ACTIONS), resources=["*"]),
+        _describe_statement(),
         # Each create call is authorised on two resources: the new one (must be requested with the
         # stack and deployment tags) and its source (must already carry them): CreateVolume's source
         # snapshot, CreateSnapshot's source volume.
@@ -387,20 +411,8 @@ def node_policy_statements(stack_tag_value: str, *, deployment_tag_value: str | 
             resources=[volume, snapshot],
             conditions=data,
         ),
-        # The boot-failure script (spot_training/infra/userdata.py) tags its own instance with the failed step, where
-        # the user sees it in the console; only that key, only on this stack's instances.
-        iam.PolicyStatement(
-            sid="TagOwnInstanceBootError",
-            actions=["ec2:CreateTags"],
-            resources=[instance],
-            conditions={**tagged, "ForAllValues:StringEquals": {"aws:TagKeys": [BOOT_ERROR_TAG]}},
-        ),
-        iam.PolicyStatement(
-            sid="CancelOwnSpotFleet",
-            actions=["ec2:CancelSpotFleetRequests"],
-            resources=[_arn("spot-fleet-request/*")],
-            conditions=tagged,
-        ),
+        _boot_error_statement(stack_tag_value),
+        _cancel_own_fleet_statement(stack_tag_value),
     ]
     if adopt_volume_id is not None and deployment_tag_value is not None:
         # The user named this retained volume: the agent sets its deployment tag to ours (and only that).
