@@ -22,6 +22,7 @@ REPO = Path(__file__).resolve().parent.parent
 #: The parts of ``spot_training`` (directories or single modules, relative to the repository) checked.
 PACKAGES = (
     "spot_training/contract",
+    "spot_training/training",
 )
 #: ``"path:qualified.name"`` -> why it may lack a docstring or an ``Args:`` section.
 ALLOWED: dict[str, str] = {}
