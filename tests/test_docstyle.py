@@ -23,6 +23,7 @@ REPO = Path(__file__).resolve().parent.parent
 PACKAGES = (
     "spot_training/contract",
     "spot_training/training",
+    "spot_training/agent",
 )
 #: ``"path:qualified.name"`` -> why it may lack a docstring or an ``Args:`` section.
 ALLOWED: dict[str, str] = {}

@@ -135,6 +135,13 @@ def report_boot_failure(step: str, message: str, *, environ: Any = None, timeout
 
     Returns False (and logs why) when no script is configured (the agent runs outside its unit) or it
     could not be run; True when it ran (whatever its exit status: it shuts the instance down).
+
+    Args:
+        step: the boot step that failed; ``config`` and ``trainer`` are final (a replacement would fail
+            the same way), any other step is counted.
+        message: the error, one line (whitespace collapsed, cut to 500 characters for the script).
+        environ: where ``$SPOT_TRAINING_ON_BOOT_FAILURE`` is read (default ``os.environ``).
+        timeout_s: seconds the script may run (default 300).
     """
     import subprocess
 

@@ -18,13 +18,25 @@ __all__ = ["leave_fleet", "finish_node"]
 
 
 def leave_fleet(*, ec2: Any, instance_id: str, stack_name: str) -> str | None:
-    """After a worker left because its member tag was removed: lower its spot fleet's target capacity by
-    one (``ExcessCapacityTerminationPolicy=noTermination``, so the fleet picks no other victim), then
-    terminate this instance. Without the lower target a ``maintain`` fleet would launch a replacement.
+    """After a worker left because its member tag was removed: lower its fleet's target capacity, then terminate it.
 
-    Only a fleet tagged ``spot-training:stack`` = ``stack_name`` is touched (as spot_training.agent.cleanup).
-    Returns the fleet request id, or None when no fleet of ours holds the instance (then nothing is
-    changed; the instance is left running for whoever launched it). Raises botocore's ClientError.
+    The spot fleet's target capacity is lowered by one (``ExcessCapacityTerminationPolicy=noTermination``,
+    so the fleet picks no other victim), then this instance is terminated. Without the lower target a
+    ``maintain`` fleet would launch a replacement. Only a fleet tagged ``spot-training:stack`` =
+    ``stack_name`` is touched (as :mod:`spot_training.agent.cleanup`). Source: Amazon EC2 API Reference,
+    "ModifySpotFleetRequest".
+
+    Args:
+        ec2: a boto3 EC2 client.
+        instance_id: this instance (``i-…``).
+        stack_name: this deployment's stack name.
+
+    Returns:
+        the fleet request id, or None when no fleet of ours holds the instance (then nothing is changed;
+        the instance is left running for whoever launched it).
+
+    Raises:
+        botocore.exceptions.ClientError: an API call failed (after the client's retries).
     """
     fleet_id = find_fleet_request_id(ec2, instance_id)
     fleets = fleet_requests(ec2, [fleet_id]) if fleet_id else []

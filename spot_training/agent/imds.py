@@ -79,6 +79,7 @@ class SpotInstanceAction:
 
     @property
     def id(self) -> str:
+        """``spot-interruption:<action>:<time ISO 8601>``: the same for every poll of one notice."""
         return f"spot-interruption:{self.action}:{self.time.isoformat()}"
 
 
@@ -90,6 +91,7 @@ class RebalanceRecommendation:
 
     @property
     def id(self) -> str:
+        """``rebalance-recommendation:<notice time ISO 8601>``: the same for every poll of one recommendation."""
         return f"rebalance-recommendation:{self.notice_time.isoformat()}"
 
 

@@ -40,6 +40,14 @@ class JsonLineFormatter(logging.Formatter):
     redacted); exceptions go into ``exception`` as formatted text."""
 
     def format(self, record: logging.LogRecord) -> str:
+        """One JSON line: ``time`` (UTC, milliseconds), ``level``, ``logger``, ``message``, the extra fields, ``exception``.
+
+        Args:
+            record: the log record.
+
+        Returns:
+            the line, without its newline (non-JSON values as ``str``).
+        """
         entry: dict[str, Any] = {
             "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z",
             "level": record.levelname,
@@ -55,10 +63,17 @@ class JsonLineFormatter(logging.Formatter):
 
 
 def setup_logging(*, level: int | str = logging.INFO, stream: IO[str] | None = None) -> logging.Logger:
-    """Configure the ``spot_training.agent`` logger once: JSON lines to ``stream`` (default ``sys.stdout``).
+    """Configure the ``spot_training.agent`` logger once: JSON lines to ``stream``.
 
-    Idempotent: calling it again replaces the stream handler instead of adding a second one. Returns
-    the ``spot_training.agent`` logger; modules use ``logging.getLogger(__name__)``.
+    Idempotent: calling it again replaces the stream handler instead of adding a second one. Modules use
+    ``logging.getLogger(__name__)``.
+
+    Args:
+        level: the logger's level (default ``logging.INFO``).
+        stream: where the lines go (default ``sys.stdout``).
+
+    Returns:
+        the ``spot_training.agent`` logger.
     """
     logger = logging.getLogger(LOGGER_NAME)
     logger.setLevel(level)
@@ -76,7 +91,7 @@ def setup_logging(*, level: int | str = logging.INFO, stream: IO[str] | None = N
 class _NoFollowFileHandler(logging.FileHandler):
     """A FileHandler that opens its file with :func:`spot_training.agent.safepath.open_file`: the log lives on
     the data volume, which the training user controls, and the agent runs as root, so neither the
-    directory nor ``agent.jsonl`` may be a symlink the user planted (issue 15, item 4)."""
+    directory nor ``agent.jsonl`` may be a symlink the user planted (root would write where it points)."""
 
     def _open(self):  # type: ignore[override]
         from spot_training.agent.safepath import open_file

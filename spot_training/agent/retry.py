@@ -127,7 +127,17 @@ class RetryPolicy:
                              f"max_delay={self.max_delay!r}")
 
     def delay(self, attempt: int, rng: Callable[[], float] = random.random) -> float:
-        """Full-jitter delay in seconds before attempt ``attempt + 1`` (``attempt`` counts from 0)."""
+        """Full-jitter delay in seconds before attempt ``attempt + 1`` (``attempt`` counts from 0).
+
+        Source: AWS Architecture Blog, "Exponential Backoff And Jitter" (full jitter).
+
+        Args:
+            attempt: attempts made so far, from 0.
+            rng: uniform random numbers in [0, 1) (default ``random.random``).
+
+        Returns:
+            seconds to wait, uniform in ``[0, min(max_delay, base_delay * 2**attempt))``.
+        """
         return rng() * min(self.max_delay, self.base_delay * (2 ** attempt))
 
 

@@ -86,7 +86,17 @@ def probe(python: str) -> dict:
 
 
 def env_key(interpreter: dict, requirements: Sequence[str], inherit_site_packages: bool) -> str:
-    """16 hex digits identifying the environment (see the module docstring)."""
+    """16 hex digits identifying the environment (see the module docstring).
+
+    Args:
+        interpreter: the interpreter's probe (``version``, ``implementation``, ``machine``,
+            ``base_executable``).
+        requirements: the requirement lines (order and surrounding whitespace do not matter).
+        inherit_site_packages: whether the environment sees the interpreter's site-packages.
+
+    Returns:
+        the first 16 hex digits of the SHA-256 of those inputs.
+    """
     material = json.dumps({"python": [interpreter["version"], interpreter["implementation"], interpreter["machine"],
                                       interpreter["base_executable"]],
                            "requirements": sorted(r.strip() for r in requirements),
