@@ -24,6 +24,7 @@ PACKAGES = (
     "spot_training/contract",
     "spot_training/training",
     "spot_training/agent",
+    "spot_training/infra",
 )
 #: ``"path:qualified.name"`` -> why it may lack a docstring or an ``Args:`` section.
 ALLOWED: dict[str, str] = {}

@@ -218,6 +218,8 @@ class ParameterServerCluster(constructs.Construct):
         """Define the cluster.
 
         Args:
+            scope: the parent construct.
+            construct_id: the construct's id, unique within ``scope``.
             vpc: the VPC of the nodes.
             machine_image: the AMI of every node (e.g. the Deep Learning Base AMI from its public SSM parameter).
             framework: :class:`Framework`; default ``MXNET``.

@@ -48,6 +48,8 @@ class SharedFileSystem(constructs.Construct):
         """Define the file system, its mount targets and the access point.
 
         Args:
+            scope: the parent construct.
+            construct_id: the construct's id, unique within ``scope``.
             vpc: the VPC of the nodes.
             vpc_subnets: where mount targets go, one per AZ; default: the VPC's public subnets
                 (where the training nodes of our stacks run; a new VPC of ours has no private ones).

@@ -49,8 +49,17 @@ _NODE_OPTIONS = frozenset(inspect.signature(node_config).parameters) - _WIRED
 
 
 def default_job_id(scope: constructs.IConstruct, construct_id: str) -> str:
-    """``<stack name>-<construct path below the stack>`` with every other character than letters,
-    digits and hyphens dropped, at most 128 characters: unique per app when construct paths are."""
+    """``<stack name>-<construct path below the stack>``: a job id, unique per app when construct paths are.
+
+    Every character other than letters, digits and hyphens is dropped; at most 128 characters.
+
+    Args:
+        scope: the job's parent construct (inside a stack).
+        construct_id: the job's construct id.
+
+    Returns:
+        the job id.
+    """
     stack = cdk.Stack.of(scope)
     below = [c.node.id for c in scope.node.scopes[len(stack.node.scopes):]] + [construct_id]
     raw = "-".join([stack.stack_name, *below])
@@ -120,6 +129,8 @@ class TrainingJob(constructs.Construct):
         """Define the job.
 
         Args:
+            scope: the parent construct.
+            construct_id: the construct's id, unique within ``scope``.
             vpc: the VPC of the nodes (an ``ec2.IVpc``: ``ec2.Vpc(...)`` or ``Vpc.from_lookup``).
             job_id: the identity; default: ``<stack name>-<construct path>`` (:func:`default_job_id`).
                 Letters, digits and hyphens, starting with a letter, 1..128 characters, unique in the app.
@@ -281,7 +292,15 @@ class TrainingJob(constructs.Construct):
         return self.fleet.connections
 
     def grant_read_bucket(self, bucket: s3.IBucket, objects_key_pattern: str | None = None) -> iam.Grant:
-        """Let the nodes read ``bucket`` (or the keys matching ``objects_key_pattern``): ``bucket.grant_read``."""
+        """Let the nodes read ``bucket`` (or the keys matching ``objects_key_pattern``): ``bucket.grant_read``.
+
+        Args:
+            bucket: the bucket.
+            objects_key_pattern: restrict to keys matching this pattern (default: every object).
+
+        Returns:
+            the ``iam.Grant``.
+        """
         return bucket.grant_read(self, objects_key_pattern)
 
 
