@@ -25,6 +25,7 @@ PACKAGES = (
     "spot_training/training",
     "spot_training/agent",
     "spot_training/infra",
+    "spot_training/ops",
 )
 #: ``"path:qualified.name"`` -> why it may lack a docstring or an ``Args:`` section.
 ALLOWED: dict[str, str] = {}
