@@ -26,6 +26,7 @@ PACKAGES = (
     "spot_training/agent",
     "spot_training/infra",
     "spot_training/ops",
+    "spot_training/cli.py",
 )
 #: ``"path:qualified.name"`` -> why it may lack a docstring or an ``Args:`` section.
 ALLOWED: dict[str, str] = {}
