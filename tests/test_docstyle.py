@@ -9,25 +9,22 @@ A static check with :mod:`ast` (no import, so it runs in the unit tier in well u
 
 Nested functions (closures) are not public and are not checked. :data:`PACKAGES` lists the parts of
 ``spot_training`` the check covers; :data:`ALLOWED` the names it lets pass, each with the reason.
+
+Code and comments give reasons, not tracker numbers: no ``issue N`` in ``spot_training`` (a reference
+to another project's issue, such as ``pytorch/pytorch issue 100974``, is a source and passes).
 """
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-#: The parts of ``spot_training`` (directories or single modules, relative to the repository) checked.
-PACKAGES = (
-    "spot_training/contract",
-    "spot_training/training",
-    "spot_training/agent",
-    "spot_training/infra",
-    "spot_training/ops",
-    "spot_training/cli.py",
-)
+#: The parts of ``spot_training`` (directories or single modules, relative to the repository) checked: all of it.
+PACKAGES = ("spot_training",)
 #: ``"path:qualified.name"`` -> why it may lack a docstring or an ``Args:`` section.
 ALLOWED: dict[str, str] = {}
 
@@ -111,6 +108,42 @@ def test_every_public_name_has_a_google_style_docstring() -> None:
             if key not in ALLOWED:
                 missing.append(line)
     assert not missing, f"{len(missing)} public names lack a docstring or its Args: section:\n" + "\n".join(missing)
+
+
+#: ``issue 15``, ``issue #15``, ``Issue 15`` ...; a line naming ``owner/repo issue N`` (another project's
+#: tracker) passes.
+_ISSUE_REFERENCE = re.compile(r"\bissues?\s*#?\d+", re.IGNORECASE)
+
+
+def issue_references(text: str, label: str) -> list[str]:
+    """``label:line: text`` of every line of ``text`` that names one of this project's issues by number.
+
+    Args:
+        text: a module's source.
+        label: its path, for the messages.
+
+    Returns:
+        one entry per offending line.
+    """
+    return [f"{label}:{n}: {line.strip()}" for n, line in enumerate(text.splitlines(), 1)
+            if _ISSUE_REFERENCE.search(line) and not re.search(r"[\w.-]+/[\w.-]+ issues? #?\d+", line)]
+
+
+def test_code_gives_reasons_not_issue_numbers() -> None:
+    found = []
+    for path in _modules():
+        found += issue_references(path.read_text(encoding="utf-8"), str(path.relative_to(REPO)))
+    assert not found, "replace each issue reference by the reason it stood for:\n" + "\n".join(found)
+
+
+@pytest.mark.parametrize(("line", "flagged"), [
+    ("# the lease (issue 15, item 4)", True),
+    ("x = 1  # see Issue #7", True),
+    ("#: dependencies (pytorch/pytorch issue 100974), so no extra index", False),
+    ("an issue with the network", False),
+])
+def test_the_issue_check_tells_references_from_sources(line: str, flagged: bool) -> None:
+    assert bool(issue_references(line, "m.py")) is flagged
 
 
 def test_allow_list_entries_still_exist_and_say_why() -> None:
