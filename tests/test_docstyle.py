@@ -1,4 +1,4 @@
-"""Every public name in ``spot_training`` has a Google-style docstring (the team's guide, "Docstrings").
+"""Every public name in ``spot_training`` and ``bench`` has a Google-style docstring (the team's guide, "Docstrings").
 
 A static check with :mod:`ast` (no import, so it runs in the unit tier in well under a second):
 
@@ -23,8 +23,8 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-#: The parts of ``spot_training`` (directories or single modules, relative to the repository) checked: all of it.
-PACKAGES = ("spot_training",)
+#: The parts of the repository (directories or single modules) checked: the library and the benchmarks.
+PACKAGES = ("spot_training", "bench")
 #: ``"path:qualified.name"`` -> why it may lack a docstring or an ``Args:`` section.
 ALLOWED: dict[str, str] = {}
 
