@@ -335,8 +335,12 @@ class Plan:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "Plan":
-        """Parse ``plan.json``'s content. Raises ValueError when it is not a valid plan (a field of the
-        wrong type, a member without a node id, IPv4 host and port, a worker without a rank)."""
+        """Parse ``plan.json``'s content.
+
+        Raises:
+            ValueError: not a valid plan (a field of the wrong type, a member without a node id, IPv4
+                host and port, a worker without a rank).
+        """
         members = [data.get("scheduler")]
         for key in ("servers", "workers"):
             if not isinstance(data.get(key), list) or len(data[key]) > MAX_WORKERS + MAX_SERVERS:

@@ -406,9 +406,10 @@ def _json_depth(text: str) -> int:
 def parse_config(data: Any) -> AgentConfig:
     """Validate an already-decoded config document and build the frozen AgentConfig.
 
-    Raises ConfigError listing every problem: missing or unknown keys, wrong types (``true`` is not
-    an integer), values outside the allowed set (region, framework, node_role, fs_type), relative
-    paths, a volume tag filter that does not scope to this stack.
+    Raises:
+        ConfigError: listing every problem: missing or unknown keys, wrong types (``true`` is not an
+            integer), values outside the allowed set (region, framework, node_role, fs_type),
+            relative paths, a volume tag filter that does not scope to this stack.
     """
     v = _Validator()
     root = v.object(data, "")

@@ -243,8 +243,12 @@ class _VolumeStep:
         is explicit. Only a volume carrying this stack's tag and the data-volume purpose is adopted, by
         setting its ``spot-training:deployment`` tag to ours (nothing else changes). Already ours: nothing
         to do. Gone: fine once this deployment has a volume (an adopted volume moved to another AZ is
-        retired after its copy is verified), else ConfigError. Raises ConfigError (exit 78) naming the
-        volume and its tags when it is not this stack's data volume."""
+        retired after its copy is verified), else ConfigError.
+
+        Raises:
+            ConfigError: (exit 78) naming the volume and its tags when it is not this stack's data
+                volume.
+        """
         volume_id = self.volume_config.adopt_volume_id
         if volume_id is None or DEPLOYMENT_TAG not in self.tags:
             return

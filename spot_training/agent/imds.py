@@ -124,8 +124,9 @@ class ImdsClient:
             capped at half the TTL).
         clock: monotonic seconds (default ``time.monotonic``); sleep, rng: injectable for tests.
 
-    Raises ValueError for out-of-range arguments. Methods raise :class:`ImdsForbiddenError` (403),
-    :class:`ImdsUnavailableError` (no answer after retries) or :class:`ImdsNotFoundError`.
+    Raises:
+        ValueError: out-of-range arguments. Methods raise :class:`ImdsForbiddenError` (403),
+            :class:`ImdsUnavailableError` (no answer after retries) or :class:`ImdsNotFoundError`.
     """
 
     def __init__(self, endpoint: str | None = None, *, timeout_s: float = 2.0, attempts: int = 3,

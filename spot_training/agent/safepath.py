@@ -60,8 +60,11 @@ def open_directory(path: str | os.PathLike[str], *, create: bool = False,
             leave ownership alone.
 
     Returns an ``O_DIRECTORY`` file descriptor (close-on-exec); the caller closes it.
-    Raises UnsafePathError (a user-controlled component is a symlink or not a directory),
-    FileNotFoundError (missing and ``create`` is False), OSError.
+
+    Raises:
+        UnsafePathError: a user-controlled component is a symlink or not a directory.
+        FileNotFoundError: missing and ``create`` is False.
+        OSError: as the file system raises it.
     """
     pure = PurePosixPath(os.fspath(path))
     if not pure.is_absolute() or ".." in pure.parts:
@@ -284,7 +287,12 @@ def list_directory(path: str | os.PathLike[str]) -> list[str]:
 
 def unlink(path: str | os.PathLike[str]) -> None:
     """Remove the entry ``path`` (a link is removed itself, never its target) relative to its directory
-    opened by :func:`open_directory`; missing is fine. Raises UnsafePathError, OSError."""
+    opened by :func:`open_directory`; missing is fine.
+
+    Raises:
+        UnsafePathError: a user-controlled component of the directory is a symlink.
+        OSError: as the file system raises it.
+    """
     pure = PurePosixPath(os.fspath(path))
     try:
         dir_fd = open_directory(pure.parent)

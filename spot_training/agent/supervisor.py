@@ -195,9 +195,10 @@ class Supervisor:
     def run(self, watcher: "InterruptionWatcher | None" = None) -> Outcome:
         """Supervise until training completes, is interrupted, or the agent is stopped.
 
-        Raises VolumeNotMountedError (before anything starts, and before each restart),
-        ConfigError (bad code location, unknown user, command not executable), TrainerFailedError
-        (more than ``max_restarts`` consecutive crashes).
+        Raises:
+            VolumeNotMountedError: before anything starts, and before each restart.
+            ConfigError: bad code location, unknown user, command not executable.
+            TrainerFailedError: more than ``max_restarts`` consecutive crashes.
         """
         self.workspace.require_mounted()
         if self.completed():

@@ -77,7 +77,11 @@ class EnvironmentBuildError(RuntimeError):
 
 def probe(python: str) -> dict:
     """What ``python`` is: ``version``, ``implementation``, ``machine``, ``base_executable``,
-    ``site_packages`` (list of paths). Raises EnvironmentBuildError when it cannot be run."""
+    ``site_packages`` (list of paths).
+
+    Raises:
+        EnvironmentBuildError: the interpreter cannot be run.
+    """
     try:
         out = subprocess.run([python, "-c", _PROBE], capture_output=True, text=True, timeout=60, check=True)
     except (OSError, subprocess.SubprocessError) as exc:

@@ -111,8 +111,12 @@ class Workspace:
     # ---- code -------------------------------------------------------------------------------
     def prepare_code(self) -> Path:
         """The directory the trainer runs in: the asset path, or the git checkout in
-        ``<mount_point>/workspace`` at the pinned ref. Raises ConfigError when the asset directory is
-        missing or the ref does not exist, TemporaryError when ``git clone``/``fetch`` fails."""
+        ``<mount_point>/workspace`` at the pinned ref.
+
+        Raises:
+            ConfigError: the asset directory is missing or the ref does not exist.
+            TemporaryError: ``git clone``/``fetch`` fails.
+        """
         code = self.training.code
         if code.type == "asset":
             if not code.path.is_dir():
@@ -219,7 +223,10 @@ class Workspace:
     def user(self) -> tuple[int, int, list[int]] | None:
         """``(uid, gid, supplementary groups)`` of the training user the agent drops to, or None to run
         as the current user; what :meth:`ProcessGroup.start` takes (the cluster agents use it too).
-        Raises ConfigError when the agent is root and ``training.user`` does not exist."""
+
+        Raises:
+            ConfigError: the agent is root and ``training.user`` does not exist.
+        """
         return user_ids(self.account())
 
     def owner(self) -> tuple[int, int] | None:

@@ -625,9 +625,12 @@ class _Watcher:
                          "workers": int(last["num_workers"]), "generation": int(last["generation"])})
 
     def until(self, predicate: Callable[[], Any], what: str, *, completion_expected: bool = False) -> Any:
-        """Poll every 0.25 s until ``predicate()`` is truthy; returns its value. Raises DrillError when
-        training completed first (unless ``completion_expected``), an agent exited non-zero, or the
-        deadline passed."""
+        """Poll every 0.25 s until ``predicate()`` is truthy; returns its value.
+
+        Raises:
+            DrillError: training completed first (unless ``completion_expected``), an agent exited non-
+                zero, or the deadline passed.
+        """
         while True:
             self.refresh()
             value = predicate()

@@ -73,8 +73,10 @@ class ImdsEmulator:
         port: TCP port on 127.0.0.1 (default 0: a free one, see :attr:`endpoint`).
         clock: seconds, used for token expiry (default ``time.monotonic``).
 
-    Use as a context manager or call :meth:`start` / :meth:`stop`. Raises ``ValueError`` for an
-    availability zone without a region suffix.
+    Use as a context manager or call :meth:`start` / :meth:`stop`.
+
+    Raises:
+        ValueError: an availability zone without a region suffix.
     """
 
     def __init__(self, *, instance_id: str, availability_zone: str, region: str | None = None,
@@ -147,7 +149,11 @@ class ImdsEmulator:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self) -> "ImdsEmulator":
-        """Bind 127.0.0.1 and serve in a daemon thread. Raises OSError if the port is taken."""
+        """Bind 127.0.0.1 and serve in a daemon thread.
+
+        Raises:
+            OSError: the port is taken.
+        """
         if self._server is not None:
             return self
         handler = type("Handler", (_Handler,), {"emulator": self})

@@ -311,9 +311,12 @@ def run_script(train: Callable[[list[str] | None], int], argv: list[str] | None 
 def check_writable(directory: str | os.PathLike) -> Path:
     """Create ``directory`` if needed and prove this process can create, write and remove a file in it.
 
-    Returns the directory as a Path. Raises CheckpointPathError naming the path, the user id and the
-    reason (not a directory, a parent is a file, read-only, permission denied), before any training
-    step ran, so that a bad directory is found at start and not one save interval later.
+    Returns the directory as a Path.
+
+    Raises:
+        CheckpointPathError: naming the path, the user id and the reason (not a directory, a parent
+            is a file, read-only, permission denied), before any training step ran, so that a bad
+            directory is found at start and not one save interval later.
     """
     path = Path(directory)
     if path.exists() and not path.is_dir():
@@ -645,8 +648,13 @@ class CheckpointDriver:
         Background mode: the adapter's host snapshot now, the write on the writer thread (returns
         None unless ``wait``, then the committed checkpoint). Synchronous mode: writes and returns
         the checkpoint. A step already saved is not written again. Ranks that do not write return
-        None. Raises CheckpointDiskFullError (ENOSPC: names the directory, bytes written and free),
-        or what the adapter or the file system raise; committed checkpoints stay as they were.
+        None.
+
+        Raises:
+            CheckpointDiskFullError: ENOSPC: names the directory, bytes written and free; committed
+                checkpoints stay as they were.
+            Exception: what the adapter or the file system raise; committed checkpoints stay as they
+                were.
         """
         started = time.perf_counter()
         if self.last_saved_step == self.step:
@@ -872,7 +880,11 @@ class CheckpointDriver:
 
     def finish(self) -> Checkpoint | None:
         """Write the final checkpoint (waited for), then ``COMPLETED``; return the checkpoint
-        (None on ranks that do not write). Raises CheckpointError if it is not in the directory."""
+        (None on ranks that do not write).
+
+        Raises:
+            CheckpointError: the final checkpoint is not in the directory.
+        """
         ckpt = self.save(wait=True)
         if self.adapter.is_writer:
             if ckpt is None or ckpt.step != self.step:

@@ -135,7 +135,11 @@ class KerasCheckpointer:
     # -- state
     def ensure_built(self, sample_x: np.ndarray | None = None) -> None:
         """Build the model (calling it on ``sample_x`` if needed) and the optimizer's slots, so every
-        variable exists before a restore. Raises ValueError if the model is unbuilt and no sample is given."""
+        variable exists before a restore.
+
+        Raises:
+            ValueError: the model is unbuilt and no sample is given.
+        """
         if not self.model.built:
             if sample_x is None:
                 raise ValueError(
@@ -245,8 +249,9 @@ class KerasCheckpointer:
     def read(self, ckpt: Checkpoint) -> None:
         """Assign a checkpoint's values to the model and optimizer, after checking every shape.
 
-        Raises ShapeMismatchError naming the checkpoint path, the variable, the expected and the
-        actual shape (or the variable counts); nothing is assigned in that case.
+        Raises:
+            ShapeMismatchError: naming the checkpoint path, the variable, the expected and the actual
+                shape (or the variable counts); nothing is assigned in that case.
         """
         index = json.loads((ckpt.path / INDEX_FILE).read_text())["variables"]
         current = self._variables()

@@ -127,11 +127,10 @@ class StatesPickler(pickle.Pickler):
 
     ``NDArray.__getstate__`` copies each array's ``MXNDArraySaveRawBytes`` output into a new
     ``bytearray``, and protocol 4 copies that again into ``bytes``: two copies into fresh memory per
-    array, 0.09-0.10 s of writer CPU for the 43 MB of Adam states of the 5.4 M-parameter benchmark
-    model on a 2-core VM, where ``mx.nd.save`` writes the 21.5 MB of parameters in 0.015 s. This
-    pickler gives pickle a writable view of those serialized bytes (a protocol-5
+    array. This pickler gives pickle a writable view of those serialized bytes (a protocol-5
     ``PickleBuffer``, written in-band, so ``pickle.loads`` returns it as the ``bytearray``
-    ``NDArray.__setstate__`` expects): 0.022 s for the same states. The stream holds the same
+    ``NDArray.__setstate__`` expects), which saves both copies (the writer CPU time this saves:
+    docs/training-mxnet.md, "What a checkpoint holds"). The stream holds the same
     objects as ``pickle.dumps((states, optimizer))`` and ``Trainer.load_states`` reads it.
     Hand-rolled because MXNet's NDArray pickling offers no way around the copies.
 
@@ -256,10 +255,8 @@ def sync_distributed_parameters(trainer, *, logger: logging.Logger | None = None
     the first gradient round completed there, and that worker takes the summed gradients as its
     weights. (On the CPU the kvstore pushes the gradient array itself instead of copying it into the
     buffer the pull writes, so the engine sees no dependency between the two.) Seen here with
-    ``dist_sync``, ``update_on_kvstore=False``: rank 0's loss went from 2.3 to 14.3 at step 2 of a
-    2-worker run on a loaded machine, a CI run of the cluster drill ended at 0.1 held-out accuracy,
-    and 19 of 48 two-worker trials (6 clusters at once on 2 cores) ended step 1 with different
-    weights on the two workers; 0 of 24 after this call (tests/mxnet/test_dist_init.py).
+    ``dist_sync``, ``update_on_kvstore=False``; tests/mxnet/test_dist_init.py reproduces it, and
+    docs/training-mxnet.md gives the figures.
 
     Does the broadcast ahead of time (``Trainer._init_kvstore``/``_init_params``, what
     ``Trainer.save_states`` and ``load_states`` call first; MXNet has no public way) and waits for

@@ -523,9 +523,10 @@ class CheckpointStore:
         """Find :meth:`latest`, check its framework, call ``read(ckpt)`` and return it (None when
         there is no checkpoint, and ``read`` is not called).
 
-        Raises FrameworkMismatchError when the newest verified checkpoint was written by another
-        framework; whatever ``read`` raises (adapters raise ShapeMismatchError) propagates.
-        Nothing is deleted in any case.
+        Raises:
+            FrameworkMismatchError: the newest verified checkpoint was written by another framework.
+            Exception: whatever ``read`` raises (adapters raise ShapeMismatchError) propagates. Nothing
+                is deleted in any case.
         """
         ckpt = self.latest()
         if ckpt is None:

@@ -245,8 +245,9 @@ class TorchAdapter(StateAdapter):
         every_seconds: distributed jobs only: rank 0's clock asks for a save this often (seconds),
             agreed by all ranks; None: off. (Single process: the driver's own schedule does it.)
 
-    Raises ValueError on a bad ``snapshot_mode``, an ``extra`` object without state_dict, or
-    ``$WORLD_SIZE`` > 1 (a ``torchrun`` launch) before ``torch.distributed`` is initialised.
+    Raises:
+        ValueError: a bad ``snapshot_mode``, an ``extra`` object without state_dict, or
+            ``$WORLD_SIZE`` > 1 (a ``torchrun`` launch) before ``torch.distributed`` is initialised.
     """
 
     framework = "pytorch"
@@ -341,7 +342,11 @@ class TorchAdapter(StateAdapter):
     def check_metadata(self, ckpt: Checkpoint) -> None:
         """The adapter's checks, then: the same optimizer class and the same per-rank batch size and
         dataset size as the checkpoint (recorded since these were added; older checkpoints pass), before
-        anything is read. Raises ShapeMismatchError naming the checkpoint and the difference."""
+        anything is read.
+
+        Raises:
+            ShapeMismatchError: naming the checkpoint and the difference.
+        """
         super().check_metadata(ckpt)
         saved, live = ckpt.metadata, self.metadata()
         labels = {"optimizer": "optimizer", "batch_size": "batch size per rank", "examples": "examples in the dataset"}
@@ -667,7 +672,9 @@ class StepSampler(torch.utils.data.Sampler):
         rank, world_size: shard each global batch of ``batch_size * world_size`` examples by rank
             (default: from ``torch.distributed`` when initialised, else 0 and 1).
 
-    Raises ValueError when ``batch_size * world_size > n`` (from batch_indices).
+    Raises:
+        ValueError: ``batch_size * world_size > n`` (from batch_indices), or ``rank`` outside ``[0,
+            world_size)``.
     """
 
     def __init__(self, n: int, batch_size: int, *, seed: int = 0, start: int | Callable[[], int] = 0,

@@ -83,7 +83,11 @@ class SoftmaxAdapter(StateAdapter):
 
 
 def train(argv: list[str] | None = None) -> int:
-    """Train (see the module docstring); returns 0. Raises SystemExit(2) for bad options."""
+    """Train (see the module docstring); returns 0.
+
+    Raises:
+        SystemExit: 2 for bad options.
+    """
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lr", type=float, default=0.5, help="learning rate (default 0.5)")
     parser.add_argument("--l2", type=float, default=0.0, help="L2 penalty on W (default 0)")
