@@ -276,7 +276,9 @@ def sync_dataset(s3: Any, uri: str, dataset_dir: Path, *, unpack: bool = False,
         owner: ``(uid, gid)`` of the training user, who gets every directory and file; None: unchanged.
         deadline_s: how long transient failures are retried, seconds (default 1800), with jittered
             exponential backoff from 2 s up to 60 s between rounds.
-        sleep, clock, rng: injectable time sources.
+        sleep: sleeps the given seconds (default ``time.sleep``).
+        clock: monotonic seconds (default ``time.monotonic``).
+        rng: jitter source, uniform in [0, 1) (default ``random.random``).
 
     Returns:
         ``{"status": "present"|"synced", "objects": N, "bytes": total size, "downloaded_bytes":

@@ -705,7 +705,10 @@ def prepare_data_volume(
             :class:`~spot_training.agent.blockdev.DirectoryBlockDevices` in local mode.
         log: logger for the JSON-line events (default ``logging.getLogger("spot_training.agent.ebs")``).
         timeouts: deadlines in seconds (:class:`VolumeTimeouts`).
-        clock, wall_clock, sleep, rng: injectable time, sleep and jitter.
+        clock: monotonic seconds (default ``time.monotonic``).
+        wall_clock: seconds since the epoch (default ``time.time``; lease expiries are compared across nodes).
+        sleep: sleeps the given seconds (default ``time.sleep``).
+        rng: jitter source, uniform in [0, 1) (default ``random.random``).
 
     Returns:
         ``config.volume.mount_point``, with the data volume mounted there and owned by the training user.

@@ -124,7 +124,8 @@ def mount_efs(
         log: logger (default ``spot_training.agent.efs``); run: command runner (returns a CompletedProcess);
         which: finds ``mount.efs`` (amazon-efs-utils); proc_mounts: the mount table to read.
         deadline_s: seconds to keep retrying a failing mount (default 180).
-        sleep, rng: injectable for tests.
+        sleep: sleeps the given seconds (default ``time.sleep``; tests pass their own).
+        rng: jitter source, uniform in [0, 1) (default ``random.random``).
 
     Raises:
         ConfigError: ``mount.efs`` is not installed (exit 78; nothing was mounted).

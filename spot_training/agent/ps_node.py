@@ -35,11 +35,16 @@ class _Running:
 class NodeAgent(ClusterMember):
     """Runs one cluster node: registers, heartbeats, follows the plan, supervises its framework process.
 
+    The arguments not listed here are :class:`spot_training.agent.cluster_member.ClusterMember`'s
+    (``settings``, ``role``, ``node_id``, ``host``, ``python``, ``environ``, ``workdir``,
+    ``checkpoint_dir``, ``dataset_dir``, ``log_dir``, ``monitors``, ``netns``, ``preexec_user``,
+    ``port``, ``clock``, ``sleep``); ``clock`` defaults to ``time.time`` and ``sleep`` to ``time.sleep``.
+
     Args:
-        settings, role, node_id, host, python, environ, workdir, checkpoint_dir, dataset_dir, log_dir,
-        monitors, monitor_interval_s (default 5 s; spot interruption and member tag on AWS), netns,
-        preexec_user, port, clock, sleep: as :class:`spot_training.agent.cluster_member.ClusterMember`.
-        framework: ``mxnet``/``tensorflow``. training_argv: the training command (placeholders replaced).
+        framework: ``mxnet`` or ``tensorflow``.
+        training_argv: the training command (placeholders replaced).
+        monitor_interval_s: seconds between monitor polls (default 5; spot interruption and member
+            tag on AWS).
 
     :meth:`run` returns ``"completed"`` (the trainer wrote COMPLETED) or ``"left"`` (this worker left).
     """

@@ -160,7 +160,8 @@ def call_with_retry(
         policy: attempts and delays (:class:`RetryPolicy`).
         deadline: stop retrying (never sleep) past it; default: only the attempt limit.
         retryable: the rule; default :func:`is_retryable`.
-        sleep, rng: injectable for tests.
+        sleep: sleeps the given seconds (default ``time.sleep``; tests pass their own).
+        rng: jitter source, uniform in [0, 1) (default ``random.random``).
         log: where retries are logged (event ``retry``).
 
     Returns:

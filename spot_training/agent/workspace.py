@@ -73,8 +73,8 @@ class Workspace:
         run_as_current_user_if_missing: when root and ``training.user`` does not exist, run as root
             instead of raising ConfigError (local mode only; default False).
         environ: base environment for the trainer (default ``os.environ``).
-        venv_attempts, venv_backoff_s: whole ``pip install`` attempts when building ``training.venv``
-            (default 3), ``venv_backoff_s * n`` seconds apart (default 5 s).
+        venv_attempts: whole ``pip install`` attempts when building ``training.venv`` (default 3).
+        venv_backoff_s: attempt n waits ``venv_backoff_s * n`` seconds (default 5 s).
 
     Attributes:
         python: the trainer's interpreter: ``training.python``, or the venv's once

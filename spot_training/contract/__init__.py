@@ -264,7 +264,8 @@ class Setting:
         name: the context key in ``cdk.json`` and the node config key (same name).
         kind: ``int`` or ``float`` (an integer is a valid float; ``true``/``false`` never are).
         default: used when the value is absent (None: the feature is off).
-        minimum, maximum: inclusive limits (``maximum`` None: unbounded).
+        minimum: the inclusive lower limit.
+        maximum: the inclusive upper limit (None: unbounded).
         unit: for messages and docs (``s``, ``steps``, ``snapshots``, ``TCP port``, ``MiB/s``).
     """
 

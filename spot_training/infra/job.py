@@ -139,10 +139,15 @@ class TrainingJob(constructs.Construct):
             training_python: the interpreter the trainer runs with; default ``/usr/bin/python3``.
             vpc_subnets: where nodes launch; default: the VPC's public subnets.
             machine_image: default: the Deep Learning Base AMI from :data:`DEFAULT_AMI_SSM_PARAMETER`.
-            instance_types, target_capacity, allocation_strategy, max_price: the fleet's (:class:`SpotTrainingFleet`).
+            instance_types: the fleet's (:class:`SpotTrainingFleet`).
+            target_capacity: the fleet's.
+            allocation_strategy: the fleet's.
+            max_price: the fleet's.
             root_volume_size: the nodes' root volume (``cdk.Size`` or GiB); default: the fleet's (150 GiB).
-            volume_size, volume_iops, volume_throughput_mibps, volume_encryption_key: the data volume's
-                (:class:`TrainingVolume`; ``cdk.Size`` or GiB); default: the volume's.
+            volume_size: the data volume's (:class:`TrainingVolume`; ``cdk.Size`` or GiB); default: the volume's.
+            volume_iops: the data volume's; default: the volume's.
+            volume_throughput_mibps: the data volume's (MiB/s); default: the volume's.
+            volume_encryption_key: the data volume's KMS key; default: the volume's.
             adopt_volume_id: make this retained volume the job's instead of creating one.
             pin_to_volume_az: launch only in the data volume's AZ (first of ``vpc_subnets``); default false.
             file_system: a :class:`SharedFileSystem` the nodes mount (NFS opened, IAM granted).

@@ -73,8 +73,10 @@ class SettingsStack(cdk.Stack):
             scope: the app.
             construct_id: default: ``stack_name``.
             stack_name: the CloudFormation stack name unless ``kwargs`` holds one.
-            account, region: the environment unless ``kwargs`` holds ``env``; both None: an
-                environment-agnostic stack.
+            account: the environment's account unless ``kwargs`` holds ``env`` (None with ``region``
+                None: an environment-agnostic stack).
+            region: the environment's region unless ``kwargs`` holds ``env`` (None with ``account``
+                None: an environment-agnostic stack).
             availability_zones: pinned AZs (no lookup); None or empty: CDK's.
             default_description: the stack description unless ``kwargs`` holds ``description``.
             kwargs: passed to ``cdk.Stack``.

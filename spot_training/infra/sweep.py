@@ -111,7 +111,8 @@ class ParallelExperiments(constructs.Construct):
         Args:
             scope: the parent construct.
             construct_id: the construct's id, unique within ``scope``.
-            vpc, vpc_subnets: where the hosts and EFS mount targets go (default: public subnets).
+            vpc: the VPC of the hosts and EFS mount targets.
+            vpc_subnets: their subnets (default: the public subnets).
             instance_types: EC2 types Batch may launch (default g5.xlarge, g4dn.xlarge).
             max_vcpus: the compute environments' ``maxvCpus`` (default 256), >= ``vcpus``.
             on_demand_fallback: add an on-demand environment behind the spot one (default False).

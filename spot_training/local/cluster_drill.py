@@ -119,8 +119,9 @@ class ClusterDrillOptions:
             read-back (local mode cannot ask the AWS Price List API; default: us-east-1 Linux list
             prices g5.xlarge 1.006, g4dn.xlarge 0.526, and the on-demand scheduler's (PyTorch: the
             coordinator's) m5.large 0.096 and servers' m5.xlarge 0.192).
-        ebs_gb_month_price, snapshot_gb_month_price: USD per GB-month (the cluster has no data volume
-            or snapshots; stated for the same cost report as the single-node drill).
+        ebs_gb_month_price: USD per GB-month of EBS (the cluster has no data volume; stated for the
+            same cost report as the single-node drill).
+        snapshot_gb_month_price: USD per GB-month of snapshots (the cluster has none; as above).
     """
 
     work_dir: Path = Path("out/cluster-drill")

@@ -109,8 +109,10 @@ class DrillOptions:
         on_demand_prices: the stated on-demand price in USD/hour of each type, an input of the cost
             report (local mode cannot ask the AWS Price List API; default: the us-east-1 Linux list
             prices g5.xlarge 1.006, g4dn.xlarge 0.526 as AWS published them for 2024-2025).
-        ebs_gb_month_price, snapshot_gb_month_price: stated USD per GB-month (default gp3 0.08,
-            snapshots 0.05: us-east-1 list prices).
+        ebs_gb_month_price: stated USD per GB-month of the data volume (default 0.08: gp3's
+            us-east-1 list price).
+        snapshot_gb_month_price: stated USD per GB-month of snapshots (default 0.05: the us-east-1
+            list price).
     """
 
     work_dir: Path = Path("out/demo")

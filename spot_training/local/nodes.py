@@ -170,7 +170,8 @@ class LocalNode:
     """One fleet instance running as local processes.
 
     Attributes:
-        instance_id, availability_zone: the moto instance.
+        instance_id: the moto instance's id.
+        availability_zone: its AZ.
         node_dir: ``<work_dir>/nodes/<instance-id>``; ``agent.log`` there holds the stand-in init's,
             the user data's, the agent's and the trainer's output, ``user-data`` the script, ``root/`` the
             node's file-system root (the user data writes ``root/etc/spot-training/config.json``).

@@ -832,8 +832,10 @@ def cost_report(aws: Aws, stack: str | None, *, now: dt.datetime, on_demand: dic
             ``TrainingJob``'s identity); reported as ``job``.
         on_demand: USD/hour per instance type given by the user (local mode states its price this way);
             types not in it are asked of the Price List API.
-        ebs_gb_month, snapshot_gb_month: USD per GB-month for the data volume (its type's price) and
-            for snapshots; None: not priced (their sizes and hours are still reported).
+        ebs_gb_month: USD per GB-month for the data volume (its type's price); None: not priced (its
+            size and hours are still reported).
+        snapshot_gb_month: USD per GB-month for snapshots; None: not priced (their sizes and hours
+            are still reported).
 
     Spot instances (``InstanceLifecycle`` spot: the fleet's) are priced with the spot price history;
     on-demand ones (a cluster's scheduler and parameter servers, in Auto Scaling groups) at the

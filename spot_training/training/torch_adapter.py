@@ -669,8 +669,10 @@ class StepSampler(torch.utils.data.Sampler):
         start: the first step, an int or a callable evaluated when iteration begins (a
             :class:`TorchCheckpointer` passes its restored step). Default 0.
         total_steps: stop after this step (exclusive); None: endless.
-        rank, world_size: shard each global batch of ``batch_size * world_size`` examples by rank
-            (default: from ``torch.distributed`` when initialised, else 0 and 1).
+        rank: this rank's shard of each global batch of ``batch_size * world_size`` examples
+            (default: from ``torch.distributed`` when initialised, else 0).
+        world_size: ranks sharing each global batch (default: from ``torch.distributed`` when
+            initialised, else 1).
 
     Raises:
         ValueError: ``batch_size * world_size > n`` (from batch_indices), or ``rank`` outside ``[0,
