@@ -74,7 +74,7 @@ def build(mx, gluon):
 
 
 def make_step(mx, autograd, gluon, net, trainer, x, y):
-    """The training step of the benchmark: batch ``index`` of ``(x, y)`` (:func:`batch_indices`), forward, backward, update.
+    """The benchmark's training step: forward, backward and update on batch ``index`` (:func:`batch_indices`).
 
     Args:
         mx: the ``mxnet`` module.

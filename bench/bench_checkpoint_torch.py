@@ -62,7 +62,7 @@ def build(torch):
 
 
 def make_step(torch, model, optimizer, x, y):
-    """The training step of the benchmark: batch ``index`` of ``(x, y)`` (:func:`batch_indices`), forward, backward, update.
+    """The benchmark's training step: forward, backward and update on batch ``index`` (:func:`batch_indices`).
 
     Args:
         torch: the ``torch`` module.

@@ -116,7 +116,7 @@ def parse_worker_bench_args(description: str, window: int):
 
 
 def worker_steps(steps, step) -> int:
-    """A worker's loop: ``ready``, then ``step N`` after each completed step, which the parent counts (:func:`run_kill_trial`).
+    """A worker's loop: ``ready``, then ``step N`` after each completed step (:func:`run_kill_trial` counts them).
 
     Args:
         steps: a checkpointer's ``steps(...)`` iterator of step indices.

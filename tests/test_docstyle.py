@@ -162,7 +162,8 @@ def test_allow_list_entries_still_exist_and_say_why() -> None:
     [
         ("def f(a, b):\n    'Sum.'\n", ["m.py:1 f: 2 parameters and no Args:"]),
         ("def f(a):\n    pass\n", ["m.py:1 f: no docstring"]),
-        ("class C:\n    def m(self, a, b):\n        'M.'\n", ["m.py:1 C: no docstring", "m.py:2 C.m: 2 parameters and no Args:"]),
+        ("class C:\n    def m(self, a, b):\n        'M.'\n",
+         ["m.py:1 C: no docstring", "m.py:2 C.m: 2 parameters and no Args:"]),
         ("class C:\n    'C.'\n    def __init__(self, a, b):\n        pass\n",
          ["m.py:3 C.__init__: 2 parameters and no Args: (class or __init__)"]),
     ],
@@ -177,7 +178,8 @@ def test_the_check_finds_missing_docstrings(source: str, expected: list[str]) ->
         "def f(a, b):\n    '''Sum.\n\n    Args:\n        a: one.\n        b: two.\n    '''\n",
         "def _f(a, b):\n    pass\n",
         "def f(self):\n    'One.'\n",
-        "class C:\n    '''C.\n\n    Args:\n        a: one.\n        b: two.\n    '''\n    def __init__(self, a, b):\n        pass\n",
+        "class C:\n    '''C.\n\n    Args:\n        a: one.\n        b: two.\n    '''\n"
+        "    def __init__(self, a, b):\n        pass\n",
         "def f():\n    'F.'\n    def inner(a, b):\n        pass\n",
     ],
 )

@@ -200,7 +200,8 @@ class _VolumeStep:
         self.rng = rng
         self.tags = dict(config.volume.tags)
         self.filters = [{"Name": f"tag:{k}", "Values": [v]} for k, v in sorted(self.tags.items())]
-        # Snapshots of this deployment only (never an earlier deployment's data); the volume filters include the tag already.
+        # Snapshots of this deployment only (never an earlier deployment's data); the volume filters
+        # include the tag already.
         self.deployment_filters = [{"Name": f"tag:{k}", "Values": [v]} for k, v in deployment_tags(self.tags).items()]
         self.lease = VolumeLease(ec2=ec2, owner=instance_id, ttl_s=timeouts.lease_ttl_s, settle_s=timeouts.lease_settle_s,
                                  wait_s=timeouts.lease_wait_s, poll_s=timeouts.lease_poll_s, wall_clock=wall_clock,

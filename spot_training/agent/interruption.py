@@ -290,7 +290,7 @@ class MemberTagMonitor:
         self._seen = False
 
     def poll(self):
-        """The ``member-tag-removed`` event once a tag seen before is gone; else None (also when tags are unreadable)."""
+        """The ``member-tag-removed`` event once a tag seen before is gone; else None (also if unreadable)."""
         tags = self.imds.tags()
         if tags is None:
             return None

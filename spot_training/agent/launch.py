@@ -113,7 +113,7 @@ def dmlc_environment(plan: Mapping[str, Any], node_id: str) -> dict[str, str]:
 
 
 def tf_config(plan: Mapping[str, Any], node_id: str) -> dict[str, Any]:
-    """The ``TF_CONFIG`` dict for ``node_id``: chief = the scheduler node, ps = servers in plan order, worker = workers by plan rank.
+    """The ``TF_CONFIG`` dict for ``node_id``: chief = scheduler, ps = servers in plan order, worker = by rank.
 
     Args:
         plan: the plan dict (:meth:`spot_training.agent.cluster_state.Plan.to_dict`).

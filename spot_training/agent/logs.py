@@ -40,7 +40,7 @@ class JsonLineFormatter(logging.Formatter):
     redacted); exceptions go into ``exception`` as formatted text."""
 
     def format(self, record: logging.LogRecord) -> str:
-        """One JSON line: ``time`` (UTC, milliseconds), ``level``, ``logger``, ``message``, the extra fields, ``exception``.
+        """One JSON line: ``time`` (UTC, ms), ``level``, ``logger``, ``message``, extra fields, ``exception``.
 
         Args:
             record: the log record.

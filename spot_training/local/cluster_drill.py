@@ -416,7 +416,7 @@ def membership_changes(events: list[dict[str, Any]]) -> tuple[int, int, int]:
 
 def cluster_orphans(aws: Clients, autoscaling: Any, efs: Any, stack: str, *, fleet_request_ids: list[str],
                     group_names: list[str], file_system_id: str | None) -> list[str]:
-    """:func:`spot_training.local.deploy.find_orphans` plus the cluster's own kinds: Auto Scaling groups and the file system.
+    """:func:`spot_training.local.deploy.find_orphans` plus Auto Scaling groups and the file system.
 
     Callers leave the file system out when it is kept on purpose with ``retain_data``.
 

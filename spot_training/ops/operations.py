@@ -561,7 +561,7 @@ def evaluate_alarm(alarm: dict[str, Any], values: list[float | None]) -> str:
 
 def period_values(points: list[tuple[dt.datetime, float]], *, end: dt.datetime, period_s: int, periods: int,
                   statistic: str = "Sum") -> list[float | None]:
-    """Aggregate raw ``(timestamp, value)`` points into the ``periods`` periods of ``period_s`` seconds that end at ``end``.
+    """Aggregate ``(timestamp, value)`` points into ``periods`` periods of ``period_s`` seconds ending at ``end``.
 
     Args:
         points: the data points.

@@ -377,7 +377,9 @@ class KerasAdapter(StateAdapter):
                 set_callback_state(cb, state)
 
     def snapshot(self, directory: Path):
-        """Capture variables into one of two reused host buffers and the callbacks' states; see :meth:`StateAdapter.snapshot`.
+        """Copy the variables into one of two reused host buffers, and the callbacks' states.
+
+        See :meth:`StateAdapter.snapshot`.
 
         Args:
             directory: the store's empty temporary directory the returned writer fills.

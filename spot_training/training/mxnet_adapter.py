@@ -622,7 +622,7 @@ class GluonAdapter(StateAdapter):
         return {"trainer_params": self.trainer_params}
 
     def snapshot(self, directory: Path):
-        """Capture the state into one of two reused host buffers (:func:`capture_state`); see :meth:`StateAdapter.snapshot`.
+        """Capture the state into one of two reused host buffers (:func:`capture_state`, :meth:`StateAdapter.snapshot`).
 
         Args:
             directory: the store's empty temporary directory the returned writer fills.

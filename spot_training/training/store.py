@@ -688,7 +688,7 @@ class BackgroundSaver:
 
     def submit_prepared(self, tmp: Path, finish: Callable[[], None], *, step: int, epoch: int,
                         metadata: dict | None = None) -> None:
-        """Queue the commit of a two-phase save; the writer thread calls ``finish()``, then :meth:`CheckpointStore.commit`.
+        """Queue a two-phase save's commit: the writer thread calls ``finish()``, then :meth:`CheckpointStore.commit`.
 
         ``finish`` is e.g. TF's ``Checkpoint.sync()``, which waits for its own asynchronous write into
         ``tmp``; a dict it returns is passed as ``written``. Call :meth:`wait` before starting the

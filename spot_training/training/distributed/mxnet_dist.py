@@ -63,7 +63,7 @@ def build_mlp(hidden: int, classes: int = 10):
 
 
 def main(argv=None) -> int:
-    """Train on the digits with a ``dist_sync`` kvstore (``local`` outside a cluster), resuming from the newest checkpoint.
+    """Train on the digits with a ``dist_sync`` kvstore (``local`` alone), resuming from the newest checkpoint.
 
     Args:
         argv: the arguments (:func:`~spot_training.training.distributed.common.parse_args`); default ``sys.argv[1:]``.

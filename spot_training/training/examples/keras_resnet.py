@@ -121,7 +121,7 @@ def main(argv=None) -> int:
 
 
 def train(argv=None) -> int:
-    """Train the ResNet on the digits with :class:`~spot_training.training.keras_adapter.ResumableFit` (module docstring).
+    """Train the ResNet on the digits with :class:`ResumableFit` (module docstring).
 
     Args:
         argv: the arguments (:func:`parse_args`); default ``sys.argv[1:]``.
