@@ -69,9 +69,20 @@ def finish_node(outcome: str, *, role: str, leave_reason: str | None, cancel_fle
     - anything else: nothing.
 
     Args:
+        outcome: what the run returned (``"completed"``, ``"left"``, ``"stopped"``...).
+        role: this node's role (``scheduler``, ``server``, ``worker``).
+        leave_reason: the event kind that made a worker leave (``member-tag-removed``...), or None.
+        cancel_fleet_on_success: the config's ``cleanup.cancel_fleet_on_success``.
         ec2_factory: returns a boto3 EC2 client (called only when EC2 is needed).
-    Returns the fleet request id acted on, or None. Raises botocore's ClientError, or
-    spot_training.agent.errors.TemporaryError when EC2 refuses the cancellation.
+        instance_id: this instance (``i-…``).
+        stack_name: this deployment's stack name.
+
+    Returns:
+        the fleet request id acted on, or None.
+
+    Raises:
+        botocore.exceptions.ClientError: an EC2 call failed.
+        TemporaryError: EC2 refuses the cancellation (:mod:`spot_training.agent.errors`).
     """
     if outcome == "completed" and role == "worker" and cancel_fleet_on_success:
         return cancel_own_fleet(ec2=ec2_factory(), instance_id=instance_id, stack_name=stack_name)

@@ -177,7 +177,10 @@ def ensure(python: str, root: Path, requirements: Sequence[str], *, inherit_site
         requirements: pip requirement specifiers (may be empty: a bare venv).
         inherit_site_packages: see the module docstring (default False).
         attempts: whole ``pip install`` attempts, >= 1 (default 3), ``backoff_s * n`` seconds apart.
-        log: receives progress lines.
+        backoff_s: seconds between attempts, times the attempt number (default :data:`BACKOFF_S`).
+        log: receives progress lines (default ``print``).
+        sleep: sleeps the given seconds (default ``time.sleep``).
+        clock: wall-clock seconds for the reported time (default ``time.time``).
 
     Returns:
         ``{"status": "reused" | "built", "key": ..., "python": "<root>/<key>/bin/python",

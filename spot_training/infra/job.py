@@ -154,8 +154,11 @@ class TrainingJob(constructs.Construct):
             read_buckets: S3 buckets the nodes may read (``bucket.grant_read(job)`` does the same later).
             bootstrap_asset: default: the stack's one ``BootstrapAsset`` (construct id ``BootstrapAsset``).
             monitoring: log group, metrics, dashboard and alarms for this job; default true.
-            log_retention, alarm_no_progress_minutes, alarm_no_capacity_minutes, notification_email,
-                monitoring_interval_s: :class:`TrainingMonitoring`'s (with ``monitoring``).
+            log_retention: :class:`TrainingMonitoring`'s (with ``monitoring``).
+            alarm_no_progress_minutes: :class:`TrainingMonitoring`'s (with ``monitoring``).
+            alarm_no_capacity_minutes: :class:`TrainingMonitoring`'s (with ``monitoring``).
+            notification_email: :class:`TrainingMonitoring`'s (with ``monitoring``).
+            monitoring_interval_s: :class:`TrainingMonitoring`'s (with ``monitoring``).
             retain_data: keep the job's volumes and snapshots when the stack is deleted; default false
                 (a :class:`DataCleanup` deletes them, this deployment's only).
             dataset_uri: ``s3://bucket/prefix/`` (or one object) the agent brings onto the data volume before the

@@ -231,6 +231,7 @@ class LocalBatch:
             arrayProperties: ``{"size": children}``, or None for a single job.
             containerOverrides: ``environment`` and ``command`` overrides.
             parameters: ``Ref::`` substitutions for the command (over the definition's defaults).
+        **_: other SubmitJob arguments, accepted and ignored.
 
         Returns:
             ``{"jobId", "jobName", "jobArn"}``, as Batch answers.
@@ -285,6 +286,7 @@ class LocalBatch:
             arrayJobId: the array job whose children to list, or None.
             jobQueue: with no ``arrayJobId``: only this queue's array jobs (None: every queue).
             jobStatus: only jobs in this status (None: any).
+        **_: other ListJobs arguments, accepted and ignored.
 
         Returns:
             ``{"jobSummaryList": [...]}``, as Batch answers.

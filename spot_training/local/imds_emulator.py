@@ -70,6 +70,7 @@ class ImdsEmulator:
         tags: instance tags exposed under ``meta-data/tags/instance`` (default none: 404, as on an
             instance without ``InstanceMetadataTags=enabled``).
         account_id: for the identity document (default moto's ``"123456789012"``).
+        image_id: the AMI id served under ``meta-data/ami-id`` (default ``"ami-12c6146b"``).
         port: TCP port on 127.0.0.1 (default 0: a free one, see :attr:`endpoint`).
         clock: seconds, used for token expiry (default ``time.monotonic``).
 

@@ -827,7 +827,9 @@ def cost_report(aws: Aws, stack: str | None, *, now: dt.datetime, on_demand: dic
     """What the stack's (or one job's) instances cost, per instance type and AZ, and what they would have cost on demand.
 
     Args:
+        aws: the clients (:func:`connect`).
         stack: the stack whose tag value (its one job) is priced; reported as ``stack``.
+        now: the current time (UTC); running instances are priced up to it.
         job: price the instances, volume and snapshots tagged with this job id instead (a
             ``TrainingJob``'s identity); reported as ``job``.
         on_demand: USD/hour per instance type given by the user (local mode states its price this way);
@@ -927,7 +929,11 @@ def status_report(aws: Aws, stack: str | None, *, now: dt.datetime, window_s: fl
     """Everything ``spot-train status`` shows (see the module docstring); raises OperationsError.
 
     Args:
+        aws: the clients (:func:`connect`).
         stack: the CloudFormation stack (its status, outputs and alarms); None with ``job``: the job alone.
+        now: the current time (UTC).
+        window_s: how far back metrics are read, seconds (default 14 days; never before the stack's
+            creation).
         job: a job id (spot_training.infra.job.TrainingJob): its instances, fleet request, data volume,
             metrics and logs are those tagged with it; default: the stack's name (the single-node stack's job).
 
