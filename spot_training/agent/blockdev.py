@@ -140,11 +140,12 @@ class LinuxBlockDevices:
     def resolve(self, volume_id: str, requested_name: str | None = None) -> str | None:
         """Device of ``volume_id``: by-id link, else NVMe serial, else (Xen only) the requested name.
 
-        Returns the real path (``/dev/nvme1n1``), or ``None`` while the device has not appeared.
-
         Args:
             volume_id: the EBS volume id (``vol-…``).
             requested_name: the device name given to AttachVolume (``/dev/sdf``); Xen instances only.
+
+        Returns:
+            the real path (``/dev/nvme1n1``), or ``None`` while the device has not appeared.
         """
         serial = volume_id.replace("-", "")
         by_id = self.dev_root / "disk" / "by-id" / f"{EBS_BY_ID_PREFIX}{serial}"

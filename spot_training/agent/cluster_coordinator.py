@@ -81,7 +81,10 @@ class Coordinator:
 
     def tick(self) -> Plan | None:
         """Look at registrations, heartbeats and the plan once; write the next plan if it changes.
-        Returns the current plan."""
+
+        Returns:
+            the current plan.
+        """
         now = self.clock()
         regs, beats = self.state.registrations(), self.state.heartbeats()
         for node_id in list(regs):

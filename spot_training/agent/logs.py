@@ -104,9 +104,17 @@ def add_file_handler(log_dir: str | os.PathLike[str]) -> Path:
     """Also write the agent's log to ``<log_dir>/agent.jsonl`` (appending), creating ``log_dir``.
 
     Call it only after the data volume is mounted, so the file lands on the volume and not on the
-    root disk. Idempotent for the same path. Returns the file's path. Never follows a symlink the
-    training user planted: raises :class:`spot_training.agent.safepath.UnsafePathError` (exit 78) instead;
-    OSError if the directory cannot be created.
+    root disk. Idempotent for the same path. Never follows a symlink the training user planted.
+
+    Args:
+        log_dir: the node's log directory (on the data volume).
+
+    Returns:
+        the file's path.
+
+    Raises:
+        spot_training.agent.safepath.UnsafePathError: a symlink the training user planted (exit 78).
+        OSError: the directory cannot be created.
     """
     path = Path(log_dir) / AGENT_LOG_FILE
     logger = logging.getLogger(LOGGER_NAME)

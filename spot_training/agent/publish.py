@@ -264,7 +264,11 @@ class Publisher:
 
     # ---- thread ------------------------------------------------------------------------------
     def start(self) -> "Publisher":
-        """Start the background thread (daemon: it never keeps the agent alive). Returns self."""
+        """Start the background thread (daemon: it never keeps the agent alive).
+
+        Returns:
+            self.
+        """
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="cloudwatch-publisher", daemon=True)
             self._thread.start()

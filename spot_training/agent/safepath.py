@@ -59,7 +59,8 @@ def open_directory(path: str | os.PathLike[str], *, create: bool = False,
             (``fchown`` on the opened descriptor, so it is the directory that was checked). None:
             leave ownership alone.
 
-    Returns an ``O_DIRECTORY`` file descriptor (close-on-exec); the caller closes it.
+    Returns:
+        an ``O_DIRECTORY`` file descriptor (close-on-exec); the caller closes it.
 
     Raises:
         UnsafePathError: a user-controlled component is a symlink or not a directory.

@@ -292,11 +292,14 @@ class Supervisor:
     def terminate(self, *, timeout_s: float, reason: str) -> int | None:
         """Stop the trainer the contract's way (:meth:`ProcessGroup.terminate`: SIGTERM to its leader,
         the group's other processes only once the leader has exited, SIGKILL to the whole group at the
-        deadline ``timeout_s`` seconds from now). Returns its exit status, or None when none is running.
+        deadline ``timeout_s`` seconds from now).
 
         Args:
             timeout_s: seconds until SIGKILL.
             reason: why (recorded as the stop's cause and logged).
+
+        Returns:
+            its exit status, or None when none is running.
         """
         self._stopped_by_us = self._stopped_by_us or reason
         group = self._group

@@ -130,17 +130,22 @@ class Workspace:
 
     # ---- the trainer's virtual environment ------------------------------------------------------
     def prepare_environment(self) -> str:
-        """Reuse or build the trainer's venv (``training.venv``; :mod:`spot_training.agent.trainer_env`) and make
-        its interpreter the one ``{python}`` stands for. Without ``training.venv`` (an AMI that ships
-        the framework) nothing is built and ``training.python`` runs as it is.
+        """Reuse or build the trainer's venv and make its interpreter the one ``{python}`` stands for.
+
+        The venv is ``training.venv`` (:mod:`spot_training.agent.trainer_env`). Without ``training.venv``
+        (an AMI that ships the framework) nothing is built and ``training.python`` runs as it is.
 
         The build runs as a child process **as the training user** (never root: the environment
         directory belongs to that user), with pip's ``PIP_*`` settings from the agent's environment.
         The environment root is created by the agent and handed to the user; an existing root that is
         a symbolic link is refused. Logs ``environment built`` or ``environment reused``.
 
-        Returns the interpreter path. Raises :class:`EnvironmentBuildFailed` (exit 75) when the build
-        failed (pip's last lines in the message), VolumeNotMountedError when the storage is gone.
+        Returns:
+            the interpreter path.
+
+        Raises:
+            EnvironmentBuildFailed: (exit 75) the build failed (pip's last lines in the message).
+            VolumeNotMountedError: the storage is gone.
         """
         if self._environment_ready:
             return self.python

@@ -102,7 +102,14 @@ class ClusterPorts:
     worker: int = DEFAULT_WORKER_PORT
 
     def validate(self) -> ClusterPorts:
-        """Return self, or raise ValueError naming the bad port, its value and the allowed range."""
+        """Check every port.
+
+        Returns:
+            self.
+
+        Raises:
+            ValueError: naming the bad port, its value and the allowed range.
+        """
         for name in ("scheduler", "server", "worker"):
             value = getattr(self, name)
             if isinstance(value, str):

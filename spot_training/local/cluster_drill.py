@@ -371,11 +371,17 @@ def _plan(efs_dir: Path) -> dict[str, Any] | None:
 
 
 def world_size_generations(rows: list[dict[str, str]]) -> list[dict[str, Any]]:
-    """PyTorch's generations, numbered by the drill: rank 0's step rows (``rows`` sorted by
-    ``wall_time``; other ranks' rows are left out) split where ``num_workers`` (the world size of the
-    TorchElastic round that ran the step) changes. Returns ``[{"generation": 1.., "num_workers": W,
-    "rows": [...]}]``, each row's ``generation`` set to its number. A restart that keeps the world size
-    (a round without a membership change) does not begin a new one."""
+    """PyTorch's generations, numbered by the drill: rank 0's step rows split where ``num_workers`` changes.
+
+    ``num_workers`` is the world size of the TorchElastic round that ran the step. A restart that keeps
+    the world size (a round without a membership change) does not begin a new generation.
+
+    Args:
+        rows: the step rows, sorted by ``wall_time`` (other ranks' rows are left out).
+
+    Returns:
+        ``[{"generation": 1.., "num_workers": W, "rows": [...]}]``, each row's ``generation`` set to its number.
+    """
     generations: list[dict[str, Any]] = []
     for row in rows:
         if row["rank"] != "0":

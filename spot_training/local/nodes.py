@@ -236,9 +236,13 @@ class LocalNode:
         return self.imds.post_spot_interruption()
 
     def stop(self, timeout_s: float = DEFAULT_STOP_TIMEOUT_S) -> int | None:
-        """Stop the node: SIGTERM the agent (it stops its trainer), then SIGKILL what is left, by PID.
+        """Stop the node: SIGTERM the agent (it stops its trainer), then SIGKILL what is left, by PID. Idempotent.
 
-        Returns the agent's exit status (None if it had to be killed). Idempotent.
+        Args:
+            timeout_s: seconds to wait after SIGTERM before SIGKILL (default :data:`DEFAULT_STOP_TIMEOUT_S`).
+
+        Returns:
+            the agent's exit status (None if it had to be killed).
         """
         status: int | None = self.process.poll()
         if status is None:

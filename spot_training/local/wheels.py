@@ -43,7 +43,8 @@ def write_wheel(wheel_dir: Path, distribution: str, version: str, modules: dict[
         version: a PEP 440 version such as ``1.0``.
         modules: ``{"pkg/__init__.py": source text, ...}`` (paths inside the wheel).
 
-    Returns the wheel's path.
+    Returns:
+        the wheel's path.
 
     Raises:
         ValueError: an empty name or version.

@@ -334,7 +334,11 @@ class AwsDrill:
 
     # ---- the drill ---------------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
-        """Run every step; always try to destroy once something was deployed. Returns the report."""
+        """Run every step; always try to destroy once something was deployed.
+
+        Returns:
+            the report.
+        """
         self.o.work_dir.mkdir(parents=True, exist_ok=True)
         deployed, fleet_ids, ended = False, [], {}
         try:

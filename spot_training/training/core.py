@@ -311,7 +311,8 @@ def run_script(train: Callable[[list[str] | None], int], argv: list[str] | None 
 def check_writable(directory: str | os.PathLike) -> Path:
     """Create ``directory`` if needed and prove this process can create, write and remove a file in it.
 
-    Returns the directory as a Path.
+    Returns:
+        the directory as a Path.
 
     Raises:
         CheckpointPathError: naming the path, the user id and the reason (not a directory, a parent
@@ -723,9 +724,14 @@ class CheckpointDriver:
     def begin(self, total_steps: int) -> int:
         """Start a run: install the handlers, restore, check the checkpoint against ``total_steps``.
 
-        Returns the completed steps restored (0: fresh). From here on a stop notice outside a step
-        is saved and acted on at once (:meth:`begin_step`). The caller checks
-        ``notices.stop_requested`` before its first step (a stop before it needs no save).
+        From here on a stop notice outside a step is saved and acted on at once (:meth:`begin_step`). The
+        caller checks ``notices.stop_requested`` before its first step (a stop before it needs no save).
+
+        Args:
+            total_steps: the whole training's steps, >= 1.
+
+        Returns:
+            the completed steps restored (0: fresh).
 
         Raises:
             ValueError: ``total_steps`` is not an integer >= 1, or the checkpoint is past it.

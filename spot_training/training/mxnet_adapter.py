@@ -264,13 +264,14 @@ def sync_distributed_parameters(trainer, *, logger: logging.Logger | None = None
     operation (kvstore init ends in a barrier): every worker calls it at the same point, after the
     parameters are initialized and before the first step. :meth:`GluonCheckpointer.restore` calls it.
 
-    Returns True when it synchronized, False for a non-distributed kvstore (nothing done) or when a
-    parameter still has deferred initialization (logged: the first ``step()`` then initializes the
-    kvstore as usual, with the race above).
-
     Args:
         trainer: the ``gluon.Trainer``, its parameters initialized.
         logger: where the deferred-initialization warning goes (default ``training.mxnet``).
+
+    Returns:
+        True when it synchronized; False for a non-distributed kvstore (nothing done) or when a
+        parameter still has deferred initialization (logged: the first ``step()`` then initializes the
+        kvstore as usual, with the race above).
     """
     import mxnet as mx
 

@@ -745,7 +745,8 @@ def protect_loader_workers(loader: Any) -> Any:
     Other iterables, loaders without workers and loaders already protected are returned unchanged.
     Call it before the loader's first ``iter()`` (persistent workers keep the function they started with).
 
-    Returns ``loader``.
+    Returns:
+        ``loader``.
     """
     if (isinstance(loader, torch.utils.data.DataLoader) and loader.num_workers > 0
             and not isinstance(loader.worker_init_fn, IgnoreNoticeSignals)):
@@ -1005,11 +1006,15 @@ class TorchCheckpointer:
         return self.driver.after_step()
 
     def finish(self) -> Checkpoint | None:
-        """End training now: the final checkpoint (waited for), then ``COMPLETED``, as after the last
-        step. Inside a ``for ... in ckpt.steps(...)`` loop (early stopping) the step in progress counts
-        as completed (call it after that step's ``optimizer.step()``), then leave the loop with ``break``;
-        the next run restores that checkpoint and yields no step. Returns the final checkpoint (None on
-        ranks that do not write)."""
+        """End training now: the final checkpoint (waited for), then ``COMPLETED``, as after the last step.
+
+        Inside a ``for ... in ckpt.steps(...)`` loop (early stopping) the step in progress counts as
+        completed (call it after that step's ``optimizer.step()``), then leave the loop with ``break``; the
+        next run restores that checkpoint and yields no step.
+
+        Returns:
+            the final checkpoint (None on ranks that do not write).
+        """
         if self._in_step:
             self.driver.step += 1  # the yielded step ran; after_step never will
             self._in_step = False
