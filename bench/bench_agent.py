@@ -112,7 +112,16 @@ def _setup(server: MotoServer, instance_az: str) -> tuple[object, str]:
 
 
 def in_process(server: MotoServer, work: Path, instance_az: str) -> tuple[float, list[str]]:
-    """Seconds and API calls of prepare_data_volume for one fresh boot."""
+    """Seconds and API calls of prepare_data_volume for one fresh boot.
+
+    Args:
+        server: the moto server (reset first).
+        work: a scratch directory.
+        instance_az: the AZ of the booting instance (the volume is in us-east-1a).
+
+    Returns:
+        ``(seconds, EC2 operation names in call order)``.
+    """
     ec2, instance_id = _setup(server, instance_az)
     run_dir = Path(tempfile.mkdtemp(dir=work))
     config = parse_config(_config(run_dir))
@@ -131,7 +140,19 @@ def _log_time(line: str) -> float:
 
 def end_to_end(server: MotoServer, work: Path, instance_az: str) -> tuple[float, float]:
     """Seconds from starting ``python -m spot_training.agent run`` to its "training started" line, and seconds
-    from the agent's first log line (interpreter up, modules imported) to that line."""
+    from the agent's first log line (interpreter up, modules imported) to that line.
+
+    Args:
+        server: the moto server (reset first).
+        work: a scratch directory.
+        instance_az: the AZ of the booting instance (the volume is in us-east-1a).
+
+    Returns:
+        ``(seconds to "training started", seconds from the agent's first log line to it)``.
+
+    Raises:
+        RuntimeError: the agent did not start training within 120 seconds.
+    """
     ec2, instance_id = _setup(server, instance_az)
     run_dir = Path(tempfile.mkdtemp(dir=work))
     with ImdsEmulator.from_moto(ec2, instance_id) as imds:
@@ -170,6 +191,11 @@ def end_to_end(server: MotoServer, work: Path, instance_az: str) -> tuple[float,
 
 
 def main() -> int:
+    """Run the benchmark and print its figures, the last line JSON.
+
+    Returns:
+        0.
+    """
     article = article_calls()
     results: dict[str, dict[str, object]] = {}
     with tempfile.TemporaryDirectory(prefix="bench-agent-") as tmp:

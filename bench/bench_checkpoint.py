@@ -74,6 +74,11 @@ GOAL_BACKGROUND_PCT = 2.0
 
 
 def make_data():
+    """Random training data of the checkpoint benchmark (seeded).
+
+    Returns:
+        ``(x, y)``: float32 of shape ``(EXAMPLES, 64)`` and int64 labels 0..9 of shape ``(EXAMPLES,)``.
+    """
     rng = np.random.default_rng(SEED)
     x = rng.standard_normal((EXAMPLES, 64), dtype=np.float32)
     y = rng.integers(0, 10, EXAMPLES).astype(np.int64)
@@ -116,7 +121,17 @@ def worker(args) -> int:
 
 
 def lost_steps_trial(scratch: Path, sig: int, at: int, threads: int) -> dict:
-    """Run a worker, send ``sig`` once it completed ``at`` steps; return steps run and committed."""
+    """Run a worker, send ``sig`` once it completed ``at`` steps; return steps run and committed.
+
+    Args:
+        scratch: where the worker's checkpoint directory goes.
+        sig: the signal to send.
+        at: the completed step after which it is sent.
+        threads: TensorFlow intra-op threads of the worker.
+
+    Returns:
+        :func:`paired.run_kill_trial`'s dict.
+    """
     ckdir = scratch / f"ck-{sig}-{at}-{time.monotonic_ns()}"
     env = dict(os.environ, PYTHONPATH=str(REPO), TF_CPP_MIN_LOG_LEVEL="2")
     env.pop("SPOT_TRAINING_CHECKPOINT_REQUEST_FILE", None)
@@ -126,6 +141,11 @@ def lost_steps_trial(scratch: Path, sig: int, at: int, threads: int) -> dict:
 
 
 def run_mxnet_part() -> dict | None:
+    """bench/bench_checkpoint_mxnet.py in a process of its own (TF and MXNet never share a process).
+
+    Returns:
+        its JSON result; ``{"error", "stderr_tail"}`` when it failed; None when the script is missing.
+    """
     script = REPO / "bench" / "bench_checkpoint_mxnet.py"
     if not script.exists():
         return None
@@ -139,7 +159,16 @@ def run_mxnet_part() -> dict | None:
 
 
 def run_torch_part(pairs: int, kills: int) -> dict | None:
-    """bench/bench_checkpoint_torch.py in the PyTorch environment (TF and PyTorch never share a process)."""
+    """bench/bench_checkpoint_torch.py in the PyTorch environment (TF and PyTorch never share a process).
+
+    Args:
+        pairs: compared pairs of windows per mode.
+        kills: SIGKILL trials.
+
+    Returns:
+        its JSON result; ``{"error", ...}`` when it failed or ``.venv-torch`` is missing; None when the
+        script is missing.
+    """
     script = REPO / "bench" / "bench_checkpoint_torch.py"
     python = REPO / ".venv-torch" / "bin" / "python"
     if not script.exists():
@@ -157,6 +186,11 @@ def run_torch_part(pairs: int, kills: int) -> dict | None:
 
 
 def main() -> int:
+    """Run the TensorFlow benchmark (and the MXNet and PyTorch parts) and print the table, the last line JSON.
+
+    Returns:
+        0 (the worker mode returns its own status).
+    """
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pairs", type=int, default=40,
                         help=f"pairs of {WINDOW}-step windows (without, with a save) compared per mode (default 40)")

@@ -49,10 +49,26 @@ GOAL_DEVICE_X_D2D = 4.0
 
 
 def log(message: str) -> None:
+    """Print ``message`` and flush (progress survives a killed run).
+
+    Args:
+        message: the line.
+    """
     print(message, flush=True)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
+    """Parse the benchmark's command line (``--help`` lists it).
+
+    Args:
+        argv: the arguments (default ``sys.argv[1:]``).
+
+    Returns:
+        the parsed namespace.
+
+    Raises:
+        SystemExit: 2 for a bad option.
+    """
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--params", type=float, default=0.8e9, help="model parameters (default 0.8e9)")
     parser.add_argument("--width", type=int, default=4096, help="features of each Linear layer (default 4096)")
@@ -72,6 +88,14 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def main(argv=None) -> int:
+    """Measure what a checkpoint adds to a CUDA training step (module docstring); the last line printed is JSON.
+
+    Args:
+        argv: the arguments (default ``sys.argv[1:]``).
+
+    Returns:
+        0 (also when no CUDA device is found: then nothing is measured).
+    """
     args = parse_args(argv)
     import torch
 

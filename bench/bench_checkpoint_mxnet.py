@@ -48,6 +48,15 @@ from spot_training.training.datasets import batch_indices, load_digits  # noqa: 
 
 
 def build(mx, gluon):
+    """The benchmark's MLP (64 -> :data:`HIDDEN` -> 10, Xavier, hybridized) and its Adam trainer.
+
+    Args:
+        mx: the ``mxnet`` module (imported by the caller).
+        gluon: the ``mxnet.gluon`` module.
+
+    Returns:
+        ``(net, trainer)`` (``update_on_kvstore=False``, learning rate 1e-4).
+    """
     from mxnet.gluon import nn
 
     mx.random.seed(SEED)
@@ -65,6 +74,20 @@ def build(mx, gluon):
 
 
 def make_step(mx, autograd, gluon, net, trainer, x, y):
+    """The benchmark's training step: forward, backward and update on batch ``index`` (:func:`batch_indices`).
+
+    Args:
+        mx: the ``mxnet`` module.
+        autograd: ``mxnet.autograd``.
+        gluon: ``mxnet.gluon``.
+        net: the model.
+        trainer: its trainer.
+        x: features, float32 of shape ``(N, 64)``.
+        y: labels, shape ``(N,)``.
+
+    Returns:
+        ``step(index)``, which waits for the step's loss.
+    """
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
     n = len(x)
 
@@ -98,6 +121,11 @@ def worker(args) -> int:
 
 
 def main() -> int:
+    """Run the MXNet checkpoint benchmark (module docstring); the last line printed is JSON.
+
+    Returns:
+        0 (the ``--worker`` mode returns its own status).
+    """
     args = parse_worker_bench_args(__doc__.split("\n\n")[0], WINDOW)
     if args.worker:
         return worker(args)

@@ -44,6 +44,14 @@ from spot_training.training.datasets import batch_indices, load_digits  # noqa: 
 
 
 def build(torch):
+    """The benchmark's MLP (64 -> :data:`HIDDEN` -> 10, seeded) and its Adam optimizer.
+
+    Args:
+        torch: the ``torch`` module (imported by the caller).
+
+    Returns:
+        ``(model, optimizer)`` (learning rate 1e-4).
+    """
     torch.manual_seed(SEED)
     layers, units_in = [], 64
     for units in HIDDEN:
@@ -54,6 +62,18 @@ def build(torch):
 
 
 def make_step(torch, model, optimizer, x, y):
+    """The benchmark's training step: forward, backward and update on batch ``index`` (:func:`batch_indices`).
+
+    Args:
+        torch: the ``torch`` module.
+        model: the model.
+        optimizer: its optimizer.
+        x: features, float32 of shape ``(N, 64)``.
+        y: labels, int64 of shape ``(N,)``.
+
+    Returns:
+        ``step(index)``.
+    """
     loss_fn = torch.nn.CrossEntropyLoss()
     xt, yt = torch.from_numpy(x), torch.from_numpy(y)
     n = len(x)
@@ -86,6 +106,11 @@ def worker(args) -> int:
 
 
 def main() -> int:
+    """Run the PyTorch checkpoint benchmark (module docstring); the last line printed is JSON.
+
+    Returns:
+        0 (the ``--worker`` mode returns its own status).
+    """
     args = parse_worker_bench_args(__doc__.split("\n\n")[0], WINDOW)
     if args.worker:
         return worker(args)

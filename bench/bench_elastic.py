@@ -57,7 +57,19 @@ def _rate(rows: list[dict], *, skip: int = 5) -> float:
 
 
 def single_process(data: Path, work: Path, steps: int) -> float:
-    """Examples/s of one plain process (kvstore 'local', one worker)."""
+    """Examples/s of one plain process (kvstore 'local', one worker).
+
+    Args:
+        data: the prepared datasets.
+        work: a scratch directory.
+        steps: steps to run.
+
+    Returns:
+        examples per second.
+
+    Raises:
+        subprocess.CalledProcessError: the trainer failed.
+    """
     env = {k: v for k, v in os.environ.items() if not k.startswith("DMLC_")}
     env.update(PYTHONPATH=str(REPO), SPOT_TRAINING_NODE_ID="single", OMP_NUM_THREADS="1")
     subprocess.run([sys.executable, "-m", TRAINERS["mxnet"], "--steps", str(steps), "--per-worker-batch", str(PER_WORKER_BATCH),
@@ -73,7 +85,18 @@ TRAINERS = {"mxnet": "spot_training.training.distributed.mxnet_dist", "tensorflo
 
 
 def bench_cluster(framework: str, data: Path, root: Path, network: Network, window_s: float) -> dict:
-    """Join, leave and throughput figures of one framework's cluster (see the module docstring)."""
+    """Join, leave and throughput figures of one framework's cluster (see the module docstring).
+
+    Args:
+        framework: ``mxnet`` or ``tensorflow``.
+        data: the prepared datasets.
+        root: the cluster's scratch directory.
+        network: hands out node addresses.
+        window_s: seconds of steady state per worker count.
+
+    Returns:
+        the framework's figures.
+    """
     # MXNet: each worker adds 64 examples per step (synchronous). TensorFlow PSS is asynchronous: each
     # step is one closure of 64 examples on whichever worker is free, so more workers = more steps/s.
     trainer_args = (["--per-worker-batch", str(PER_WORKER_BATCH)] if framework == "mxnet"
@@ -123,7 +146,17 @@ def bench_cluster(framework: str, data: Path, root: Path, network: Network, wind
 
 
 def bench_torch(data: Path, root: Path, network: Network, window_s: float) -> dict:
-    """Join, leave and throughput figures of a PyTorch TorchElastic cluster (module docstring)."""
+    """Join, leave and throughput figures of a PyTorch TorchElastic cluster (module docstring).
+
+    Args:
+        data: the prepared datasets.
+        root: the cluster's scratch directory.
+        network: hands out node addresses.
+        window_s: seconds of steady state per worker count.
+
+    Returns:
+        PyTorch's figures.
+    """
     cluster = TorchCluster(root, network, framework="pytorch", data_dir=data, trainer_module="spot_training.training.distributed.torch_ddp",
                            trainer_args=["--steps", "10000000", "--save-every-steps", "50", "--per-worker-batch",
                                          str(PER_WORKER_BATCH)],
@@ -160,6 +193,14 @@ def bench_torch(data: Path, root: Path, network: Network, window_s: float) -> di
 
 
 def main(argv=None) -> int:
+    """Run the elastic-cluster benchmark for the chosen frameworks; the last line printed is JSON.
+
+    Args:
+        argv: the arguments (default ``sys.argv[1:]``).
+
+    Returns:
+        0.
+    """
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--window-s", type=float, default=12.0, help="seconds of steady state per worker count")
     parser.add_argument("--framework", choices=["mxnet", "tensorflow", "pytorch", "both", "all"], default="all",

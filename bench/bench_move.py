@@ -81,7 +81,18 @@ def _digests(root: Path) -> dict[str, str]:
 
 
 def one_move(server: MotoServer, work: Path, *, periodic: bool, dataset_mib: int, checkpoint_mib: int) -> dict:
-    """Run one move and return its figures (see the module docstring)."""
+    """Run one move and return its figures (see the module docstring).
+
+    Args:
+        server: the moto server (reset first).
+        work: a scratch directory.
+        periodic: take one periodic snapshot before the move (the migration snapshot is then incremental to it).
+        dataset_mib: dataset size on the volume, MiB.
+        checkpoint_mib: one checkpoint's size, MiB.
+
+    Returns:
+        the move's figures.
+    """
     server.reset()
     ec2 = boto3.client("ec2", region_name="us-east-1", endpoint_url=server.endpoint_url,
                        aws_access_key_id="testing", aws_secret_access_key="testing")
@@ -134,6 +145,17 @@ def one_move(server: MotoServer, work: Path, *, periodic: bool, dataset_mib: int
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the volume-move benchmark; the last line printed is JSON.
+
+    Args:
+        argv: the arguments (default ``sys.argv[1:]``).
+
+    Returns:
+        0.
+
+    Raises:
+        SystemExit: 2 for a size below 1 MiB.
+    """
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dataset-mib", type=int, default=256, help="dataset size on the volume (MiB, default 256)")
     parser.add_argument("--checkpoint-mib", type=int, default=8, help="one checkpoint's size (MiB, default 8)")

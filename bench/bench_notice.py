@@ -56,7 +56,19 @@ def _rows(log: Path) -> int:
 
 
 def trial(root: Path, data_dir: Path, *, phase: str, workers: int, rng: random.Random) -> dict:
-    """One run and one notice; returns the trial's figures."""
+    """One run of the PyTorch example and one notice (SIGTERM to its group) in ``phase``; returns the trial's figures.
+
+    Args:
+        root: the trial's scratch directory.
+        data_dir: the prepared datasets.
+        phase: ``startup`` (during a resume's start), ``step`` (between steps) or ``write`` (while a
+            checkpoint is written every step).
+        workers: DataLoader worker processes.
+        rng: draws the moment of the notice.
+
+    Returns:
+        ``{"phase", "exit", "ran", "saved", "lost", "committed", "notice_to_committed_s", "worker_killed"}``.
+    """
     ckpt_dir, log_dir = root / "ckpt", root / "logs"
     args = [sys.executable, str(EXAMPLE), "--steps", "400", "--batch-size", "32", "--device", "cpu",
             "--data-dir", str(data_dir), "--checkpoint-dir", str(ckpt_dir), "--log-dir", str(log_dir),
@@ -92,6 +104,15 @@ def trial(root: Path, data_dir: Path, *, phase: str, workers: int, rng: random.R
 
 
 def percentile(values: list[float], q: float) -> float | None:
+    """The ``q`` quantile of ``values`` (nearest rank), or None when there are none.
+
+    Args:
+        values: the figures.
+        q: the quantile, 0..1.
+
+    Returns:
+        one of ``values``, or None.
+    """
     if not values:
         return None
     values = sorted(values)
@@ -99,6 +120,14 @@ def percentile(values: list[float], q: float) -> float | None:
 
 
 def summarise(results: list[dict]) -> dict:
+    """Per phase: trials, committed, most steps lost, exit statuses, killed workers, notice-to-commit p50/p99 seconds.
+
+    Args:
+        results: :func:`trial`'s dicts.
+
+    Returns:
+        ``{phase: figures}``.
+    """
     table = {}
     for phase in dict.fromkeys(r["phase"] for r in results):
         rs = [r for r in results if r["phase"] == phase]
@@ -112,6 +141,17 @@ def summarise(results: list[dict]) -> dict:
 
 
 def run(trials: int, workers: list[int], seed: int, phases: list[str]) -> dict:
+    """Run ``trials`` notices per phase (and per worker count in the ``step`` phase).
+
+    Args:
+        trials: notices per phase.
+        workers: DataLoader worker counts of the ``step`` phase.
+        seed: seeds the notice moments.
+        phases: the phases to run.
+
+    Returns:
+        :func:`summarise`'s table.
+    """
     rng = random.Random(seed)
     results = []
     with tempfile.TemporaryDirectory(prefix="bench-notice-") as tmp:
@@ -127,6 +167,14 @@ def run(trials: int, workers: list[int], seed: int, phases: list[str]) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the notice benchmark and print its table; the last line printed is JSON.
+
+    Args:
+        argv: the arguments (default ``sys.argv[1:]``).
+
+    Returns:
+        0.
+    """
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trials", type=int, default=3, help="notices per phase (default 3)")
     parser.add_argument("--workers", type=int, nargs="+", default=[0, 2, 4], help="DataLoader workers (step phase)")

@@ -40,6 +40,14 @@ def synth_once(outdir: Path) -> float:
 
 
 def main() -> int:
+    """Time ``$BENCH_SYNTH_REPEAT`` (default 3) synths of the app; the last line printed is JSON.
+
+    Returns:
+        0; 1 when a synth failed (its stderr printed).
+
+    Raises:
+        ValueError: ``BENCH_SYNTH_REPEAT`` < 1.
+    """
     repeat = int(os.environ.get("BENCH_SYNTH_REPEAT", "3"))
     if repeat < 1:
         raise ValueError(f"BENCH_SYNTH_REPEAT must be >= 1, got {repeat}")

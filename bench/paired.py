@@ -30,16 +30,23 @@ def paired_overhead(seconds: list[float], *, first: int, window: int, save_every
                     blocking: list[float] | None = None) -> dict:
     """Overhead of one save every ``save_every`` steps, from per-window wall (or CPU) times.
 
-    seconds: one figure per window, in order (window k saves when k is odd); the first ``first``
-    windows (even, the warm-up) are left out. window: steps per window. save_every: steps between
-    two saves in the run the figure is for (50 for a save every 50 steps, an epoch's steps for
-    the article's). blocking: optional training-thread seconds of the save in each window.
+    Args:
+        seconds: one figure per window, in order (window k saves when k is odd).
+        first: windows left out at the start (even: the warm-up pairs).
+        window: steps per window.
+        save_every: steps between two saves in the run the figure is for (50 for a save every 50 steps,
+            an epoch's steps for the article's).
+        blocking: optional training-thread seconds of the save in each window.
 
-    Returns ``step_s`` (mean seconds of a step in the windows without a save), ``extra_s`` (per
-    pair: saving window - the window before it, seconds), ``overhead_pct`` (mean extra time of a
-    save over ``save_every`` steps, %), ``overhead_pct_ci95`` (1.96 standard errors, %),
-    ``overhead_pct_median`` and ``blocked_pct`` (mean blocking over ``save_every`` steps, %, or
-    None). Raises ValueError for fewer than two pairs, an odd ``first`` or a ragged last pair.
+    Returns:
+        ``step_s`` (mean seconds of a step in the windows without a save), ``extra_s`` (per pair: saving
+        window - the window before it, seconds), ``overhead_pct`` (mean extra time of a save over
+        ``save_every`` steps, %), ``overhead_pct_ci95`` (1.96 standard errors, %),
+        ``overhead_pct_median``, ``blocking_s`` and ``blocked_pct`` (mean blocking over ``save_every``
+        steps, %, or None).
+
+    Raises:
+        ValueError: fewer than two pairs, an odd ``first`` or a ragged last pair.
     """
     if first % 2:
         raise ValueError(f"first must be even (whole pairs of windows). Received: first={first}")
@@ -77,10 +84,21 @@ def quiet_notices():
 
 
 def parse_worker_bench_args(description: str, window: int):
-    """The command line of the MXNet and PyTorch checkpoint benchmarks: ``--pairs`` (default 40,
-    at least 2), ``--kills`` (default 2) and the hidden ``--worker``, ``--data-dir`` and
-    ``--checkpoint-dir`` of the worker process that :func:`data_worker_trial` starts. Exits 2
-    (argparse) naming a ``--pairs`` under 2."""
+    """The command line of the MXNet and PyTorch checkpoint benchmarks.
+
+    ``--pairs`` (default 40, at least 2), ``--kills`` (default 2) and the hidden ``--worker``,
+    ``--data-dir`` and ``--checkpoint-dir`` of the worker process that :func:`data_worker_trial` starts.
+
+    Args:
+        description: the benchmark's ``--help`` description.
+        window: steps per window (named in ``--help``).
+
+    Returns:
+        the parsed namespace.
+
+    Raises:
+        SystemExit: 2 (argparse), naming a ``--pairs`` under 2.
+    """
     import argparse
     from pathlib import Path
 
@@ -98,8 +116,15 @@ def parse_worker_bench_args(description: str, window: int):
 
 
 def worker_steps(steps, step) -> int:
-    """A worker's loop: ``ready``, then ``step N`` after each completed step of ``steps`` (a
-    checkpointer's ``steps(...)`` iterator), which the parent counts (:func:`run_kill_trial`)."""
+    """A worker's loop: ``ready``, then ``step N`` after each completed step (:func:`run_kill_trial` counts them).
+
+    Args:
+        steps: a checkpointer's ``steps(...)`` iterator of step indices.
+        step: runs one training step, given its index.
+
+    Returns:
+        0 (the worker's exit status).
+    """
     print("ready", flush=True)
     for index in steps:
         step(index)
@@ -108,8 +133,21 @@ def worker_steps(steps, step) -> int:
 
 
 def data_worker_trial(script, *, data_dir, scratch, framework: str, sig: int, at: int) -> dict:
-    """:func:`run_kill_trial` of ``script --worker --data-dir data_dir`` (one OpenMP thread), with a
-    fresh checkpoint directory under ``scratch``; 120 seconds to exit."""
+    """:func:`run_kill_trial` of ``script --worker --data-dir data_dir`` with one OpenMP thread.
+
+    The checkpoint directory is a fresh one under ``scratch``; the worker gets 120 seconds to exit.
+
+    Args:
+        script: the benchmark script (its ``--worker`` mode).
+        data_dir: the prepared datasets.
+        scratch: where the checkpoint directory goes.
+        framework: the checkpoint store's framework name.
+        sig: the signal to send.
+        at: the completed step after which it is sent.
+
+    Returns:
+        :func:`run_kill_trial`'s dict.
+    """
     import os
     import sys
     import time
@@ -124,14 +162,25 @@ def data_worker_trial(script, *, data_dir, scratch, framework: str, sig: int, at
 
 def run_kill_trial(argv: list, *, env: dict, checkpoint_dir, framework: str, sig: int, at: int,
                    timeout: float) -> dict:
-    """Run a worker (``argv``: a process printing ``step N`` after each completed step and saving
-    into ``checkpoint_dir``), send ``sig`` to its process group once it completed ``at`` steps; a
-    SIGTERMed worker finishes its current step first, and its later ``step`` lines count. Waits
-    ``timeout`` seconds for it to exit (SIGKILL after that), reads the newest committed checkpoint
-    of ``framework`` from ``checkpoint_dir``, then removes the directory.
+    """Run a worker, signal its process group after ``at`` steps, and count the steps its checkpoints lost.
 
-    Returns ``signal`` (name), ``at``, ``ran`` (steps completed), ``committed`` (step of the newest
-    checkpoint, 0 if none), ``lost`` (ran - committed) and ``exit_code``."""
+    A SIGTERMed worker finishes its current step first, and its later ``step`` lines count. The newest
+    committed checkpoint of ``framework`` is read from ``checkpoint_dir``, then the directory is removed.
+
+    Args:
+        argv: the worker's command: a process printing ``step N`` after each completed step and saving
+            into ``checkpoint_dir``.
+        env: its environment.
+        checkpoint_dir: its checkpoint directory.
+        framework: the checkpoint store's framework name.
+        sig: the signal to send.
+        at: the completed step after which it is sent.
+        timeout: seconds to wait for it to exit (SIGKILL after that).
+
+    Returns:
+        ``signal`` (name), ``at``, ``ran`` (steps completed), ``committed`` (step of the newest
+        checkpoint, 0 if none), ``lost`` (ran - committed) and ``exit_code``.
+    """
     import os
     import shutil
     import signal
@@ -165,10 +214,20 @@ def run_kill_trial(argv: list, *, env: dict, checkpoint_dir, framework: str, sig
 
 
 def kill_trials(trial, *, kills: int, steps: range, spe: int) -> list[dict]:
-    """One SIGTERM and ``kills`` SIGKILL trials (``trial(signal, at_step) -> dict`` as
-    :func:`run_kill_trial` returns), each at a random step of ``steps``; each gets what the
-    article's per-epoch checkpoints would have lost at that step: ``article_lost`` (an epoch of
-    ``spe`` steps) and ``article_lost_1000_step_epoch``."""
+    """One SIGTERM and ``kills`` SIGKILL trials, each at a random step of ``steps``.
+
+    Each gets what the article's per-epoch checkpoints would have lost at that step: ``article_lost``
+    (an epoch of ``spe`` steps) and ``article_lost_1000_step_epoch``.
+
+    Args:
+        trial: ``trial(signal, at_step) -> dict`` as :func:`run_kill_trial` returns.
+        kills: SIGKILL trials.
+        steps: the steps to draw from.
+        spe: steps per epoch of the article's per-epoch checkpoints.
+
+    Returns:
+        the trials' dicts.
+    """
     import random
     import signal
 
@@ -182,7 +241,15 @@ def kill_trials(trial, *, kills: int, steps: range, spe: int) -> list[dict]:
 
 
 def lost_steps_summary(trials: list[dict], spe: int) -> dict:
-    """The ``lost_steps`` part of a checkpoint benchmark's result, from :func:`kill_trials`."""
+    """The ``lost_steps`` part of a checkpoint benchmark's result, from :func:`kill_trials`.
+
+    Args:
+        trials: :func:`kill_trials`'s result.
+        spe: steps per epoch of the article's per-epoch checkpoints.
+
+    Returns:
+        lost steps per SIGTERM and SIGKILL trial, their exit codes, and the article's figures.
+    """
     sigterm = [t for t in trials if t["signal"] == "SIGTERM"]
     sigkill = [t for t in trials if t["signal"] == "SIGKILL"]
     return {
@@ -210,17 +277,31 @@ def print_table_header() -> None:
 
 
 def print_table_row(label: str, st: dict, blocking_s: float) -> None:
-    """One line of the per-mode overhead table under :func:`print_table_header`: ``st`` is one mode's
-    :func:`paired_overhead`, ``blocking_s`` the mean seconds the training thread spent in a save."""
+    """One line of the per-mode overhead table under :func:`print_table_header`.
+
+    Args:
+        label: the mode's label.
+        st: one mode's :func:`paired_overhead`.
+        blocking_s: the mean seconds the training thread spent in a save.
+    """
     print(f"{label:<36}{st['step_s'] * 1000:>9.2f}{statistics.mean(st['extra_s']):>14.4f}"
           f"{st['overhead_pct']:>12.2f}{st['overhead_pct_ci95']:>11.2f}{st['overhead_pct_median']:>10.2f}"
           f"{blocking_s:>17.4f}")
 
 
 def window_schedule(window: int, every_steps: int):
-    """A :class:`spot_training.training.notice.SaveSchedule` with one save at the first step of every saving window
-    (:func:`saving_window`) of ``window`` steps; the write overlaps the window's other steps, as it
-    overlaps the steps after it in a run saving every ``every_steps`` steps."""
+    """A :class:`spot_training.training.notice.SaveSchedule` with one save at the first step of every saving window.
+
+    Saving windows: :func:`saving_window`. The write overlaps the window's other steps, as it overlaps
+    the steps after it in a run saving every ``every_steps`` steps.
+
+    Args:
+        window: steps per window.
+        every_steps: the schedule's own step cadence (kept for its ``repr``).
+
+    Returns:
+        the schedule.
+    """
     from spot_training.training.notice import SaveSchedule
 
     class WindowSchedule(SaveSchedule):
@@ -232,16 +313,26 @@ def window_schedule(window: int, every_steps: int):
 
 def paired_modes(make_checkpointer, step, *, start: int, pairs: int, warmup_pairs: int, window: int,
                  save_every: int) -> dict:
-    """Train one run per mode (``"background"``, then ``"sync"``) in ``window``-step windows that
-    alternate without and with one save at the window's first step (the MXNet and PyTorch
-    benchmarks' way; bench/bench_checkpoint.py, 1.), ``warmup_pairs`` pairs first, not compared.
+    """Train one run per mode (``"background"``, then ``"sync"``) in windows alternating without and with one save.
 
-    make_checkpointer(mode) returns a checkpoint driver (``after_step``, ``save_seconds``,
-    ``saver``, ``schedule``, ``close``; its schedule is replaced by the windows'). step(index)
-    runs one training step; indices go on from ``start``. A background window ends by waiting for
-    its write. Returns ``checkpointers`` (closed), per mode ``seconds``, ``cpu_seconds`` and
-    ``blocking`` (seconds inside save calls) per window, ``first`` (windows left out), ``stats``
-    and ``cpu_stats`` (:func:`paired_overhead` of wall and CPU time) and ``index`` (the next step).
+    The save is at the window's first step (the MXNet and PyTorch benchmarks' way; bench/bench_checkpoint.py,
+    1.); ``warmup_pairs`` pairs come first and are not compared. A background window ends by waiting for
+    its write.
+
+    Args:
+        make_checkpointer: ``make_checkpointer(mode)`` returns a checkpoint driver (``after_step``,
+            ``save_seconds``, ``saver``, ``schedule``, ``close``; its schedule is replaced by the windows').
+        step: ``step(index)`` runs one training step; indices go on from ``start``.
+        start: the first step index.
+        pairs: compared pairs of windows per mode.
+        warmup_pairs: pairs at the start, not compared.
+        window: steps per window.
+        save_every: the save cadence the overhead is stated for (steps).
+
+    Returns:
+        ``checkpointers`` (closed), per mode ``seconds``, ``cpu_seconds`` and ``blocking`` (seconds inside
+        save calls) per window, ``first`` (windows left out), ``stats`` and ``cpu_stats``
+        (:func:`paired_overhead` of wall and CPU time) and ``index`` (the next step).
     """
     import time
 
@@ -298,8 +389,15 @@ def digits_scratch(prefix: str):
 
 
 def time_restores(open_checkpointer, n: int = 3) -> list[float]:
-    """Seconds of ``n`` restores, each into fresh process state: ``open_checkpointer()`` builds a
-    new model and returns ``(restore, close)``; only ``restore()`` is timed."""
+    """Seconds of ``n`` restores, each into fresh process state; only ``restore()`` is timed.
+
+    Args:
+        open_checkpointer: builds a new model and returns ``(restore, close)``.
+        n: how many restores (default 3).
+
+    Returns:
+        one duration per restore, seconds.
+    """
     import time
 
     times = []
@@ -316,12 +414,36 @@ def lost_steps_and_report(*, script, data_dir, scratch, args, n_examples: int, f
                           version: str, title: str, size_note: str, n_params: int, run: dict, write_times: list,
                           restore_times: list, size_mb: float, params_mb: float, batch: int = BATCH,
                           save_every: int = SAVE_EVERY, window: int = WINDOW) -> dict:
-    """The end the MXNet and PyTorch checkpoint benchmarks share: :func:`kill_trials` (one SIGTERM
-    and ``kills`` SIGKILL lost-steps trials of ``script``'s worker, :func:`data_worker_trial`) beside what the article's per-epoch checkpoints would have lost
-    (an epoch of ``n_examples`` in batches of ``batch``); then the table, and the result dict printed as the last line of
-    JSON (and returned). ``args``: the command line (``pairs``, ``kills``); ``run``: what
-    :func:`paired_modes` returned. ``size_note`` is formatted
-    with ``params_mb``."""
+    """The end the MXNet and PyTorch checkpoint benchmarks share: lost-steps trials, the table and the result.
+
+    :func:`kill_trials` (one SIGTERM and ``kills`` SIGKILL trials of ``script``'s worker,
+    :func:`data_worker_trial`) beside what the article's per-epoch checkpoints would have lost; then the
+    table, and the result dict printed as the last line of JSON.
+
+    Args:
+        script: the benchmark script (its ``--worker`` mode).
+        data_dir: the prepared datasets.
+        scratch: where the trials' checkpoint directories go.
+        args: the command line (``pairs``, ``kills``).
+        n_examples: training examples (an epoch of the article's checkpoints).
+        framework: the checkpoint store's framework name.
+        version_key: the result's key for the framework version (``"mxnet"``, ``"torch"``).
+        version: the framework version.
+        title: the table's title.
+        size_note: what the checkpoint holds, formatted with ``params_mb``.
+        n_params: the model's parameters.
+        run: what :func:`paired_modes` returned.
+        write_times: background write durations, seconds.
+        restore_times: :func:`time_restores`'s durations, seconds.
+        size_mb: the checkpoint's size, MB.
+        params_mb: the parameters' size, MB.
+        batch: examples per step (default :data:`BATCH`).
+        save_every: the save cadence, steps (default :data:`SAVE_EVERY`).
+        window: steps per window (default :data:`WINDOW`).
+
+    Returns:
+        the result dict (also printed as JSON).
+    """
     import json
 
     def trial(sig: int, at: int) -> dict:

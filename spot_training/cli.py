@@ -293,6 +293,17 @@ def missing_local_extra(command: str) -> str | None:
 
 
 def cmd_drill(args: argparse.Namespace) -> int:
+    """``spot-train local drill``: the single-node drill (``--cluster``/``--sweep``: the other drills).
+
+    Prints the report and where its JSON and plot are.
+
+    Args:
+        args: the parsed options.
+
+    Returns:
+        the exit status: 0 passed, 1 failed, 2 a bad option or local mode's extra is not installed,
+        130 interrupted.
+    """
     message = missing_local_extra("drill")
     if message:
         print(message, file=sys.stderr)
@@ -326,6 +337,18 @@ def _state_path(work_dir: Path) -> Path:
 
 
 def cmd_up(args: argparse.Namespace) -> int:
+    """``spot-train local up``: start a moto server, ``cdk bootstrap`` and ``cdk deploy`` the stack into it.
+
+    The server's address and PID are kept in the work directory's state file for ``status``, ``logs``,
+    ``cost`` and ``down``.
+
+    Args:
+        args: the parsed options.
+
+    Returns:
+        0 deployed; 1 already up or the deploy failed (the server stays up for ``down``); 2 local mode's
+        extra is not installed.
+    """
     message = missing_local_extra("up")
     if message:
         print(message, file=sys.stderr)
@@ -367,6 +390,14 @@ def cmd_up(args: argparse.Namespace) -> int:
 
 
 def cmd_down(args: argparse.Namespace) -> int:
+    """``spot-train local down``: ``cdk destroy`` the stack, check for orphans, stop the moto server.
+
+    Args:
+        args: the parsed options.
+
+    Returns:
+        0 when nothing is left; 1 when nothing was up, orphans remain, or the server was not running.
+    """
     from spot_training.local.deploy import CdkCli, clients, find_orphans
 
     state_path = _state_path(args.work_dir)
@@ -436,6 +467,17 @@ def _operate(args: argparse.Namespace, action: Callable[[Any, str], int]) -> int
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    """``spot-train status``: the deployed (or local) stack's training, instances, volume and alarms.
+
+    Without a deployed target, the newest local drill's report is shown instead. ``--watch`` redraws
+    every ``--interval`` seconds until training completed or Ctrl-C.
+
+    Args:
+        args: the parsed options.
+
+    Returns:
+        0 shown; 1 nothing to report; an :class:`~spot_training.ops.operations.Exit` code on an AWS error.
+    """
     import datetime as dt
 
     from spot_training.ops import operations as ops
@@ -473,6 +515,15 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
+    """``spot-train logs``: the stack's (or a job's, or one instance's) log events; ``--follow`` polls for more.
+
+    Args:
+        args: the parsed options.
+
+    Returns:
+        0 shown (Ctrl-C ends ``--follow``); an :class:`~spot_training.ops.operations.Exit` code on an
+        AWS error or an instance without a log stream.
+    """
     from spot_training.ops import operations as ops
 
     def show(aws: Any, stack: str) -> int:
@@ -511,6 +562,15 @@ def _prices(values: list[str] | None) -> dict[str, float]:
 
 
 def cmd_cost(args: argparse.Namespace) -> int:
+    """``spot-train cost``: what the stack's (or a job's) instances, volume and snapshots cost, and on demand.
+
+    Args:
+        args: the parsed options.
+
+    Returns:
+        0 shown; 2 a bad ``--on-demand-price``; an :class:`~spot_training.ops.operations.Exit` code on an
+        AWS error.
+    """
     import datetime as dt
 
     from spot_training.ops import operations as ops

@@ -54,7 +54,8 @@ def check_node(config: Any, *, local_mode: bool = False, botocore_version: str |
         config: the validated AgentConfig.
         local_mode: volumes are directories: skip the AWS CLI and mkfs checks.
         botocore_version: the installed botocore's version (default: ``botocore.__version__``).
-        which, venv_ok: injectable lookups (``shutil.which``, :func:`venv_works`).
+        which: looks a program up on the PATH (default ``shutil.which``).
+        venv_ok: tells whether an interpreter can create a virtual environment with pip (default :func:`venv_works`).
 
     Raises:
         ConfigError: naming each missing piece and how to fix it.

@@ -37,16 +37,41 @@ class BlockDevices(Protocol):
     """What the EBS step needs from the machine's block devices (paths are strings)."""
 
     def resolve(self, volume_id: str, requested_name: str | None = None) -> str | None:
-        """The device path of attached volume ``volume_id`` (``vol-…``), or ``None`` if not (yet) there."""
+        """The device path of attached volume ``volume_id``, or ``None`` if it is not (yet) there.
+
+        Args:
+            volume_id: the EBS volume id (``vol-…``).
+            requested_name: the device name given to AttachVolume (``/dev/sdf``); only Xen instances use it.
+
+        Returns:
+            the device path, or None.
+        """
 
     def has_filesystem(self, device: str) -> str | None:
         """The file system type on ``device`` (``"xfs"``), or ``None`` when it has none."""
 
     def format(self, device: str, fs_type: str) -> None:
-        """Create a ``fs_type`` file system on ``device``; raises BlockDeviceError if one exists."""
+        """Create a ``fs_type`` file system on ``device``.
+
+        Args:
+            device: the device path from :meth:`resolve`.
+            fs_type: the file system type (``"xfs"``).
+
+        Raises:
+            BlockDeviceError: ``device`` has a file system already, or creating one failed.
+        """
 
     def mount(self, device: str, mount_point: str, fs_type: str) -> None:
-        """Mount ``device`` at ``mount_point`` (created if missing)."""
+        """Mount ``device`` at ``mount_point`` (created if missing).
+
+        Args:
+            device: the device path.
+            mount_point: the directory to mount it at.
+            fs_type: the file system type on the device.
+
+        Raises:
+            BlockDeviceError: the mount failed.
+        """
 
     def mounted_source(self, mount_point: str) -> str | None:
         """The device mounted at ``mount_point``, or ``None`` when nothing is mounted there."""
@@ -55,11 +80,27 @@ class BlockDevices(Protocol):
         """Unmount ``mount_point`` (nothing if nothing is mounted)."""
 
     def chown(self, path: str, user: str) -> None:
-        """Give ``path`` (not recursively) to ``user`` and its primary group."""
+        """Give ``path`` (not recursively) to ``user`` and its primary group.
+
+        Args:
+            path: the file or directory.
+            user: the user name.
+
+        Raises:
+            BlockDeviceError: ``user`` does not exist.
+        """
 
 
 def is_mounted(devices: BlockDevices, mount_point: str) -> bool:
-    """True when something is mounted at ``mount_point``."""
+    """True when something is mounted at ``mount_point``.
+
+    Args:
+        devices: the machine's block devices.
+        mount_point: the directory to check.
+
+    Raises:
+        BlockDeviceError: the mount table cannot be read.
+    """
     return devices.mounted_source(mount_point) is not None
 
 
@@ -85,6 +126,7 @@ class LinuxBlockDevices:
         proc_mounts: the mount table to read (default ``"/proc/self/mounts"``).
         run: command runner returning a CompletedProcess (default: ``subprocess.run`` with captured
             text output, 300 s timeout, no exception on a non-zero exit).
+        log: default ``logging.getLogger(__name__)``.
     """
 
     def __init__(self, dev_root: str = "/dev", *, sys_root: str = "/sys", proc_mounts: str = "/proc/self/mounts",
@@ -98,7 +140,12 @@ class LinuxBlockDevices:
     def resolve(self, volume_id: str, requested_name: str | None = None) -> str | None:
         """Device of ``volume_id``: by-id link, else NVMe serial, else (Xen only) the requested name.
 
-        Returns the real path (``/dev/nvme1n1``), or ``None`` while the device has not appeared.
+        Args:
+            volume_id: the EBS volume id (``vol-…``).
+            requested_name: the device name given to AttachVolume (``/dev/sdf``); Xen instances only.
+
+        Returns:
+            the real path (``/dev/nvme1n1``), or ``None`` while the device has not appeared.
         """
         serial = volume_id.replace("-", "")
         by_id = self.dev_root / "disk" / "by-id" / f"{EBS_BY_ID_PREFIX}{serial}"
@@ -135,7 +182,15 @@ class LinuxBlockDevices:
         return result.stdout.strip() or None
 
     def format(self, device: str, fs_type: str) -> None:
-        """``mkfs.<fs_type> DEVICE`` after re-checking with blkid that there is no file system."""
+        """``mkfs.<fs_type> DEVICE`` after re-checking with blkid that there is no file system.
+
+        Args:
+            device: the device path.
+            fs_type: the file system type (``"xfs"``); ``mkfs.<fs_type>`` must exist.
+
+        Raises:
+            BlockDeviceError: ``device`` has a file system already, or ``blkid``/``mkfs`` failed.
+        """
         existing = self.has_filesystem(device)
         if existing is not None:
             raise BlockDeviceError(f"refusing to format {device}: it already has a {existing} file system")
@@ -144,7 +199,16 @@ class LinuxBlockDevices:
             raise BlockDeviceError(f"mkfs.{fs_type} {device} failed with exit {result.returncode}: {result.stderr.strip()}")
 
     def mount(self, device: str, mount_point: str, fs_type: str) -> None:
-        """``mount -t TYPE -o defaults,noatime DEVICE MOUNT_POINT``."""
+        """``mount -t TYPE -o defaults,noatime DEVICE MOUNT_POINT``.
+
+        Args:
+            device: the device path.
+            mount_point: the directory (created if missing).
+            fs_type: the file system type on the device.
+
+        Raises:
+            BlockDeviceError: ``mount`` exited non-zero (its stderr in the message).
+        """
         Path(mount_point).mkdir(parents=True, exist_ok=True)
         result = self._run(["mount", "-t", fs_type, "-o", "defaults,noatime", device, mount_point])
         if result.returncode != 0:
@@ -174,6 +238,15 @@ class LinuxBlockDevices:
             raise BlockDeviceError(f"umount {mount_point} failed with exit {result.returncode}: {result.stderr.strip()}")
 
     def chown(self, path: str, user: str) -> None:
+        """Give ``path`` (not recursively) to ``user`` and its primary group.
+
+        Args:
+            path: the file or directory.
+            user: the user name.
+
+        Raises:
+            BlockDeviceError: ``user`` does not exist on this machine.
+        """
         _chown(path, user)
 
 
@@ -196,15 +269,37 @@ class DirectoryBlockDevices:
         self.root = Path(root)
 
     def resolve(self, volume_id: str, requested_name: str | None = None) -> str | None:
-        """``<root>/<vol-id>`` if that directory exists (the data plane creates it with the volume)."""
+        """``<root>/<vol-id>`` if that directory exists (the data plane creates it with the volume).
+
+        Args:
+            volume_id: the volume id (``vol-…``).
+            requested_name: ignored (directories have no device names).
+
+        Returns:
+            the directory's path, or None.
+        """
         device = self.root / volume_id
         return str(device) if device.is_dir() else None
 
     def has_filesystem(self, device: str) -> str | None:
+        """The file system type written in the directory's marker file, or ``None`` when it has none.
+
+        Args:
+            device: the volume's directory.
+        """
         marker = Path(device) / self.FS_MARKER
         return marker.read_text().strip() if marker.exists() else None
 
     def format(self, device: str, fs_type: str) -> None:
+        """Write the marker file that stands in for a file system (atomically).
+
+        Args:
+            device: the volume's directory.
+            fs_type: the file system type recorded in the marker.
+
+        Raises:
+            BlockDeviceError: the directory has a marker already.
+        """
         existing = self.has_filesystem(device)
         if existing is not None:
             raise BlockDeviceError(f"refusing to format {device}: it already has a {existing} file system")
@@ -215,7 +310,16 @@ class DirectoryBlockDevices:
 
     def mount(self, device: str, mount_point: str, fs_type: str) -> None:
         """Make ``mount_point`` a symlink to ``device``; an empty directory there is replaced, a
-        non-empty one is an error (like mounting over data, which would hide it)."""
+        non-empty one is an error (like mounting over data, which would hide it).
+
+        Args:
+            device: the volume's directory.
+            mount_point: the path to make the symlink.
+            fs_type: ignored.
+
+        Raises:
+            BlockDeviceError: ``mount_point`` is a non-empty directory or a file.
+        """
         point = Path(mount_point)
         point.parent.mkdir(parents=True, exist_ok=True)
         if point.is_symlink():
@@ -233,6 +337,11 @@ class DirectoryBlockDevices:
         os.replace(temporary, point)
 
     def mounted_source(self, mount_point: str) -> str | None:
+        """The directory ``mount_point`` links to, or ``None`` when it is no symlink to a directory.
+
+        Args:
+            mount_point: the path to check.
+        """
         point = Path(mount_point)
         if not point.is_symlink():
             return None
@@ -240,13 +349,23 @@ class DirectoryBlockDevices:
         return str(target) if target.is_dir() else None
 
     def unmount(self, mount_point: str) -> None:
+        """Remove the symlink at ``mount_point`` (nothing if there is none).
+
+        Args:
+            mount_point: the path to unmount.
+        """
         point = Path(mount_point)
         if point.is_symlink():
             point.unlink()
 
     def chown(self, path: str, user: str) -> None:
         """Give ``path`` to ``user``; when that user does not exist on this machine (local mode on a
-        laptop), the directory stays with the current user, who runs the trainer there."""
+        laptop), the directory stays with the current user, who runs the trainer there.
+
+        Args:
+            path: the file or directory.
+            user: the user name.
+        """
         try:
             pwd.getpwnam(user)
         except KeyError:

@@ -43,7 +43,16 @@ def find_fleet_request_id(ec2: Any, instance_id: str) -> str | None:
 
     First the instance's ``aws:ec2spot:fleet-request-id`` tag (one DescribeInstances call), then every
     live fleet request's instances (DescribeSpotFleetRequests, DescribeSpotFleetInstances, paginated).
-    Raises botocore's ClientError for API failures other than throttling (retried by the client).
+
+    Args:
+        ec2: a boto3 EC2 client.
+        instance_id: the instance (``i-…``).
+
+    Returns:
+        the request id (``sfr-…``), or None.
+
+    Raises:
+        botocore.exceptions.ClientError: API failures other than throttling (retried by the client).
     """
     reservations = ec2.describe_instances(InstanceIds=[instance_id])["Reservations"]
     for reservation in reservations:
@@ -67,6 +76,18 @@ def find_fleet_request_id(ec2: Any, instance_id: str) -> str | None:
 
 
 def fleet_requests(ec2: Any, ids: list[str] | None = None) -> list[dict[str, Any]]:
+    """Every spot fleet request (or those of ``ids``), all pages of DescribeSpotFleetRequests.
+
+    Args:
+        ec2: a boto3 EC2 client.
+        ids: the request ids to describe (default None: all of the account's in the region).
+
+    Returns:
+        the ``SpotFleetRequestConfigs`` entries.
+
+    Raises:
+        botocore.exceptions.ClientError: API failures other than throttling.
+    """
     kwargs: dict[str, Any] = {"SpotFleetRequestIds": ids} if ids else {}
     fleets: list[dict[str, Any]] = []
     token = None
@@ -79,12 +100,22 @@ def fleet_requests(ec2: Any, ids: list[str] | None = None) -> list[dict[str, Any
 
 
 def cancel_own_fleet(*, ec2: Any, instance_id: str, stack_name: str) -> str | None:
-    """Cancel (with TerminateInstances=True) the spot fleet request of ``instance_id`` if it carries
-    ``spot-training:stack`` = ``stack_name``.
+    """Cancel (with TerminateInstances=True) the spot fleet request of ``instance_id`` if it is this stack's.
 
-    Returns the cancelled request id, or None when there is no fleet or it is not ours (logged).
-    Idempotent: a request already cancelled is reported, not cancelled again. Raises TemporaryError
-    when EC2 reports the cancellation as unsuccessful, ClientError for other API failures.
+    Ours: it carries ``spot-training:stack`` = ``stack_name``. Idempotent: a request already cancelled
+    is reported, not cancelled again.
+
+    Args:
+        ec2: a boto3 EC2 client.
+        instance_id: this instance (``i-…``).
+        stack_name: this deployment's stack name.
+
+    Returns:
+        the cancelled request id, or None when there is no fleet or it is not ours (logged).
+
+    Raises:
+        TemporaryError: EC2 reports the cancellation as unsuccessful.
+        botocore.exceptions.ClientError: other API failures.
     """
     fleet_id = find_fleet_request_id(ec2, instance_id)
     if fleet_id is None:

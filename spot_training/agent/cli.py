@@ -128,13 +128,22 @@ _FINAL_BOOT_STEPS = frozenset({"config", "trainer"})
 
 
 def report_boot_failure(step: str, message: str, *, environ: Any = None, timeout_s: float = 300.0) -> bool:
-    """Run the unit's boot-failure script (``$SPOT_TRAINING_ON_BOOT_FAILURE STEP MESSAGE count|final``):
-    it reports where the user sees it (console output, the ``spot-training:boot-error`` instance tag),
-    counts the failed boot on the data volume, cancels the fleet when the bound is reached or the step
-    is final, and shuts the instance down (docs/agent.md, "Boot failures").
+    """Run the unit's boot-failure script (``$SPOT_TRAINING_ON_BOOT_FAILURE STEP MESSAGE count|final``).
 
-    Returns False (and logs why) when no script is configured (the agent runs outside its unit) or it
-    could not be run; True when it ran (whatever its exit status: it shuts the instance down).
+    The script reports where the user sees it (console output, the ``spot-training:boot-error``
+    instance tag), counts the failed boot on the data volume, cancels the fleet when the bound is
+    reached or the step is final, and shuts the instance down (docs/agent.md, "Boot failures").
+
+    Args:
+        step: the boot step that failed; ``config`` and ``trainer`` are final (a replacement would fail
+            the same way), any other step is counted.
+        message: the error, one line (whitespace collapsed, cut to 500 characters for the script).
+        environ: where ``$SPOT_TRAINING_ON_BOOT_FAILURE`` is read (default ``os.environ``).
+        timeout_s: seconds the script may run (default 300).
+
+    Returns:
+        True when the script ran (whatever its exit status: it shuts the instance down); False (and
+        logs why) when no script is configured (the agent runs outside its unit) or it could not be run.
     """
     import subprocess
 

@@ -32,12 +32,22 @@ def run_node(config: Any, imds: Any, *, instance_id: str, local_mode: bool,
     """Run this node as a cluster member (``node_role`` scheduler/server/worker); the CLI's entry.
 
     Reads the private address from IMDS (``local-ipv4``), the ``cluster`` section from the config's
-    extensions, and watches spot interruption notices and the member tag on workers. Local mode
-    (``local_mode``): a missing training user runs as the current user, and ``SPOT_TRAINING_NETNS``
-    names the network namespace of the node's processes. ``on_environment_ready`` is called once the
-    code and the trainer's environment are ready (the boot succeeded: the CLI clears the failed-boot
-    count). Returns the :meth:`NodeAgent.run` outcome. Raises ConfigError (exit 78) for a bad
-    ``cluster`` section.
+    extensions, and watches spot interruption notices and the member tag on workers.
+
+    Args:
+        config: the validated node config (:class:`~spot_training.agent.config.AgentConfig`).
+        imds: the instance metadata client (:class:`~spot_training.agent.imds.ImdsClient`).
+        instance_id: this instance's id.
+        local_mode: a missing training user runs as the current user, and ``SPOT_TRAINING_NETNS`` names
+            the network namespace of the node's processes.
+        on_environment_ready: called once the code and the trainer's environment are ready (the boot
+            succeeded: the CLI clears the failed-boot count); default None.
+
+    Returns:
+        the :meth:`NodeAgent.run` outcome.
+
+    Raises:
+        ConfigError: a bad ``cluster`` section, or ``node_role`` ``server`` with PyTorch (exit 78).
     """
     from spot_training.agent.workspace import Workspace  # looked up at call time (tests replace it)
 

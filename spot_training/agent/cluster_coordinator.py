@@ -50,10 +50,12 @@ class Coordinator:
     """Keeps the plan; runs inside the scheduler node's agent, one :meth:`tick` per agent loop.
 
     Args:
-        state: the :class:`ClusterState`. settings: :class:`ClusterSettings`. framework: ``mxnet`` or
-        ``tensorflow``. node_id: the scheduler node itself (always the plan's scheduler).
-        completed: returns True once the trainer wrote ``COMPLETED``. clock: wall-clock seconds
-        (heartbeats from other nodes carry wall time).
+        state: the cluster's state files (:class:`ClusterState`).
+        settings: the validated ``cluster`` section (:class:`ClusterSettings`).
+        framework: ``mxnet`` or ``tensorflow``.
+        node_id: the scheduler node itself (always the plan's scheduler).
+        completed: returns True once the trainer wrote ``COMPLETED``.
+        clock: wall-clock seconds (heartbeats from other nodes carry wall time; default ``time.time``).
     """
 
     def __init__(self, state: ClusterState, settings: ClusterSettings, *, framework: str, node_id: str,
@@ -79,7 +81,10 @@ class Coordinator:
 
     def tick(self) -> Plan | None:
         """Look at registrations, heartbeats and the plan once; write the next plan if it changes.
-        Returns the current plan."""
+
+        Returns:
+            the current plan.
+        """
         now = self.clock()
         regs, beats = self.state.registrations(), self.state.heartbeats()
         for node_id in list(regs):

@@ -32,15 +32,24 @@ class ClusterMember:
     """Shared state and steps of a cluster node's agent.
 
     Args:
-        settings: :class:`ClusterSettings`. role: ``scheduler``, ``server`` or ``worker``. node_id: the
-        instance id. host: the private IPv4 address. port: the address's port (default: the role's).
-        python: the training interpreter. environ: the base environment of the processes.
-        workdir: where processes start (the training code). checkpoint_dir, dataset_dir, log_dir: from
-        the config; ``COMPLETED`` is looked for in checkpoint_dir, a worker is data-ready when
-        dataset_dir has an entry. monitors: objects with ``poll() -> Event | None`` polled every
-        ``monitor_interval_s`` seconds on workers (:meth:`_poll_monitors`). netns: local mode only, run the processes inside this network
-        namespace. preexec_user: ``(uid, gid, groups)`` to drop privileges to, or None.
-        clock (wall-clock seconds: heartbeats are compared across nodes), sleep: injectable.
+        settings: the validated ``cluster`` section (:class:`ClusterSettings`).
+        role: ``scheduler``, ``server`` or ``worker``.
+        node_id: the instance id.
+        host: the private IPv4 address.
+        python: the training interpreter.
+        environ: the base environment of the processes.
+        workdir: where processes start (the training code).
+        checkpoint_dir: from the config; ``COMPLETED`` is looked for here.
+        dataset_dir: from the config; a worker is data-ready when it has an entry (None: always ready).
+        log_dir: from the config; the processes' logs go here.
+        monitors: objects with ``poll() -> Event | None`` polled every ``monitor_interval_s`` seconds on
+            workers (:meth:`_poll_monitors`).
+        monitor_interval_s: seconds between monitor polls.
+        netns: local mode only: run the processes inside this network namespace (None: no namespace).
+        preexec_user: ``(uid, gid, groups)`` to drop privileges to, or None.
+        clock: wall-clock seconds (heartbeats are compared across nodes).
+        sleep: sleeps the given seconds.
+        port: the address's port (default: the role's, :meth:`ClusterSettings.port_for`).
     """
 
     def __init__(self, settings: ClusterSettings, *, role: str, node_id: str, host: str, python: str,

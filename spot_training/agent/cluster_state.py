@@ -101,9 +101,22 @@ _TAG_KEY = re.compile(r"(?!aws:)[^\x00-\x1f]{1,128}", re.IGNORECASE)
 
 
 def settings_from_config(section: Mapping[str, Any] | None, *, framework: str | None = None) -> ClusterSettings:
-    """Validate the ``cluster`` section (a dict); every problem is reported in one ConfigError (exit 78)
-    naming ``cluster.<key>``, the value and what is allowed. ``framework`` ``pytorch`` allows
-    ``num_servers`` 0 (TorchElastic, no parameter servers); every other framework needs 1..``MAX_SERVERS`` (64)."""
+    """Validate the ``cluster`` section of the node config.
+
+    Every problem is reported in one ConfigError (exit 78) naming ``cluster.<key>``, the value and what
+    is allowed.
+
+    Args:
+        section: the ``cluster`` object of the config's extensions (None when absent).
+        framework: ``training.framework``; ``pytorch`` allows ``num_servers`` 0 (TorchElastic, no
+            parameter servers); every other framework needs 1..``MAX_SERVERS`` (64).
+
+    Returns:
+        the validated settings.
+
+    Raises:
+        ConfigError: the section is missing, not an object, or has unknown keys or bad values.
+    """
     if not isinstance(section, Mapping):
         raise ConfigError(f"cluster: got {_shown(section)}; a cluster node (node_role scheduler/server/worker) needs a "
                           "'cluster' object with at least state_dir and num_servers")
@@ -200,8 +213,18 @@ def _no_constant(name: str) -> Any:
 
 
 def write_state_json(path: Path, payload: Mapping[str, Any]) -> None:
-    """Write a state file atomically (the contract's ``write_json_atomic`` format: indented, sorted
-    keys) without following a link the training user planted on EFS (spot_training.agent.safepath)."""
+    """Write a state file atomically without following a link the training user planted on EFS.
+
+    The contract's ``write_json_atomic`` format (indented, sorted keys), through
+    :mod:`spot_training.agent.safepath`.
+
+    Args:
+        path: the state file.
+        payload: a JSON-serializable mapping.
+
+    Raises:
+        OSError: the file cannot be written, or a path component is a symlink.
+    """
     write_bytes_atomic(path, (json.dumps(payload, indent=1, sort_keys=True) + "\n").encode("utf-8"))
 
 
@@ -258,8 +281,18 @@ SCHEMAS: Mapping[str, Mapping[str, Callable[[Any], bool]]] = {
 
 
 def valid_record(kind: str, data: Any, *, path: Any = None) -> bool:
-    """True when ``data`` is a dict holding every field of ``SCHEMAS[kind]`` with a valid value; else
-    the first bad field is logged (with ``path``) and False returned."""
+    """True when ``data`` is a dict holding every field of ``SCHEMAS[kind]`` with a valid value.
+
+    Otherwise the first bad field is logged (with ``path``) and False returned.
+
+    Args:
+        kind: a key of :data:`SCHEMAS` (``"registration"``, ``"heartbeat"``, ``"member"``, ``"event"``).
+        data: the parsed JSON record.
+        path: the file it came from, for the log (default None).
+
+    Returns:
+        whether the record may be used.
+    """
     if not isinstance(data, Mapping):
         log.warning("ignoring cluster state record that is no object", extra={"kind": kind, "path": str(path)})
         return False
@@ -302,8 +335,12 @@ class Plan:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "Plan":
-        """Parse ``plan.json``'s content. Raises ValueError when it is not a valid plan (a field of the
-        wrong type, a member without a node id, IPv4 host and port, a worker without a rank)."""
+        """Parse ``plan.json``'s content.
+
+        Raises:
+            ValueError: not a valid plan (a field of the wrong type, a member without a node id, IPv4
+                host and port, a worker without a rank).
+        """
         members = [data.get("scheduler")]
         for key in ("servers", "workers"):
             if not isinstance(data.get(key), list) or len(data[key]) > MAX_WORKERS + MAX_SERVERS:
@@ -320,7 +357,16 @@ class Plan:
                    since=float(data["since"]), reason=str(data.get("reason", "")))
 
     def with_state(self, state: str, *, since: float, reason: str) -> "Plan":
-        """A copy in another state."""
+        """A copy in another state.
+
+        Args:
+            state: one of :data:`PLAN_STATES`.
+            since: when the state began, seconds since the epoch.
+            reason: why, in words (shown by status).
+
+        Returns:
+            the new plan (same generation and members).
+        """
         return Plan(self.generation, state, self.framework, self.scheduler, self.servers, self.workers, since, reason)
 
     def members(self) -> dict[str, str]:
@@ -341,10 +387,25 @@ def _address_key(member: Mapping[str, Any]) -> tuple:
 
 def make_plan(*, generation: int, framework: str, scheduler: Mapping[str, Any], servers: Iterable[Mapping[str, Any]],
               workers: Iterable[Mapping[str, Any]], now: float, reason: str) -> Plan:
-    """A ``running`` plan. Members are registration dicts (``node_id``, ``host``, ``port``); worker ranks
-    follow the numeric ``host:port`` order, the order in which ps-lite's scheduler numbers workers.
+    """A ``running`` plan with worker ranks in the numeric ``host:port`` order.
 
-    Raises ValueError when two members share one ``host:port``.
+    Members are registration dicts (``node_id``, ``host``, ``port``); ranks follow the order in which
+    ps-lite's scheduler numbers workers.
+
+    Args:
+        generation: the plan's generation number, >= 0.
+        framework: ``training.framework``.
+        scheduler: the scheduler's registration.
+        servers: the parameter servers' registrations.
+        workers: the workers' registrations.
+        now: the plan's start, seconds since the epoch.
+        reason: why this plan was made (shown by status).
+
+    Returns:
+        the plan, in state ``running``.
+
+    Raises:
+        ValueError: two members share one ``host:port``.
     """
     pick = lambda r: {"node_id": r["node_id"], "host": r["host"], "port": int(r["port"])}  # noqa: E731
     servers = [pick(s) for s in servers]

@@ -257,11 +257,21 @@ ROOT_ENV = contract.ENV_ROOT
 
 
 def with_root(data: Any, root: str | os.PathLike[str] | None) -> Any:
-    """The config document with ``root`` put in front of every file-system path the node uses: the
-    volume and EFS mount points, the dataset/checkpoint/log directories, ``training.code.path``,
-    ``training.venv.root``, ``cluster.state_dir``, and each ``training.command`` argument under a mount point. The interpreter
-    (``training.python``) is left alone: it is a program, not node data. ``root`` None or empty:
-    ``data`` unchanged. Anything malformed is left for :func:`parse_config` to report. Returns a copy."""
+    """The config document with ``root`` put in front of every file-system path the node uses.
+
+    Those paths: the volume and EFS mount points, the dataset/checkpoint/log directories,
+    ``training.code.path``, ``training.venv.root``, ``cluster.state_dir``, and each ``training.command``
+    argument under a mount point. The interpreter (``training.python``) is left alone: it is a program,
+    not node data. Anything malformed is left for :func:`parse_config` to report.
+
+    Args:
+        data: the parsed config document (not changed).
+        root: the node's file-system root (local mode: ``$SPOT_TRAINING_ROOT``); None or empty: ``data``
+            is returned unchanged.
+
+    Returns:
+        a copy with the paths prefixed (or ``data`` itself when ``root`` is empty or ``data`` no object).
+    """
     if not root:
         return data
     data = json.loads(json.dumps(data))
@@ -303,6 +313,13 @@ def with_port_offset(data: Any, offset: str | int | None) -> Any:
     """The config document with ``offset`` added to each integer port of its ``cluster`` section
     (:data:`PORT_OFFSET_ENV`). ``offset`` None or empty: ``data`` unchanged. Returns a copy.
 
+    Args:
+        data: the parsed config document (not changed).
+        offset: the port offset, an integer 0..10000 or its text; None or empty: no change.
+
+    Returns:
+        a copy with the cluster ports moved (or ``data`` itself when ``offset`` is empty).
+
     Raises:
         ConfigError: ``offset`` is not an integer 0..10000 (the message names the variable and value).
     """
@@ -326,12 +343,20 @@ def with_port_offset(data: Any, offset: str | int | None) -> Any:
 
 def load_config(path: str | os.PathLike[str], *, root: str | os.PathLike[str] | None = None,
                 port_offset: str | int | None = None) -> AgentConfig:
-    """Read and validate the config file at ``path``; ``root`` (local mode: ``$SPOT_TRAINING_ROOT``) is
-    put in front of its file-system paths (:func:`with_root`), ``port_offset`` (local mode:
-    ``$SPOT_TRAINING_PORT_OFFSET``) added to its cluster ports (:func:`with_port_offset`).
+    """Read and validate the config file at ``path``.
 
-    Raises ConfigError (exit 78) when the file is missing or unreadable, is not JSON (with line and
-    column), or fails validation (every problem listed).
+    Args:
+        path: the node config file (JSON).
+        root: put in front of its file-system paths (:func:`with_root`; local mode: ``$SPOT_TRAINING_ROOT``).
+        port_offset: added to its cluster ports (:func:`with_port_offset`; local mode:
+            ``$SPOT_TRAINING_PORT_OFFSET``).
+
+    Returns:
+        the validated config.
+
+    Raises:
+        ConfigError: (exit 78) the file is missing or unreadable, is not JSON (with line and column), or
+            fails validation (every problem listed).
     """
     path = Path(path)
     try:
@@ -381,9 +406,10 @@ def _json_depth(text: str) -> int:
 def parse_config(data: Any) -> AgentConfig:
     """Validate an already-decoded config document and build the frozen AgentConfig.
 
-    Raises ConfigError listing every problem: missing or unknown keys, wrong types (``true`` is not
-    an integer), values outside the allowed set (region, framework, node_role, fs_type), relative
-    paths, a volume tag filter that does not scope to this stack.
+    Raises:
+        ConfigError: listing every problem: missing or unknown keys, wrong types (``true`` is not an
+            integer), values outside the allowed set (region, framework, node_role, fs_type),
+            relative paths, a volume tag filter that does not scope to this stack.
     """
     v = _Validator()
     root = v.object(data, "")

@@ -87,6 +87,7 @@ class ManifestEntry:
     path: str
 
     def to_dict(self) -> dict[str, Any]:
+        """The entry as a JSON object ``{"key", "size", "etag", "path"}``."""
         return {"key": self.key, "size": self.size, "etag": self.etag, "path": self.path}
 
 
@@ -120,6 +121,13 @@ def _relative_path(key: str, prefix: str) -> str | None:
 def manifest(s3: Any, uri: str) -> list[ManifestEntry]:
     """List the objects of ``uri`` (``ListObjectsV2``, every page), sorted by key.
 
+    Args:
+        s3: a boto3 S3 client.
+        uri: ``s3://bucket/prefix/`` (every object under it) or ``s3://bucket/key`` (one object).
+
+    Returns:
+        one entry per object, sorted by key (folder placeholders left out).
+
     Raises:
         ConfigError: no object under the URI, or a key that cannot be a file under ``dataset_dir``.
         botocore.exceptions.ClientError: the listing failed (classified by the caller).
@@ -143,7 +151,15 @@ def manifest(s3: Any, uri: str) -> list[ManifestEntry]:
 
 
 def is_complete(dataset_dir: Path, uri: str) -> bool:
-    """Whether the completion marker in ``dataset_dir`` names ``uri``."""
+    """Whether the completion marker in ``dataset_dir`` names ``uri``.
+
+    Args:
+        dataset_dir: the node's dataset directory.
+        uri: the dataset's S3 URI.
+
+    Returns:
+        True when the marker is readable, names ``uri`` and says complete; False otherwise.
+    """
     try:
         marker = json.loads((dataset_dir / MARKER_NAME).read_text())
     except (OSError, ValueError):
@@ -260,7 +276,9 @@ def sync_dataset(s3: Any, uri: str, dataset_dir: Path, *, unpack: bool = False,
         owner: ``(uid, gid)`` of the training user, who gets every directory and file; None: unchanged.
         deadline_s: how long transient failures are retried, seconds (default 1800), with jittered
             exponential backoff from 2 s up to 60 s between rounds.
-        sleep, clock, rng: injectable time sources.
+        sleep: sleeps the given seconds (default ``time.sleep``).
+        clock: monotonic seconds (default ``time.monotonic``).
+        rng: jitter source, uniform in [0, 1) (default ``random.random``).
 
     Returns:
         ``{"status": "present"|"synced", "objects": N, "bytes": total size, "downloaded_bytes":
@@ -353,11 +371,22 @@ def _sync_once(s3: Any, uri: str, dataset_dir: Path, *, unpack: bool, owner: tup
 
 
 def prepare_dataset(config: Any, *, owner: tuple[int, int] | None = None) -> dict[str, Any] | None:
-    """The agent's dataset step: :func:`sync_dataset` of ``config.dataset`` into
-    ``config.training.dataset_dir`` with an S3 client of the node's region, the files handed to
-    ``owner`` (default: ``training.user``'s uid and gid when the agent runs as root; else the files
-    stay the agent's user's, who is then also the trainer's). Returns its result, or None when the
-    config has no ``dataset`` section. Raises what :func:`sync_dataset` raises."""
+    """The agent's dataset step: :func:`sync_dataset` of ``config.dataset`` into ``config.training.dataset_dir``.
+
+    Uses an S3 client of the node's region.
+
+    Args:
+        config: the validated node config.
+        owner: ``(uid, gid)`` the files are handed to (default: ``training.user``'s when the agent runs
+            as root; else the files stay the agent's user's, who is then also the trainer's).
+
+    Returns:
+        :func:`sync_dataset`'s result, or None when the config has no ``dataset`` section.
+
+    Raises:
+        ConfigError: as :func:`sync_dataset` (exit 78).
+        TemporaryError: as :func:`sync_dataset` (exit 75).
+    """
     dataset = getattr(config, "dataset", None)
     if dataset is None:
         return None

@@ -200,7 +200,8 @@ class _VolumeStep:
         self.rng = rng
         self.tags = dict(config.volume.tags)
         self.filters = [{"Name": f"tag:{k}", "Values": [v]} for k, v in sorted(self.tags.items())]
-        # Snapshots of this deployment only (issue 15 item 1); the volume filters include the tag already.
+        # Snapshots of this deployment only (never an earlier deployment's data); the volume filters
+        # include the tag already.
         self.deployment_filters = [{"Name": f"tag:{k}", "Values": [v]} for k, v in deployment_tags(self.tags).items()]
         self.lease = VolumeLease(ec2=ec2, owner=instance_id, ttl_s=timeouts.lease_ttl_s, settle_s=timeouts.lease_settle_s,
                                  wait_s=timeouts.lease_wait_s, poll_s=timeouts.lease_poll_s, wall_clock=wall_clock,
@@ -239,12 +240,16 @@ class _VolumeStep:
 
     # -- the step ---------------------------------------------------------------------------------
     def adopt(self) -> None:
-        """Make ``volume.adopt_volume_id`` this deployment's (issue 15 item 1): the user named it, so it
+        """Make ``volume.adopt_volume_id`` this deployment's: the user named it, so it
         is explicit. Only a volume carrying this stack's tag and the data-volume purpose is adopted, by
         setting its ``spot-training:deployment`` tag to ours (nothing else changes). Already ours: nothing
         to do. Gone: fine once this deployment has a volume (an adopted volume moved to another AZ is
-        retired after its copy is verified), else ConfigError. Raises ConfigError (exit 78) naming the
-        volume and its tags when it is not this stack's data volume."""
+        retired after its copy is verified), else ConfigError.
+
+        Raises:
+            ConfigError: (exit 78) naming the volume and its tags when it is not this stack's data
+                volume.
+        """
         volume_id = self.volume_config.adopt_volume_id
         if volume_id is None or DEPLOYMENT_TAG not in self.tags:
             return
@@ -528,8 +533,8 @@ class _VolumeStep:
 
     def retire_moved_source(self, source: dict[str, Any], copy_id: str) -> None:
         """Delete the source of a move whose copy was just marked verified. An agent in the source's AZ
-        attaches without the lease, so it can attach the source between the re-check and this delete
-        (issue 15, item 2). DeleteVolume is the arbiter: ``VolumeInUse`` means that agent may be training
+        attaches without the lease, so it can attach the source between the re-check and this delete.
+        DeleteVolume is the arbiter: ``VolumeInUse`` means that agent may be training
         on the source, so the copy is marked ``abandoned`` (never left ``verified``, which would make the
         next boot retire the source that was trained on) and the step exits 75; a later run deletes the
         copy and moves the source afresh."""
@@ -560,7 +565,7 @@ class _VolumeStep:
     def back_off_if_moved(self, volume_id: str) -> None:
         """After a lease-free attach in the volume's AZ: re-read the move state, and if a mover elsewhere
         committed a copy of this volume meanwhile (``move-state=verified``: the next boot retires this
-        volume), detach it again and exit 75 before anything is written to it (issue 15, item 2). A copy
+        volume), detach it again and exit 75 before anything is written to it. A copy
         still ``copying`` is no reason: its mover's re-check sees this attachment and abandons it."""
         committed = [v["VolumeId"] for v in self.read()
                      if _tags(v).get(SOURCE_VOLUME_TAG) == volume_id and _tags(v).get(MOVE_STATE_TAG) == VERIFIED]
@@ -701,7 +706,10 @@ def prepare_data_volume(
             :class:`~spot_training.agent.blockdev.DirectoryBlockDevices` in local mode.
         log: logger for the JSON-line events (default ``logging.getLogger("spot_training.agent.ebs")``).
         timeouts: deadlines in seconds (:class:`VolumeTimeouts`).
-        clock, wall_clock, sleep, rng: injectable time, sleep and jitter.
+        clock: monotonic seconds (default ``time.monotonic``).
+        wall_clock: seconds since the epoch (default ``time.time``; lease expiries are compared across nodes).
+        sleep: sleeps the given seconds (default ``time.sleep``).
+        rng: jitter source, uniform in [0, 1) (default ``random.random``).
 
     Returns:
         ``config.volume.mount_point``, with the data volume mounted there and owned by the training user.
@@ -722,6 +730,15 @@ def verify_mounted(blockdev: BlockDevices, volume_id: str, mount_point: str | os
     """Raise :class:`TemporaryError` unless the device of ``volume_id`` is mounted at ``mount_point``.
 
     For the supervisor to call right before it starts the trainer.
+
+    Args:
+        blockdev: the machine's block devices.
+        volume_id: the data volume (``vol-…``).
+        mount_point: where it must be mounted.
+
+    Raises:
+        TemporaryError: the volume's device is not found or not what is mounted there (exit 75).
+        BlockDeviceError: the mount table cannot be read.
     """
     device = blockdev.resolve(volume_id)
     mounted = blockdev.mounted_source(str(mount_point))

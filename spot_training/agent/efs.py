@@ -47,7 +47,17 @@ def _run(argv: Sequence[str]) -> "subprocess.CompletedProcess[str]":
 
 
 def efs_dns_name(file_system_id: str, region: str) -> str:
-    """``fs-….efs.REGION.amazonaws.com`` (``.amazonaws.com.cn`` in the China regions)."""
+    """The file system's DNS name: ``fs-….efs.REGION.amazonaws.com`` (``.amazonaws.com.cn`` in the China regions).
+
+    Source: Amazon EFS User Guide, "Implementation summary" and "Mounting on Amazon EC2 with a DNS name".
+
+    Args:
+        file_system_id: the EFS file system id (``fs-…``).
+        region: the AWS region (``us-east-1``).
+
+    Returns:
+        the DNS name.
+    """
     suffix = "amazonaws.com.cn" if region.startswith("cn-") else "amazonaws.com"
     return f"{file_system_id}.efs.{region}.{suffix}"
 
@@ -66,6 +76,13 @@ def require_mount_helper(efs: Any, *, which: Callable[[str], str | None] = shuti
 
     ``spot_training.agent.cli`` calls it before touching any resource, so a node without efs-utils stops
     before it attaches the data volume.
+
+    Args:
+        efs: the config's ``EfsConfig`` (its ids and mount point are named in the message).
+        which: looks a program up on the PATH (default ``shutil.which``; tests pass their own).
+
+    Raises:
+        ConfigError: ``mount.efs`` is not installed (exit 78).
     """
     if which(MOUNT_HELPER) is None:
         raise ConfigError(
@@ -107,7 +124,8 @@ def mount_efs(
         log: logger (default ``spot_training.agent.efs``); run: command runner (returns a CompletedProcess);
         which: finds ``mount.efs`` (amazon-efs-utils); proc_mounts: the mount table to read.
         deadline_s: seconds to keep retrying a failing mount (default 180).
-        sleep, rng: injectable for tests.
+        sleep: sleeps the given seconds (default ``time.sleep``; tests pass their own).
+        rng: jitter source, uniform in [0, 1) (default ``random.random``).
 
     Raises:
         ConfigError: ``mount.efs`` is not installed (exit 78; nothing was mounted).

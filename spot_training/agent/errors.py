@@ -38,6 +38,10 @@ class AgentError(Exception):
 
     ``exit_code`` defaults to the class attribute (``ExitCode.TEMPFAIL`` for the base class, since an
     unclassified failure is worth a retry by systemd); pass ``exit_code=`` to override it.
+
+    Args:
+        message: what went wrong, naming the value and what would be right.
+        exit_code: the exit status to use instead of the class's.
     """
 
     exit_code: ExitCode = ExitCode.TEMPFAIL
@@ -53,6 +57,10 @@ class ConfigError(AgentError):
 
     ``problems`` lists every individual problem found (each names the key path, the bad value and
     what is allowed); ``str(error)`` joins them.
+
+    Args:
+        message: the whole message (default: the problems, one per line).
+        problems: every problem found (default: ``message`` alone).
     """
 
     exit_code = ExitCode.CONFIG

@@ -18,13 +18,25 @@ __all__ = ["leave_fleet", "finish_node"]
 
 
 def leave_fleet(*, ec2: Any, instance_id: str, stack_name: str) -> str | None:
-    """After a worker left because its member tag was removed: lower its spot fleet's target capacity by
-    one (``ExcessCapacityTerminationPolicy=noTermination``, so the fleet picks no other victim), then
-    terminate this instance. Without the lower target a ``maintain`` fleet would launch a replacement.
+    """After a worker left because its member tag was removed: lower its fleet's target capacity, then terminate it.
 
-    Only a fleet tagged ``spot-training:stack`` = ``stack_name`` is touched (as spot_training.agent.cleanup).
-    Returns the fleet request id, or None when no fleet of ours holds the instance (then nothing is
-    changed; the instance is left running for whoever launched it). Raises botocore's ClientError.
+    The spot fleet's target capacity is lowered by one (``ExcessCapacityTerminationPolicy=noTermination``,
+    so the fleet picks no other victim), then this instance is terminated. Without the lower target a
+    ``maintain`` fleet would launch a replacement. Only a fleet tagged ``spot-training:stack`` =
+    ``stack_name`` is touched (as :mod:`spot_training.agent.cleanup`). Source: Amazon EC2 API Reference,
+    "ModifySpotFleetRequest".
+
+    Args:
+        ec2: a boto3 EC2 client.
+        instance_id: this instance (``i-…``).
+        stack_name: this deployment's stack name.
+
+    Returns:
+        the fleet request id, or None when no fleet of ours holds the instance (then nothing is changed;
+        the instance is left running for whoever launched it).
+
+    Raises:
+        botocore.exceptions.ClientError: an API call failed (after the client's retries).
     """
     fleet_id = find_fleet_request_id(ec2, instance_id)
     fleets = fleet_requests(ec2, [fleet_id]) if fleet_id else []
@@ -57,9 +69,20 @@ def finish_node(outcome: str, *, role: str, leave_reason: str | None, cancel_fle
     - anything else: nothing.
 
     Args:
+        outcome: what the run returned (``"completed"``, ``"left"``, ``"stopped"``...).
+        role: this node's role (``scheduler``, ``server``, ``worker``).
+        leave_reason: the event kind that made a worker leave (``member-tag-removed``...), or None.
+        cancel_fleet_on_success: the config's ``cleanup.cancel_fleet_on_success``.
         ec2_factory: returns a boto3 EC2 client (called only when EC2 is needed).
-    Returns the fleet request id acted on, or None. Raises botocore's ClientError, or
-    spot_training.agent.errors.TemporaryError when EC2 refuses the cancellation.
+        instance_id: this instance (``i-…``).
+        stack_name: this deployment's stack name.
+
+    Returns:
+        the fleet request id acted on, or None.
+
+    Raises:
+        botocore.exceptions.ClientError: an EC2 call failed.
+        TemporaryError: EC2 refuses the cancellation (:mod:`spot_training.agent.errors`).
     """
     if outcome == "completed" and role == "worker" and cancel_fleet_on_success:
         return cancel_own_fleet(ec2=ec2_factory(), instance_id=instance_id, stack_name=stack_name)

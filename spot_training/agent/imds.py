@@ -79,6 +79,7 @@ class SpotInstanceAction:
 
     @property
     def id(self) -> str:
+        """``spot-interruption:<action>:<time ISO 8601>``: the same for every poll of one notice."""
         return f"spot-interruption:{self.action}:{self.time.isoformat()}"
 
 
@@ -90,6 +91,7 @@ class RebalanceRecommendation:
 
     @property
     def id(self) -> str:
+        """``rebalance-recommendation:<notice time ISO 8601>``: the same for every poll of one recommendation."""
         return f"rebalance-recommendation:{self.notice_time.isoformat()}"
 
 
@@ -122,8 +124,9 @@ class ImdsClient:
             capped at half the TTL).
         clock: monotonic seconds (default ``time.monotonic``); sleep, rng: injectable for tests.
 
-    Raises ValueError for out-of-range arguments. Methods raise :class:`ImdsForbiddenError` (403),
-    :class:`ImdsUnavailableError` (no answer after retries) or :class:`ImdsNotFoundError`.
+    Raises:
+        ValueError: out-of-range arguments. Methods raise :class:`ImdsForbiddenError` (403),
+            :class:`ImdsUnavailableError` (no answer after retries) or :class:`ImdsNotFoundError`.
     """
 
     def __init__(self, endpoint: str | None = None, *, timeout_s: float = 2.0, attempts: int = 3,

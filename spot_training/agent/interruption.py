@@ -55,15 +55,24 @@ class Monitor(Protocol):
     """A source of events: ``poll()`` returns the current event or None; it may return the same event
     (same ``id``) on every call while the notice stands."""
 
-    def poll(self) -> Event | None: ...
+    def poll(self) -> Event | None:
+        """The current event, or None when there is none."""
+        ...
 
 
 class TrainerControl(Protocol):
     """What the watcher needs from the supervisor."""
 
     def terminate(self, *, timeout_s: float, reason: str) -> int | None:
-        """SIGTERM the trainer's process group and wait up to ``timeout_s`` seconds; the exit status,
-        or None if it is still running (or there is no trainer)."""
+        """SIGTERM the trainer's process group and wait up to ``timeout_s`` seconds.
+
+        Args:
+            timeout_s: seconds to wait for the trainer to exit.
+            reason: why, for the log (``spot-interruption``...).
+
+        Returns:
+            the exit status, or None if it is still running (or there is no trainer).
+        """
         ...
 
     def request_checkpoint(self) -> bool:
@@ -270,6 +279,10 @@ class MemberTagMonitor:
     Polls the instance tags in metadata (``InstanceMetadataTags=enabled`` on the launch template; no
     IAM needed). Only a tag seen once and then gone counts: an instance that never exposed it is
     left alone. ``poll()`` returns an event (kind ``member-tag-removed``) or None.
+
+    Args:
+        imds: the instance metadata client (its ``tags()``: the instance tags, or None when unreadable).
+        key: the member tag's key (default :data:`CLUSTER_MEMBER_TAG`).
     """
 
     def __init__(self, imds: Any, key: str = CLUSTER_MEMBER_TAG) -> None:
@@ -277,6 +290,7 @@ class MemberTagMonitor:
         self._seen = False
 
     def poll(self):
+        """The ``member-tag-removed`` event once a tag seen before is gone; else None (also if unreadable)."""
         tags = self.imds.tags()
         if tags is None:
             return None
@@ -290,5 +304,13 @@ class MemberTagMonitor:
 
 def cluster_monitors(imds: ImdsClient, member_tag: str = CLUSTER_MEMBER_TAG) -> list[Monitor]:
     """A cluster worker's monitors: the single node's (spot interruption, rebalance recommendation) and
-    the member tag, polled through the one policy of :func:`poll_events`."""
+    the member tag, polled through the one policy of :func:`poll_events`.
+
+    Args:
+        imds: the instance metadata client.
+        member_tag: the member tag's key (default :data:`CLUSTER_MEMBER_TAG`).
+
+    Returns:
+        the monitors, in polling order.
+    """
     return [*imds_monitors(imds), MemberTagMonitor(imds, member_tag)]

@@ -54,9 +54,15 @@ _ROLE_NAMES = {"scheduler": ("scheduler", "chief"), "server": ("server", "ps"), 
 
 
 class ProcessSpec:
-    """One process to start: ``argv`` (list of str), ``env`` (the variables to add, str -> str),
-    ``role`` (``scheduler``/``server``/``worker``), ``checkpoints`` (True for the process that must
-    checkpoint before a generation changes: MXNet workers, the TensorFlow chief)."""
+    """One process to start on a cluster node.
+
+    Args:
+        argv: the command (list of str).
+        env: the variables to add to the environment (str -> str).
+        role: ``scheduler``, ``server`` or ``worker``.
+        checkpoints: True for the process that must checkpoint before a generation changes (MXNet
+            workers, the TensorFlow chief).
+    """
 
     def __init__(self, argv: Sequence[str], env: Mapping[str, str], role: str, checkpoints: bool) -> None:
         self.argv = list(argv)
@@ -81,7 +87,16 @@ def _member(plan: Mapping[str, Any], node_id: str) -> tuple[str, Mapping[str, An
 def dmlc_environment(plan: Mapping[str, Any], node_id: str) -> dict[str, str]:
     """The ``DMLC_*`` and ``PORT`` variables for ``node_id`` in ``plan`` (see the module docstring).
 
-    plan: the plan dict (spot_training.agent.cluster_state.Plan.to_dict()). Raises KeyError if the node is not in it.
+    Args:
+        plan: the plan dict (:meth:`spot_training.agent.cluster_state.Plan.to_dict`).
+        node_id: the node whose variables these are.
+
+    Returns:
+        ``{"DMLC_ROLE", "DMLC_PS_ROOT_URI", "DMLC_PS_ROOT_PORT", "DMLC_NUM_SERVER", "DMLC_NUM_WORKER",
+        "DMLC_NODE_HOST", "PORT", "PS_VERBOSE"}``, all strings.
+
+    Raises:
+        KeyError: the node is not in the plan.
     """
     role, me = _member(plan, node_id)
     scheduler = plan["scheduler"]
@@ -98,8 +113,18 @@ def dmlc_environment(plan: Mapping[str, Any], node_id: str) -> dict[str, str]:
 
 
 def tf_config(plan: Mapping[str, Any], node_id: str) -> dict[str, Any]:
-    """The ``TF_CONFIG`` dict for ``node_id``: chief = the scheduler node, ps = servers in plan order,
-    worker = workers by plan rank. Raises KeyError if the node is not in the plan."""
+    """The ``TF_CONFIG`` dict for ``node_id``: chief = scheduler, ps = servers in plan order, worker = by rank.
+
+    Args:
+        plan: the plan dict (:meth:`spot_training.agent.cluster_state.Plan.to_dict`).
+        node_id: the node whose ``TF_CONFIG`` this is.
+
+    Returns:
+        ``{"cluster": {"chief", "ps", "worker": ["host:port", ...]}, "task": {"type", "index"}}``.
+
+    Raises:
+        KeyError: the node is not in the plan.
+    """
     role, me = _member(plan, node_id)
     address = lambda m: f"{m['host']}:{m['port']}"  # noqa: E731
     workers = sorted(plan["workers"], key=lambda m: m["rank"])
@@ -118,12 +143,23 @@ def process_for(plan: Mapping[str, Any], node_id: str, *, framework: str, traini
                 python: str, launcher: Sequence[str] = ()) -> ProcessSpec:
     """The process ``node_id`` runs in ``plan``.
 
-    framework: ``mxnet`` or ``tensorflow``. training_argv: the training command (placeholders
-    already replaced); it runs on MXNet workers and on the TensorFlow chief. python: the training
-    interpreter, for the framework-only processes (MXNet scheduler/server: ``import mxnet`` starts
-    them when ``DMLC_ROLE`` says so; TensorFlow ps/worker: ``-m spot_training.training.distributed.tf_server``).
-    launcher: argv prefix (e.g. the port check and ``ip netns exec``).
-    Raises ValueError for an unknown framework, KeyError when the node is not in the plan.
+    Args:
+        plan: the plan dict (:meth:`spot_training.agent.cluster_state.Plan.to_dict`).
+        node_id: this node.
+        framework: ``mxnet`` or ``tensorflow``.
+        training_argv: the training command (placeholders already replaced); it runs on MXNet workers and
+            on the TensorFlow chief.
+        python: the training interpreter, for the framework-only processes (MXNet scheduler/server:
+            ``import mxnet`` starts them when ``DMLC_ROLE`` says so; TensorFlow ps/worker:
+            ``-m spot_training.training.distributed.tf_server``).
+        launcher: argv prefix (e.g. the port check and ``ip netns exec``); default none.
+
+    Returns:
+        the process to start, with the generation, worker count, node id (and rank) in its environment.
+
+    Raises:
+        ValueError: an unknown framework.
+        KeyError: the node is not in the plan.
     """
     role, me = _member(plan, node_id)
     env = {ENV_GENERATION: str(plan["generation"]), ENV_NUM_WORKERS: str(len(plan["workers"])), ENV_NODE_ID: node_id}
@@ -147,6 +183,13 @@ def check_port_free(host: str, port: int) -> None:
 
     Uses SO_REUSEADDR as ps-lite and gRPC do, so a port in TIME_WAIT after the previous generation
     counts as free.
+
+    Args:
+        host: the address to bind (IPv4).
+        port: the TCP port.
+
+    Raises:
+        OSError: the port cannot be bound (its errno kept).
     """
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     try:

@@ -207,7 +207,16 @@ class VolumeLease:
 
     def renew(self, volume_ids: list[str], ttl_s: float | None = None) -> None:
         """Push the expiry of the held lease ``ttl_s`` seconds (default: the lease's TTL) into the
-        future on ``volume_ids`` (one CreateTags call)."""
+        future on ``volume_ids`` (one CreateTags call).
+
+        Args:
+            volume_ids: the volumes carrying the lease tag.
+            ttl_s: the new lease's lifetime in seconds (default: the lease's TTL).
+
+        Raises:
+            RuntimeError: the lease is not held (call :meth:`acquire` first).
+            botocore.exceptions.ClientError: CreateTags failed.
+        """
         if self.current is None:
             raise RuntimeError("lease is not held; call acquire() first")
         self.current = self._new_lease(ttl_s)

@@ -40,6 +40,14 @@ class JsonLineFormatter(logging.Formatter):
     redacted); exceptions go into ``exception`` as formatted text."""
 
     def format(self, record: logging.LogRecord) -> str:
+        """One JSON line: ``time`` (UTC, ms), ``level``, ``logger``, ``message``, extra fields, ``exception``.
+
+        Args:
+            record: the log record.
+
+        Returns:
+            the line, without its newline (non-JSON values as ``str``).
+        """
         entry: dict[str, Any] = {
             "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z",
             "level": record.levelname,
@@ -55,10 +63,17 @@ class JsonLineFormatter(logging.Formatter):
 
 
 def setup_logging(*, level: int | str = logging.INFO, stream: IO[str] | None = None) -> logging.Logger:
-    """Configure the ``spot_training.agent`` logger once: JSON lines to ``stream`` (default ``sys.stdout``).
+    """Configure the ``spot_training.agent`` logger once: JSON lines to ``stream``.
 
-    Idempotent: calling it again replaces the stream handler instead of adding a second one. Returns
-    the ``spot_training.agent`` logger; modules use ``logging.getLogger(__name__)``.
+    Idempotent: calling it again replaces the stream handler instead of adding a second one. Modules use
+    ``logging.getLogger(__name__)``.
+
+    Args:
+        level: the logger's level (default ``logging.INFO``).
+        stream: where the lines go (default ``sys.stdout``).
+
+    Returns:
+        the ``spot_training.agent`` logger.
     """
     logger = logging.getLogger(LOGGER_NAME)
     logger.setLevel(level)
@@ -76,7 +91,7 @@ def setup_logging(*, level: int | str = logging.INFO, stream: IO[str] | None = N
 class _NoFollowFileHandler(logging.FileHandler):
     """A FileHandler that opens its file with :func:`spot_training.agent.safepath.open_file`: the log lives on
     the data volume, which the training user controls, and the agent runs as root, so neither the
-    directory nor ``agent.jsonl`` may be a symlink the user planted (issue 15, item 4)."""
+    directory nor ``agent.jsonl`` may be a symlink the user planted (root would write where it points)."""
 
     def _open(self):  # type: ignore[override]
         from spot_training.agent.safepath import open_file
@@ -89,9 +104,17 @@ def add_file_handler(log_dir: str | os.PathLike[str]) -> Path:
     """Also write the agent's log to ``<log_dir>/agent.jsonl`` (appending), creating ``log_dir``.
 
     Call it only after the data volume is mounted, so the file lands on the volume and not on the
-    root disk. Idempotent for the same path. Returns the file's path. Never follows a symlink the
-    training user planted: raises :class:`spot_training.agent.safepath.UnsafePathError` (exit 78) instead;
-    OSError if the directory cannot be created.
+    root disk. Idempotent for the same path. Never follows a symlink the training user planted.
+
+    Args:
+        log_dir: the node's log directory (on the data volume).
+
+    Returns:
+        the file's path.
+
+    Raises:
+        spot_training.agent.safepath.UnsafePathError: a symlink the training user planted (exit 78).
+        OSError: the directory cannot be created.
     """
     path = Path(log_dir) / AGENT_LOG_FILE
     logger = logging.getLogger(LOGGER_NAME)

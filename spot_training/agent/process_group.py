@@ -40,7 +40,15 @@ def user_kwargs(user: tuple[int, int, list[int]] | None) -> dict[str, Any]:
 
 
 def signal_group(pgid: int, sig: int) -> None:
-    """Send ``sig`` to the process group ``pgid``; a group that is already gone is fine."""
+    """Send ``sig`` to the process group ``pgid``; a group that is already gone is fine.
+
+    Args:
+        pgid: the process group id (the leader's pid).
+        sig: the signal number.
+
+    Raises:
+        PermissionError: the group belongs to another user.
+    """
     try:
         os.killpg(pgid, sig)
     except ProcessLookupError:
@@ -95,6 +103,10 @@ class ProcessGroup:
     session of its own, so its group alone would orphan the ranks).
 
     Attributes: ``proc`` (the Popen), ``term_sent`` (clock seconds, when SIGTERM was sent), ``killed``.
+
+    Args:
+        proc: the started process (the leader of its own session).
+        clock: monotonic seconds (default ``time.monotonic``).
     """
 
     def __init__(self, proc: subprocess.Popen, *, clock: Callable[[], float] = time.monotonic) -> None:
@@ -107,7 +119,25 @@ class ProcessGroup:
               user: tuple[int, int, list[int]] | None = None, netns: str | None = None,
               log_path: Path | None = None, stdout: int | None = None,
               clock: Callable[[], float] = time.monotonic) -> "ProcessGroup":
-        """Start ``argv`` (see the class docstring). Raises OSError when it cannot be run."""
+        """Start ``argv`` in a session of its own (see the class docstring).
+
+        Args:
+            argv: the command.
+            cwd: its working directory.
+            env: its whole environment.
+            user: ``(uid, gid, supplementary gids)`` to run as (None: the current user; dropping needs root).
+            netns: the network namespace to run in (``ip netns exec``), or None.
+            log_path: a file its stdout and stderr are appended to (opened without following links and given
+                to ``user``), or None.
+            stdout: with no ``log_path``: ``subprocess.PIPE`` or None (the agent's own streams).
+            clock: monotonic seconds for :meth:`stop` (default ``time.monotonic``).
+
+        Returns:
+            the started group.
+
+        Raises:
+            OSError: the command cannot be run, or the log file cannot be opened safely.
+        """
         prefix = ["ip", "netns", "exec", netns] if netns else []
         # The log is on storage the training user writes (EFS on clusters): appended to without following a
         # planted link, hard link or FIFO (safepath), and owned by the user the process runs as.
@@ -139,7 +169,12 @@ class ProcessGroup:
         return self.proc.poll()
 
     def signal(self, sig: int, *, group: bool = True) -> None:
-        """Send ``sig`` to the process group (``group``) or the process alone; gone is fine."""
+        """Send ``sig`` to the process group (``group``) or the process alone; gone is fine.
+
+        Args:
+            sig: the signal number.
+            group: the whole process group (default True).
+        """
         if group:
             signal_group(self.proc.pid, sig)
         else:
@@ -150,7 +185,12 @@ class ProcessGroup:
 
     def stop(self, *, kill_after: float | None, group: bool = True) -> None:
         """Call repeatedly: SIGTERM once (to the group, or the process alone when not ``group``), then
-        :meth:`kill` once ``kill_after`` seconds have passed since (None: never)."""
+        :meth:`kill` once ``kill_after`` seconds have passed since (None: never).
+
+        Args:
+            kill_after: seconds after the SIGTERM before SIGKILL (None: never).
+            group: signal the whole group (default True) or the process alone.
+        """
         now = self.clock()
         if self.term_sent is None:
             self.term_sent = now

@@ -36,10 +36,26 @@ class NodeAgent(ClusterMember):
     """Runs one cluster node: registers, heartbeats, follows the plan, supervises its framework process.
 
     Args:
-        settings, role, node_id, host, python, environ, workdir, checkpoint_dir, dataset_dir, log_dir,
-        monitors, monitor_interval_s (default 5 s; spot interruption and member tag on AWS), netns,
-        preexec_user, port, clock, sleep: as :class:`spot_training.agent.cluster_member.ClusterMember`.
-        framework: ``mxnet``/``tensorflow``. training_argv: the training command (placeholders replaced).
+        settings: as :class:`spot_training.agent.cluster_member.ClusterMember`.
+        framework: ``mxnet`` or ``tensorflow``.
+        role: ``scheduler``, ``server`` or ``worker``.
+        node_id: as ClusterMember (the instance id).
+        host: as ClusterMember (the private IPv4 address).
+        training_argv: the training command (placeholders replaced).
+        python: as ClusterMember (the training interpreter).
+        environ: as ClusterMember.
+        workdir: as ClusterMember.
+        checkpoint_dir: as ClusterMember.
+        dataset_dir: as ClusterMember.
+        log_dir: as ClusterMember.
+        monitors: as ClusterMember (default none).
+        monitor_interval_s: seconds between monitor polls (default 5; spot interruption and member
+            tag on AWS).
+        netns: as ClusterMember (default None).
+        preexec_user: as ClusterMember (default None).
+        port: as ClusterMember (default: the role's).
+        clock: as ClusterMember (default ``time.time``).
+        sleep: as ClusterMember (default ``time.sleep``).
 
     :meth:`run` returns ``"completed"`` (the trainer wrote COMPLETED) or ``"left"`` (this worker left).
     """

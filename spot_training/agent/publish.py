@@ -116,19 +116,25 @@ class Publisher:
         monitoring: the config's ``monitoring`` section (``enabled`` must be true).
         stack_name: the ``Stack`` dimension value.
         instance_id: the log stream name.
-        instance_type, availability_zone: dimensions of ``RunningInstances``.
+        instance_type: a dimension of ``RunningInstances``.
+        availability_zone: a dimension of ``RunningInstances``.
         log_dir: where the trainer writes ``training_log.csv`` (and may write ``progress.json``).
         checkpoint_dir: where ``LATEST`` and ``COMPLETED`` are.
-        logs_client, cloudwatch_client: boto3 clients (default: :func:`cloudwatch_clients`).
+        logs_client: a boto3 CloudWatch Logs client (default: :func:`cloudwatch_clients`).
+        cloudwatch_client: a boto3 CloudWatch client (default: :func:`cloudwatch_clients`).
+        region: the clients' region when they are made here (default ``$AWS_REGION`` or ``us-east-1``).
         boot_time: epoch seconds the instance launched (IMDS ``pendingTime``), for
             ``BootToResumeSeconds``; default: when the publisher was made.
         max_buffered_lines: log lines kept while CloudWatch Logs cannot be reached (default 10,000).
         warn_every_s: at most one warning per this many seconds about failed calls (default 60).
-        wall_clock: epoch seconds (injectable).
+        wall_clock: epoch seconds (default ``time.time``).
         progress: read the trainer's files and put the training metrics (default True). A cluster's
             nodes share one log directory on EFS: only the coordinator (``scheduler``) does, so the
             figures are not counted once per node; every node still sends its lines, its events and
             ``RunningInstances``.
+
+    Raises:
+        ValueError: ``max_buffered_lines`` < 1.
     """
 
     def __init__(self, monitoring: MonitoringConfig, *, stack_name: str, instance_id: str, instance_type: str,
@@ -187,7 +193,15 @@ class Publisher:
         return self._handler
 
     def add_line(self, text: str, *, source: str = "trainer", when: float | None = None) -> None:
-        """Buffer one line of the trainer's output (wrapped as a JSON line, ``logger`` = ``source``)."""
+        """Buffer one line of the trainer's output (wrapped as a JSON line, ``logger`` = ``source``).
+
+        When the buffer is full the oldest line is dropped (counted in ``dropped_lines``).
+
+        Args:
+            text: the line (a trailing newline is removed; cut to CloudWatch Logs' event size).
+            source: the ``logger`` field (default ``trainer``).
+            when: the line's time, epoch seconds (default: now).
+        """
         when = self._now() if when is None else when
         entry = {"time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(when)) + f".{int(when * 1000) % 1000:03d}Z",
                  "level": "INFO", "logger": source, "message": text.rstrip("\n")}
@@ -204,7 +218,16 @@ class Publisher:
             self._lines.append((int(when * 1000), line))
 
     def metric(self, name: str, value: float, *, when: float | None = None) -> None:
-        """Queue one datum of metric ``name`` (a key of :data:`METRICS`) with dimension ``Stack``."""
+        """Queue one datum of metric ``name`` (a key of :data:`METRICS`) with dimension ``Stack``.
+
+        Args:
+            name: the metric name; its unit comes from :data:`METRICS`.
+            value: the value, in that unit.
+            when: the datum's time, epoch seconds (default: now).
+
+        Raises:
+            ValueError: an unknown metric name.
+        """
         if name not in METRICS:
             raise ValueError(f"unknown metric {name!r}; expected one of {', '.join(METRICS)}")
         datum = {"MetricName": name, "Value": float(value), "Unit": METRICS[name],
@@ -217,7 +240,12 @@ class Publisher:
             self._pending_metrics.append(datum)
 
     def on_agent_event(self, event: str, when: float) -> None:
-        """Turn an agent log event into metrics (called by the log handler)."""
+        """Turn an agent log event into metrics (called by the log handler).
+
+        Args:
+            event: the record's ``event`` field (``spot_interruption_notice``...).
+            when: the record's time, epoch seconds.
+        """
         if event == "spot_interruption_notice":
             self._notice_time = when
             # What LATEST said when the notice came: any other commit is the one made after it. Comparing
@@ -236,7 +264,11 @@ class Publisher:
 
     # ---- thread ------------------------------------------------------------------------------
     def start(self) -> "Publisher":
-        """Start the background thread (daemon: it never keeps the agent alive). Returns self."""
+        """Start the background thread (daemon: it never keeps the agent alive).
+
+        Returns:
+            self.
+        """
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="cloudwatch-publisher", daemon=True)
             self._thread.start()
@@ -469,9 +501,22 @@ def _utc(epoch: float):
 
 def start_publisher(config: AgentConfig, *, instance_id: str, instance_type: str, availability_zone: str,
                     boot_time: float | None = None, **kwargs: Any) -> Publisher | None:
-    """Make and start the node's :class:`Publisher` when ``config.monitoring`` is enabled, and add its
-    handler to the agent's logger; None when publishing is off. Never raises: a failure to set up is
-    logged and the node goes on without publishing."""
+    """Make and start the node's :class:`Publisher` when ``config.monitoring`` is enabled.
+
+    Adds its handler to the agent's logger. Never raises: a failure to set up is logged and the node
+    goes on without publishing.
+
+    Args:
+        config: the validated node config.
+        instance_id: this instance (the log stream name).
+        instance_type: this instance's type (a ``RunningInstances`` dimension).
+        availability_zone: this instance's AZ (a ``RunningInstances`` dimension).
+        boot_time: epoch seconds the instance launched (default: now).
+        **kwargs: more :class:`Publisher` arguments (clients, clocks).
+
+    Returns:
+        the started publisher, or None when publishing is off or could not be set up.
+    """
     monitoring = config.monitoring
     if monitoring is None or not monitoring.enabled:
         return None
@@ -494,7 +539,12 @@ def start_publisher(config: AgentConfig, *, instance_id: str, instance_type: str
 
 
 def stop_publisher(publisher: Publisher | None, timeout_s: float = 10.0) -> None:
-    """Remove the publisher's handler and close it (last round, at most ``timeout_s`` seconds)."""
+    """Remove the publisher's handler and close it (a last round of sends).
+
+    Args:
+        publisher: the publisher, or None (nothing done).
+        timeout_s: seconds the last round may take (default 10).
+    """
     if publisher is None:
         return
     publisher.close(timeout_s)

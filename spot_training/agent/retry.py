@@ -127,7 +127,17 @@ class RetryPolicy:
                              f"max_delay={self.max_delay!r}")
 
     def delay(self, attempt: int, rng: Callable[[], float] = random.random) -> float:
-        """Full-jitter delay in seconds before attempt ``attempt + 1`` (``attempt`` counts from 0)."""
+        """Full-jitter delay in seconds before attempt ``attempt + 1`` (``attempt`` counts from 0).
+
+        Source: AWS Architecture Blog, "Exponential Backoff And Jitter" (full jitter).
+
+        Args:
+            attempt: attempts made so far, from 0.
+            rng: uniform random numbers in [0, 1) (default ``random.random``).
+
+        Returns:
+            seconds to wait, uniform in ``[0, min(max_delay, base_delay * 2**attempt))``.
+        """
         return rng() * min(self.max_delay, self.base_delay * (2 ** attempt))
 
 
@@ -150,7 +160,8 @@ def call_with_retry(
         policy: attempts and delays (:class:`RetryPolicy`).
         deadline: stop retrying (never sleep) past it; default: only the attempt limit.
         retryable: the rule; default :func:`is_retryable`.
-        sleep, rng: injectable for tests.
+        sleep: sleeps the given seconds (default ``time.sleep``; tests pass their own).
+        rng: jitter source, uniform in [0, 1) (default ``random.random``).
         log: where retries are logged (event ``retry``).
 
     Returns:

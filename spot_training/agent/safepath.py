@@ -1,4 +1,4 @@
-"""Open paths the training user controls without following their symbolic links (issue 15, item 4).
+"""Open paths the training user controls without following their symbolic links.
 
 The agent runs as root; the data volume's contents belong to the training user (``spot_training.agent.ebs``
 gives them the mount point), and they follow the volume to every replacement instance. A symlink the
@@ -59,9 +59,13 @@ def open_directory(path: str | os.PathLike[str], *, create: bool = False,
             (``fchown`` on the opened descriptor, so it is the directory that was checked). None:
             leave ownership alone.
 
-    Returns an ``O_DIRECTORY`` file descriptor (close-on-exec); the caller closes it.
-    Raises UnsafePathError (a user-controlled component is a symlink or not a directory),
-    FileNotFoundError (missing and ``create`` is False), OSError.
+    Returns:
+        an ``O_DIRECTORY`` file descriptor (close-on-exec); the caller closes it.
+
+    Raises:
+        UnsafePathError: a user-controlled component is a symlink or not a directory.
+        FileNotFoundError: missing and ``create`` is False.
+        OSError: as the file system raises it.
     """
     pure = PurePosixPath(os.fspath(path))
     if not pure.is_absolute() or ".." in pure.parts:
@@ -114,11 +118,27 @@ def open_directory(path: str | os.PathLike[str], *, create: bool = False,
 
 def open_file(path: str | os.PathLike[str], flags: int, *, mode: int = 0o644, create_parents: bool = False,
               owner: tuple[int, int] | None = None) -> int:
-    """Open the file ``path`` relative to its directory (opened by :func:`open_directory`) with
-    ``O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC`` added to ``flags``; the result must be a regular file with
-    a single link (no FIFO or device planted to block or redirect the agent, no hard link to a root
-    file). ``owner``: ``fchown`` the opened file. Returns the descriptor; raises UnsafePathError,
-    OSError."""
+    """Open the file ``path`` relative to its directory without following a link the user planted.
+
+    The directory is opened by :func:`open_directory`; ``O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC`` is added
+    to ``flags``. The result must be a regular file with a single link (no FIFO or device planted to
+    block or redirect the agent, no hard link to a root file).
+
+    Args:
+        path: absolute path of the file.
+        flags: ``os.open`` flags (``os.O_RDONLY``, ``os.O_WRONLY | os.O_APPEND | os.O_CREAT``...).
+        mode: permission bits of a created file (default 0o644).
+        create_parents: create missing directories (default False).
+        owner: ``(uid, gid)`` to ``fchown`` the opened file to; None: unchanged.
+
+    Returns:
+        the open descriptor (blocking); the caller closes it.
+
+    Raises:
+        UnsafePathError: the file or a user-controlled directory component is a symlink, or the file is
+            not a regular file with a single link.
+        OSError: as ``os.open`` raises it (``FileNotFoundError`` for a missing file).
+    """
     pure = PurePosixPath(os.fspath(path))
     dir_fd = open_directory(pure.parent, create=create_parents)
     try:
@@ -146,8 +166,20 @@ def open_file(path: str | os.PathLike[str], flags: int, *, mode: int = 0o644, cr
 
 
 def write_file_replacing(path: str | os.PathLike[str], data: bytes, *, owner: tuple[int, int] | None = None) -> None:
-    """Write ``data`` to ``path`` atomically (a temporary ``.<name>.tmp`` beside it, then ``rename``),
-    never following a symlink the user planted at either name; ``owner`` gets the file."""
+    """Write ``data`` to ``path`` by renaming a temporary ``.<name>.tmp`` over it, never following a planted symlink.
+
+    Neither name is followed: a link at the temporary name is removed, and rename(2) replaces a link at
+    the target.
+
+    Args:
+        path: absolute path of the file.
+        data: the bytes to write.
+        owner: ``(uid, gid)`` to give the file; None: the agent's.
+
+    Raises:
+        UnsafePathError: a user-controlled component of the directory is a symlink.
+        OSError: the write failed.
+    """
     pure = PurePosixPath(os.fspath(path))
     dir_fd = open_directory(pure.parent)
     try:
@@ -216,6 +248,13 @@ def read_bytes(path: str | os.PathLike[str], *, limit: int) -> bytes | None:
     """The content of the regular file ``path`` (at most ``limit`` bytes), read without following a
     link the user planted and without blocking on a FIFO (:func:`open_file`); None when it is missing.
 
+    Args:
+        path: absolute path of the file.
+        limit: the most bytes the file may hold.
+
+    Returns:
+        the file's bytes, or None when it does not exist.
+
     Raises:
         UnsafePathError: a symlink, a hard link, a FIFO or a device is there, or the file holds more
             than ``limit`` bytes.
@@ -249,7 +288,12 @@ def list_directory(path: str | os.PathLike[str]) -> list[str]:
 
 def unlink(path: str | os.PathLike[str]) -> None:
     """Remove the entry ``path`` (a link is removed itself, never its target) relative to its directory
-    opened by :func:`open_directory`; missing is fine. Raises UnsafePathError, OSError."""
+    opened by :func:`open_directory`; missing is fine.
+
+    Raises:
+        UnsafePathError: a user-controlled component of the directory is a symlink.
+        OSError: as the file system raises it.
+    """
     pure = PurePosixPath(os.fspath(path))
     try:
         dir_fd = open_directory(pure.parent)

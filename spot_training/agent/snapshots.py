@@ -98,7 +98,11 @@ class PeriodicSnapshots:
         return snapshot_id
 
     def prune(self) -> list[str]:
-        """Delete all but the newest ``keep`` completed periodic snapshots; pending ones stay. Returns the deleted ids."""
+        """Delete all but the newest ``keep`` completed periodic snapshots; pending ones stay.
+
+        Returns:
+            the deleted ids.
+        """
         completed = sorted((s for s in self._ours() if s["State"] == "completed"),
                            key=lambda s: (str(s.get("StartTime")), s["SnapshotId"]), reverse=True)
         deleted = []

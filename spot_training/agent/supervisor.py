@@ -79,15 +79,17 @@ class Supervisor:
         config: the validated node config.
         is_mounted: returns True when the data volume is mounted and verified (storage half).
         max_restarts: consecutive crash restarts allowed before giving up (default 5, >= 0).
-        backoff_base_s, backoff_max_s: the n-th restart waits ``min(max, base * 2**(n-1))`` seconds,
-            scaled by a jitter in [0.5, 1] (defaults 2 s and 60 s).
+        backoff_base_s: the n-th restart waits ``min(backoff_max_s, backoff_base_s * 2**(n-1))``
+            seconds, scaled by a jitter in [0.5, 1] (default 2 s).
+        backoff_max_s: the longest wait between restarts, seconds (default 60 s).
         stable_after_s: a run longer than this (seconds, default 600) resets the crash count.
         stop_timeout_s: how long an agent stop (SIGTERM to the agent) waits for the trainer, seconds
             (default 90).
         checkpoint_request: ``"file"`` (create SPOT_TRAINING_CHECKPOINT_REQUEST_FILE, default) or
             ``"signal"`` (SIGUSR1 to the trainer's group; kills a trainer that does not handle it).
-        venv_attempts, venv_backoff_s: whole ``pip install`` attempts when building ``training.venv``
-            (default 3), ``venv_backoff_s * n`` seconds apart (default 5 s); spot_training.agent.trainer_env's defaults.
+        venv_attempts: whole ``pip install`` attempts when building ``training.venv`` (default 3,
+            spot_training.agent.trainer_env's).
+        venv_backoff_s: attempt n waits ``venv_backoff_s * n`` seconds (default 5 s).
         run_as_current_user_if_missing: when root and ``training.user`` does not exist, run as root
             instead of raising ConfigError (local mode only; default False).
         environ: base environment for the trainer (default ``os.environ``).
@@ -96,7 +98,9 @@ class Supervisor:
             line to the agent's stdout (as before, so the journal is unchanged) and passes it to
             ``output`` (the CloudWatch publisher's ``add_line``; it must not block). Default None:
             the trainer writes straight to the agent's stdout.
-        clock, sleep, rng: injectable time sources.
+        clock: monotonic seconds (default ``time.monotonic``).
+        sleep: sleeps the given seconds (default ``time.sleep``).
+        rng: jitter source, uniform in [0, 1) (default ``random.random``).
     """
 
     def __init__(self, config: AgentConfig, *, is_mounted: Callable[[], bool], max_restarts: int = 5,
@@ -195,9 +199,10 @@ class Supervisor:
     def run(self, watcher: "InterruptionWatcher | None" = None) -> Outcome:
         """Supervise until training completes, is interrupted, or the agent is stopped.
 
-        Raises VolumeNotMountedError (before anything starts, and before each restart),
-        ConfigError (bad code location, unknown user, command not executable), TrainerFailedError
-        (more than ``max_restarts`` consecutive crashes).
+        Raises:
+            VolumeNotMountedError: before anything starts, and before each restart.
+            ConfigError: bad code location, unknown user, command not executable.
+            TrainerFailedError: more than ``max_restarts`` consecutive crashes.
         """
         self.workspace.require_mounted()
         if self.completed():
@@ -287,7 +292,15 @@ class Supervisor:
     def terminate(self, *, timeout_s: float, reason: str) -> int | None:
         """Stop the trainer the contract's way (:meth:`ProcessGroup.terminate`: SIGTERM to its leader,
         the group's other processes only once the leader has exited, SIGKILL to the whole group at the
-        deadline ``timeout_s`` seconds from now). Returns its exit status, or None when none is running."""
+        deadline ``timeout_s`` seconds from now).
+
+        Args:
+            timeout_s: seconds until SIGKILL.
+            reason: why (recorded as the stop's cause and logged).
+
+        Returns:
+            its exit status, or None when none is running.
+        """
         self._stopped_by_us = self._stopped_by_us or reason
         group = self._group
         if group is None:

@@ -81,6 +81,13 @@ def load_manifest(uri: str, *, s3: Any = None) -> list[dict[str, Any]]:
     """The sweep's parameter sets: a JSON list of objects at ``uri`` (``s3://bucket/key``, ``file://path``
     or a path). ``s3``: a boto3 S3 client (default: one from the environment).
 
+    Args:
+        uri: ``s3://bucket/key``, ``file://path`` or a path.
+        s3: a boto3 S3 client (default: one from the environment).
+
+    Returns:
+        the parameter sets, index i = array child i.
+
     Raises:
         SweepConfigError: unreadable, not JSON, or not a non-empty list of objects with string keys.
     """
@@ -107,6 +114,13 @@ def load_manifest(uri: str, *, s3: Any = None) -> list[dict[str, Any]]:
 def check_manifest(data: Any, *, where: str = "manifest") -> list[dict[str, Any]]:
     """``data`` if it is a non-empty JSON list of parameter objects (string keys, scalar values).
 
+    Args:
+        data: the parsed manifest.
+        where: how the manifest is named in messages (default ``"manifest"``).
+
+    Returns:
+        ``data`` unchanged.
+
     Raises:
         SweepConfigError: naming the bad entry and what is allowed.
     """
@@ -126,8 +140,17 @@ def check_manifest(data: Any, *, where: str = "manifest") -> list[dict[str, Any]
 
 
 def trainer_argv(command: list[str], params: dict[str, Any]) -> list[str]:
-    """``command`` followed by ``--name value`` for each parameter (in the manifest's order; ``true``:
-    the bare flag, ``false``/``null``: left out)."""
+    """``command`` followed by ``--name value`` for each parameter.
+
+    In the manifest's order; ``true`` gives the bare flag, ``false``/``null`` are left out.
+
+    Args:
+        command: the training command.
+        params: this child's parameter set.
+
+    Returns:
+        a new argv list.
+    """
     argv = list(command)
     for key, value in params.items():
         if value is True:
@@ -146,8 +169,15 @@ def committed_step(checkpoint_dir: Path) -> int | None:
 
 
 def metrics_at(log_path: Path, step: int) -> dict[str, float]:
-    """The trainer log's row for ``step`` (``training_log.csv``: step, epoch, loss, accuracy, ...),
-    the last one written for that step; empty when there is none."""
+    """The trainer log's row for ``step``, the last one written for that step; empty when there is none.
+
+    Args:
+        log_path: the trainer's ``training_log.csv`` (step, epoch, loss, accuracy, ...).
+        step: the committed checkpoint's step.
+
+    Returns:
+        ``{column: value}`` of the row's numeric cells (an unreadable file: empty).
+    """
     found: dict[str, float] = {}
     try:
         lines = log_path.read_text(encoding="utf-8", errors="replace").splitlines()
@@ -227,7 +257,15 @@ class SweepChild:
 
     # ---- TrainerControl for InterruptionWatcher ----
     def terminate(self, *, timeout_s: float, reason: str) -> int | None:
-        """SIGTERM the trainer's group and wait up to ``timeout_s`` s; its status or None."""
+        """SIGTERM the trainer's group and wait up to ``timeout_s`` seconds.
+
+        Args:
+            timeout_s: seconds to wait.
+            reason: why (unused here; part of the TrainerControl protocol).
+
+        Returns:
+            its exit status, or None when it is still running or none was started.
+        """
         if self.group is None or self.group.poll() is not None:
             return None if self.group is None else self.group.poll()
         self.group.stop(kill_after=None)

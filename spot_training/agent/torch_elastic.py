@@ -66,7 +66,7 @@ __all__ = ["RendezvousState", "TorchCoordinator", "TorchWorker", "torchrun_argv"
 
 RENDEZVOUS_FILE = "rendezvous.json"
 REPORTS_DIR = "rendezvous-reports"
-#: The coordinator's store process (the trainer side of issue 11).
+#: The module the coordinator runs as its rendezvous store process (the training side of the rendezvous).
 STORE_MODULE = "spot_training.training.distributed.torch_rendezvous"
 #: Seconds between a torchrun's exit and its relaunch (or a store's restart): long enough not to spin
 #: on a coordinator that is not up yet, short next to torchrun's own rendezvous timeouts.
@@ -90,6 +90,17 @@ def torchrun_argv(*, python: str, settings: ClusterSettings, endpoint: str, run_
     command works. Flag names from ``torchrun --help`` (torch 2.5..2.11): ``--nnodes``,
     ``--nproc-per-node``, ``--rdzv-backend``, ``--rdzv-endpoint``, ``--rdzv-id``, ``--rdzv-conf``,
     ``--max-restarts``, ``--shutdown-timeout``, ``--local-addr``, ``--no-python``.
+
+    Args:
+        python: the training interpreter (runs ``-m torch.distributed.run``).
+        settings: the ``cluster`` section (worker bounds, processes per node, restarts, shutdown timeout).
+        endpoint: the coordinator's rendezvous store, ``host:port``.
+        run_id: the rendezvous id (new for every rendezvous epoch).
+        local_addr: this node's address for torchrun (``--local-addr``).
+        training_argv: the training command, starting with the interpreter.
+
+    Returns:
+        the argv list.
     """
     return [python, "-m", "torch.distributed.run",
             f"--nnodes={settings.min_workers}:{settings.max_workers}",
@@ -117,12 +128,27 @@ class RendezvousState:
         return data if data is not None and valid_record("rendezvous", data, path=self.path) else None
 
     def publish(self, *, host: str, port: int, epoch: int, node_id: str, since: float) -> None:
-        """Write ``rendezvous.json`` (atomic, never through a planted link)."""
+        """Write ``rendezvous.json`` (atomic, never through a planted link).
+
+        Args:
+            host: the coordinator's address.
+            port: its rendezvous store's TCP port.
+            epoch: the rendezvous epoch (each gives torchrun a new run id).
+            node_id: the coordinator's node id.
+            since: when it was published, epoch seconds.
+        """
         write_state_json(self.path, {"host": host, "port": int(port), "epoch": int(epoch), "node_id": node_id,
                                       "since": since})
 
     def report(self, node_id: str, epoch: int, returncode: int, now: float) -> None:
-        """A worker's torchrun ended on its own in ``epoch``."""
+        """Record that a worker's torchrun ended on its own in ``epoch`` (``rendezvous-reports/<node_id>.json``).
+
+        Args:
+            node_id: the worker.
+            epoch: the rendezvous epoch its torchrun ran in.
+            returncode: torchrun's exit status.
+            now: epoch seconds.
+        """
         write_state_json(self.reports_dir / f"{node_id}.json",
                           {"node_id": node_id, "epoch": int(epoch), "returncode": int(returncode), "time": now})
 
@@ -245,8 +271,27 @@ def _interface_of(netns: str, address: str) -> str | None:
 
 
 class TorchCoordinator(_Base):
-    """The coordinator of a PyTorch cluster (see the module docstring). :meth:`run` returns
-    ``"completed"`` or ``"stopped"`` (agent stopped)."""
+    """The coordinator of a PyTorch cluster (see the module docstring).
+
+    It runs the rendezvous store process and publishes its address; :meth:`run` returns
+    ``"completed"`` or ``"stopped"`` (agent stopped).
+
+    Args:
+        settings: the ``cluster`` section.
+        node_id: this node's id.
+        host: this node's private address (published in the rendezvous).
+        python: the training interpreter (runs the store module).
+        environ: the base environment of the store process.
+        workdir: where the store process starts.
+        checkpoint_dir: ``COMPLETED`` is looked for here.
+        log_dir: the store's log goes here.
+        netns: local mode only: the network namespace (None: none).
+        preexec_user: ``(uid, gid, groups)`` to drop privileges to, or None.
+        bind_host: the address the store listens on (default ``0.0.0.0``; the security group admits
+            only cluster members).
+        clock: wall-clock seconds.
+        sleep: sleeps the given seconds.
+    """
 
     role = "scheduler"
 
@@ -283,6 +328,11 @@ class TorchCoordinator(_Base):
                 and now - float(beats.get(n, {}).get("time", r.get("registered_at", 0))) <= self.settings.heartbeat_timeout_s]
 
     def step(self) -> str | None:
+        """One round: reap or restart the store, publish a new epoch after a torchrun ended on its own, beat.
+
+        Returns:
+            ``"completed"`` or ``"stopped"`` when the loop should end, else None.
+        """
         now = self.clock()
         exited = self._reap()
         if exited is not None and not self.stop_requested:
@@ -304,6 +354,11 @@ class TorchCoordinator(_Base):
         return None
 
     def run(self) -> str:
+        """Register, loop over :meth:`step` until it ends, stop the store and clean up.
+
+        Returns:
+            ``"completed"`` or ``"stopped"``.
+        """
         self._register()
         try:
             outcome = self._loop(self.step)
@@ -315,8 +370,30 @@ class TorchCoordinator(_Base):
 
 
 class TorchWorker(_Base):
-    """A worker of a PyTorch cluster (see the module docstring). :meth:`run` returns ``"completed"``
-    or ``"left"``; ``leave_reason`` names the event kind (``member-tag-removed``, ``agent-stopped``, ...)."""
+    """A worker of a PyTorch cluster (see the module docstring).
+
+    :meth:`run` returns ``"completed"`` or ``"left"``; ``leave_reason`` names the event kind
+    (``member-tag-removed``, ``agent-stopped``, ...).
+
+    Args:
+        settings: the ``cluster`` section.
+        node_id: this node's id.
+        host: this node's private address (torchrun's ``--local-addr``).
+        python: the training interpreter.
+        training_argv: the training command, starting with the interpreter.
+        run_id_prefix: torchrun's rendezvous id is ``<prefix>-<epoch>``.
+        environ: the base environment of torchrun.
+        workdir: where torchrun starts (the training code).
+        checkpoint_dir: ``COMPLETED`` is looked for here.
+        dataset_dir: the worker is data-ready when it has an entry.
+        log_dir: torchrun's log goes here.
+        monitors: interruption and member-tag monitors, polled every ``monitor_interval_s`` seconds.
+        monitor_interval_s: seconds between monitor polls (default 5).
+        netns: local mode only: the network namespace (None: none).
+        preexec_user: ``(uid, gid, groups)`` to drop privileges to, or None.
+        clock: wall-clock seconds.
+        sleep: sleeps the given seconds.
+    """
 
     role = "worker"
 
@@ -361,6 +438,15 @@ class TorchWorker(_Base):
         return rdzv
 
     def step(self) -> str | None:
+        """One round: watch the monitors, reap torchrun, relaunch or leave, follow the rendezvous, beat.
+
+        Returns:
+            ``"completed"`` or ``"left"`` when the loop should end, else None.
+
+        Raises:
+            AgentError: torchrun exited with a status the contract's restart policy gives up on (74 or 78;
+                :func:`~spot_training.agent.errors.give_up_error`).
+        """
         now = self.clock()
         self._watch()
         exited = self._reap()
@@ -395,6 +481,14 @@ class TorchWorker(_Base):
         return None
 
     def run(self) -> str:
+        """Register (data-ready when the dataset is there), loop over :meth:`step`, deregister and clean up.
+
+        Returns:
+            ``"completed"`` or ``"left"``.
+
+        Raises:
+            AgentError: as :meth:`step`.
+        """
         self.data_ready = self._data_is_ready()
         self._register()
         try:

@@ -77,7 +77,11 @@ class EnvironmentBuildError(RuntimeError):
 
 def probe(python: str) -> dict:
     """What ``python`` is: ``version``, ``implementation``, ``machine``, ``base_executable``,
-    ``site_packages`` (list of paths). Raises EnvironmentBuildError when it cannot be run."""
+    ``site_packages`` (list of paths).
+
+    Raises:
+        EnvironmentBuildError: the interpreter cannot be run.
+    """
     try:
         out = subprocess.run([python, "-c", _PROBE], capture_output=True, text=True, timeout=60, check=True)
     except (OSError, subprocess.SubprocessError) as exc:
@@ -86,7 +90,17 @@ def probe(python: str) -> dict:
 
 
 def env_key(interpreter: dict, requirements: Sequence[str], inherit_site_packages: bool) -> str:
-    """16 hex digits identifying the environment (see the module docstring)."""
+    """16 hex digits identifying the environment (see the module docstring).
+
+    Args:
+        interpreter: the interpreter's probe (``version``, ``implementation``, ``machine``,
+            ``base_executable``).
+        requirements: the requirement lines (order and surrounding whitespace do not matter).
+        inherit_site_packages: whether the environment sees the interpreter's site-packages.
+
+    Returns:
+        the first 16 hex digits of the SHA-256 of those inputs.
+    """
     material = json.dumps({"python": [interpreter["version"], interpreter["implementation"], interpreter["machine"],
                                       interpreter["base_executable"]],
                            "requirements": sorted(r.strip() for r in requirements),
@@ -163,7 +177,10 @@ def ensure(python: str, root: Path, requirements: Sequence[str], *, inherit_site
         requirements: pip requirement specifiers (may be empty: a bare venv).
         inherit_site_packages: see the module docstring (default False).
         attempts: whole ``pip install`` attempts, >= 1 (default 3), ``backoff_s * n`` seconds apart.
-        log: receives progress lines.
+        backoff_s: seconds between attempts, times the attempt number (default :data:`BACKOFF_S`).
+        log: receives progress lines (default ``print``).
+        sleep: sleeps the given seconds (default ``time.sleep``).
+        clock: wall-clock seconds for the reported time (default ``time.time``).
 
     Returns:
         ``{"status": "reused" | "built", "key": ..., "python": "<root>/<key>/bin/python",

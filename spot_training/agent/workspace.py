@@ -73,8 +73,8 @@ class Workspace:
         run_as_current_user_if_missing: when root and ``training.user`` does not exist, run as root
             instead of raising ConfigError (local mode only; default False).
         environ: base environment for the trainer (default ``os.environ``).
-        venv_attempts, venv_backoff_s: whole ``pip install`` attempts when building ``training.venv``
-            (default 3), ``venv_backoff_s * n`` seconds apart (default 5 s).
+        venv_attempts: whole ``pip install`` attempts when building ``training.venv`` (default 3).
+        venv_backoff_s: attempt n waits ``venv_backoff_s * n`` seconds (default 5 s).
 
     Attributes:
         python: the trainer's interpreter: ``training.python``, or the venv's once
@@ -111,8 +111,12 @@ class Workspace:
     # ---- code -------------------------------------------------------------------------------
     def prepare_code(self) -> Path:
         """The directory the trainer runs in: the asset path, or the git checkout in
-        ``<mount_point>/workspace`` at the pinned ref. Raises ConfigError when the asset directory is
-        missing or the ref does not exist, TemporaryError when ``git clone``/``fetch`` fails."""
+        ``<mount_point>/workspace`` at the pinned ref.
+
+        Raises:
+            ConfigError: the asset directory is missing or the ref does not exist.
+            TemporaryError: ``git clone``/``fetch`` fails.
+        """
         code = self.training.code
         if code.type == "asset":
             if not code.path.is_dir():
@@ -126,17 +130,22 @@ class Workspace:
 
     # ---- the trainer's virtual environment ------------------------------------------------------
     def prepare_environment(self) -> str:
-        """Reuse or build the trainer's venv (``training.venv``; :mod:`spot_training.agent.trainer_env`) and make
-        its interpreter the one ``{python}`` stands for. Without ``training.venv`` (an AMI that ships
-        the framework) nothing is built and ``training.python`` runs as it is.
+        """Reuse or build the trainer's venv and make its interpreter the one ``{python}`` stands for.
+
+        The venv is ``training.venv`` (:mod:`spot_training.agent.trainer_env`). Without ``training.venv``
+        (an AMI that ships the framework) nothing is built and ``training.python`` runs as it is.
 
         The build runs as a child process **as the training user** (never root: the environment
         directory belongs to that user), with pip's ``PIP_*`` settings from the agent's environment.
         The environment root is created by the agent and handed to the user; an existing root that is
         a symbolic link is refused. Logs ``environment built`` or ``environment reused``.
 
-        Returns the interpreter path. Raises :class:`EnvironmentBuildFailed` (exit 75) when the build
-        failed (pip's last lines in the message), VolumeNotMountedError when the storage is gone.
+        Returns:
+            the interpreter path.
+
+        Raises:
+            EnvironmentBuildFailed: (exit 75) the build failed (pip's last lines in the message).
+            VolumeNotMountedError: the storage is gone.
         """
         if self._environment_ready:
             return self.python
@@ -219,7 +228,10 @@ class Workspace:
     def user(self) -> tuple[int, int, list[int]] | None:
         """``(uid, gid, supplementary groups)`` of the training user the agent drops to, or None to run
         as the current user; what :meth:`ProcessGroup.start` takes (the cluster agents use it too).
-        Raises ConfigError when the agent is root and ``training.user`` does not exist."""
+
+        Raises:
+            ConfigError: the agent is root and ``training.user`` does not exist.
+        """
         return user_ids(self.account())
 
     def owner(self) -> tuple[int, int] | None:
@@ -291,7 +303,7 @@ def _git_checkout(url: str, ref: str, dest: Path, *, env: Mapping[str, str],
 
     git runs as ``account`` (the training user, who owns the checkout) with hooks disabled: run as
     root in a directory the user controls, a planted hook, ``core.fsmonitor`` or filter in
-    ``.git/config`` would run as root (issue 15, item 5). ``url`` and ``ref`` never start with ``-``
+    ``.git/config`` would run as root. ``url`` and ``ref`` never start with ``-``
     (spot_training.agent.config rejects that: git would read them as options). Raises UnsafePathError when
     ``dest`` or its ``.partial`` sibling is a symbolic link."""
     if shutil.which("git", path=env.get("PATH")) is None:

@@ -46,7 +46,7 @@ def metrics_namespace(stack_name: str) -> str:
 #: One deployment of a stack: the CloudFormation stack id's UUID, the same through updates, new when a
 #: stack of the same name is created again. On the data volume, its copies and the agents' snapshots;
 #: agents and the cleanup handler act only on their own deployment's, so data retained from an earlier
-#: deployment never becomes a later one's by accident (issue 15 item 1).
+#: deployment never becomes a later one's by accident (a volume that outlived its stack is no new stack's).
 DEPLOYMENT_TAG = "spot-training:deployment"
 #: What a volume or snapshot is for; values below.
 PURPOSE_TAG = "spot-training:purpose"
@@ -221,8 +221,18 @@ MAX_TORCH_NPROC_PER_NODE = 64
 
 # ---- settings: one default, one validator --------------------------------------------------------
 def shown(value: Any, limit: int = 80) -> str:
-    """``repr(value)`` for an error message, cut to ``limit`` characters; never raises (Python refuses
-    to convert an integer of more than 4300 digits to text, and a 100 000-character string is no message)."""
+    """``repr(value)`` for an error message, cut to ``limit`` characters; never raises.
+
+    Python refuses to convert an integer of more than 4300 digits to text, and a 100 000-character string
+    is no message; such values are named by their type instead.
+
+    Args:
+        value: any object to show.
+        limit: the most characters returned (an ellipsis marks a cut); default 80.
+
+    Returns:
+        the (possibly shortened) ``repr``, or ``"a <type> too large to show"``.
+    """
     try:
         text = repr(value)
     except (ValueError, RecursionError):
@@ -231,8 +241,15 @@ def shown(value: Any, limit: int = 80) -> str:
 
 
 class SettingError(ValueError):
-    """A setting's value is outside the contract; the message names the setting, the value and what
-    is allowed. ``name``, ``value`` and ``allowed`` are kept for callers that word it their own way."""
+    """A setting's value is outside the contract; the message names the setting, the value and what is allowed.
+
+    ``name``, ``value`` and ``allowed`` are kept as attributes for callers that word it their own way.
+
+    Args:
+        name: the setting's key (context key / node config key), or a label such as ``job.max_steps``.
+        value: the value that was given (shown with :func:`shown`).
+        allowed: what would be accepted, in words (for example ``"an integer in 1..10000 steps"``).
+    """
 
     def __init__(self, name: str, value: Any, allowed: str) -> None:
         super().__init__(f"{name}: got {shown(value)}; allowed: {allowed}")
@@ -247,7 +264,8 @@ class Setting:
         name: the context key in ``cdk.json`` and the node config key (same name).
         kind: ``int`` or ``float`` (an integer is a valid float; ``true``/``false`` never are).
         default: used when the value is absent (None: the feature is off).
-        minimum, maximum: inclusive limits (``maximum`` None: unbounded).
+        minimum: the inclusive lower limit.
+        maximum: the inclusive upper limit (None: unbounded).
         unit: for messages and docs (``s``, ``steps``, ``snapshots``, ``TCP port``, ``MiB/s``).
     """
 
@@ -336,11 +354,23 @@ def check(name: str, value: Any, *, label: Optional[str] = None) -> Any:
 # ---- files other processes read ------------------------------------------------------------------
 def write_json_atomic(path: "str | os.PathLike[str]", payload: Mapping[str, Any], *, tmp_prefix: str = ".tmp-",
                       tmp_suffix: Optional[str] = None) -> None:
-    """Write ``payload`` as JSON to ``path`` so that a reader (another process, another node on EFS)
-    sees the old file or the new one, never half of one, and the new one survives a power cut: a
-    temporary file ``<tmp_prefix><name>-<tmp_suffix>`` (default suffix ``<pid>-<random>``) beside it,
-    fsync, ``os.replace``, fsync of the directory (the rename is durable only then; rename(2),
-    fsync(2)). The temporary file is removed on any exception, which is re-raised."""
+    """Write ``payload`` as JSON to ``path`` so that a reader sees the old file or the new one, never half.
+
+    A reader (another process, another node on EFS) sees the old file or the new one, and the new one
+    survives a power cut: a temporary file ``<tmp_prefix><name>-<tmp_suffix>`` beside it, fsync,
+    ``os.replace``, fsync of the directory (the rename is durable only then; man pages rename(2), fsync(2)).
+
+    Args:
+        path: the file to write; its directory must exist.
+        payload: a JSON-serializable mapping (written with sorted keys, indent 1, trailing newline).
+        tmp_prefix: prefix of the temporary file's name; default ``.tmp-``.
+        tmp_suffix: suffix of the temporary file's name; default ``<pid>-<8 random hex digits>``.
+
+    Raises:
+        OSError: the file or the directory cannot be written or synced; the temporary file is removed
+            and the error re-raised (so is any other exception, for example ``TypeError`` from a value JSON
+            cannot encode).
+    """
     path = Path(path)
     suffix = tmp_suffix if tmp_suffix is not None else f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
     tmp = path.with_name(f"{tmp_prefix}{path.name}-{suffix}")

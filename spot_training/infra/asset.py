@@ -38,6 +38,14 @@ def stage_packages(root: Path, packages: Sequence[str]) -> Path:
     Staging a copy keeps CDK from fingerprinting the whole project (virtual environment,
     node_modules) or, when pip-installed, all of site-packages.
 
+    Args:
+        root: the directory holding the packages (the repository, or site-packages when installed).
+        packages: package directories relative to ``root`` (``spot_training/agent``...); each needs an
+            ``__init__.py``, and a subpackage's parents' ``__init__.py`` files are copied too.
+
+    Returns:
+        the staging directory.
+
     Raises:
         ValueError: a package directory does not exist (names it and where it was looked for).
     """
@@ -76,11 +84,14 @@ class BootstrapAsset(constructs.Construct):
         """Stage and define the asset.
 
         Args:
+            scope: the parent construct.
+            construct_id: the construct's id, unique within ``scope``.
             root: directory holding the packages; default: the directory above ``spot_training/``.
-            packages: package directories to include; default ``("spot_training/contract", "spot_training/agent", "spot_training/training")``.
+            packages: package directories to include; default ``("spot_training/contract",
+                "spot_training/agent", "spot_training/training")``.
 
         Raises:
-            ValueError: a package is missing under ``root``.
+            ValueError: a package is missing under ``root`` (at synth).
         """
         super().__init__(scope, construct_id)
         staging = stage_packages(Path(root) if root is not None else DEFAULT_ROOT, packages)
@@ -94,15 +105,22 @@ class BootstrapAsset(constructs.Construct):
         stop_timeout_s: int = STOP_TIMEOUT_S,
         max_failed_boots: int = DEFAULT_MAX_FAILED_BOOTS,
     ) -> ec2.UserData:
-        """Linux user data (:func:`spot_training.infra.userdata.boot_script`): write the boot-failure script and
-        ``config`` (the node config dict, docs/contracts.md) to ``/etc/spot-training/config.json``,
-        then, each step retried and reported on failure, download and unpack this asset and start the
-        agent under systemd (``TimeoutStopSec`` = ``stop_timeout_s`` seconds, default 120). The trainer's
-        framework is not installed at boot: ``config["training"]["venv"]`` has the agent build it once
-        on the data volume (or EFS). After ``max_failed_boots`` failed boots in a row (default 3) a node
-        cancels its fleet instead of being replaced again.
+        """Linux user data (:func:`spot_training.infra.userdata.boot_script`) that boots a node from this asset.
 
-        ``region`` and values in ``config`` may be tokens. The nodes need ``TrainingNodeRole.grant_read_asset``. Raises nothing.
+        It writes the boot-failure script and ``config`` to ``/etc/spot-training/config.json``, then, each
+        step retried and reported on failure, downloads and unpacks this asset and starts the agent under
+        systemd. The trainer's framework is not installed at boot: ``config["training"]["venv"]`` has the
+        agent build it once on the data volume (or EFS). The nodes need ``TrainingNodeRole.grant_read_asset``.
+
+        Args:
+            config: the node config dict (docs/contracts.md); its values may be tokens.
+            region: the stack's region (may be a token).
+            stop_timeout_s: systemd's ``TimeoutStopSec`` for the agent, seconds (default 120).
+            max_failed_boots: failed boots in a row after which a node cancels its fleet instead of being
+                replaced again (default 3).
+
+        Returns:
+            the ``ec2.UserData``. Raises nothing.
         """
         user_data = ec2.UserData.for_linux()
         # json.dumps, not Stack.to_json_string: the latter drops null values ("efs": null), which the

@@ -42,8 +42,13 @@ def run_checkov(template_files: Sequence[Path | str], *, python: Path | str | No
                 timeout_s: float = 600) -> list[Finding]:
     """Run checkov's CloudFormation checks over ``template_files`` in a child process.
 
-    ``python``: the interpreter that has checkov; default :data:`CHECKOV_PYTHON` when it exists, else
-    this one. Returns the failed checks as :class:`Finding` objects (empty when everything passed).
+    Args:
+        template_files: synthesized CloudFormation templates (JSON).
+        python: the interpreter that has checkov; default :data:`CHECKOV_PYTHON` when it exists, else this one.
+        timeout_s: seconds checkov may run (default 600).
+
+    Returns:
+        the failed checks as :class:`Finding` objects (empty when everything passed).
 
     Raises:
         RuntimeError: checkov did not produce a JSON report (not installed, crashed), with its stderr.
@@ -55,6 +60,11 @@ def run_checkov(template_files: Sequence[Path | str], *, python: Path | str | No
 def run_checkov_report(template_files: Sequence[Path | str], *, python: Path | str | None = None,
                        timeout_s: float = 600) -> tuple[list[Finding], list[Skipped]]:
     """Like :func:`run_checkov`, also returning the checks skipped by a resource's ``Metadata.checkov.skip``.
+
+    Args:
+        template_files: synthesized CloudFormation templates (JSON).
+        python: as :func:`run_checkov`.
+        timeout_s: seconds checkov may run (default 600).
 
     Returns:
         (failed checks, skipped checks with their comments).

@@ -53,6 +53,8 @@ class DataCleanup(constructs.Construct):
         """Define the handler, its tag-scoped policy, the provider and the custom resource.
 
         Args:
+            scope: the parent construct.
+            construct_id: the construct's id, unique within ``scope``.
             retain_data: keep every volume and snapshot on stack delete; default false (delete them).
             stack_tag_value: value of ``spot-training:stack`` to clean up; default: the stack's name.
             deployment_tag_value: also require ``spot-training:deployment`` = this value (a token, e.g.

@@ -102,7 +102,14 @@ class ClusterPorts:
     worker: int = DEFAULT_WORKER_PORT
 
     def validate(self) -> ClusterPorts:
-        """Return self, or raise ValueError naming the bad port, its value and the allowed range."""
+        """Check every port.
+
+        Returns:
+            self.
+
+        Raises:
+            ValueError: naming the bad port, its value and the allowed range.
+        """
         for name in ("scheduler", "server", "worker"):
             value = getattr(self, name)
             if isinstance(value, str):
@@ -218,6 +225,8 @@ class ParameterServerCluster(constructs.Construct):
         """Define the cluster.
 
         Args:
+            scope: the parent construct.
+            construct_id: the construct's id, unique within ``scope``.
             vpc: the VPC of the nodes.
             machine_image: the AMI of every node (e.g. the Deep Learning Base AMI from its public SSM parameter).
             framework: :class:`Framework`; default ``MXNET``.
@@ -260,8 +269,10 @@ class ParameterServerCluster(constructs.Construct):
                 published). Grant the roles with ``TrainingMonitoring.grant_publish``.
             notice_poll_interval_s: how often every node's agent polls instance metadata for a spot
                 interruption notice (seconds, the contract's range); default: the agent's (5 s).
-            checkpoint_every_steps, checkpoint_every_seconds: the trainer's checkpoint cadence (steps;
-                seconds), exported by the agents; default: the trainer's (spot_training.contract).
+            checkpoint_every_steps: the trainer's checkpoint cadence in steps, exported by the agents;
+                default: the trainer's (spot_training.contract).
+            checkpoint_every_seconds: the cadence in seconds, exported by the agents; default: the
+                trainer's.
             torch_max_restarts: PyTorch only: torchrun's ``--max-restarts``, 0..10000; default 100.
             torch_shutdown_timeout_s: PyTorch only: torchrun's ``--shutdown-timeout`` (seconds its
                 workers get after SIGTERM to agree on a step and checkpoint), 5..115; default 90.

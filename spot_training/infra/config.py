@@ -126,6 +126,15 @@ def contract_setting(key: str, value: Any, name: str | None = None, *, or_none: 
     ``name``, default ``key``), the one the agent runs at boot, so synth and boot accept the same values.
     ``or_none``: the message adds that ``none`` is allowed too (the caller handles it).
 
+    Args:
+        key: the context key (named in the message).
+        value: its value (a number, or its text from ``-c``).
+        name: the contract setting's name (default ``key``).
+        or_none: the message adds that ``none`` is allowed too (the caller handles it); default False.
+
+    Returns:
+        the value converted to the setting's kind (``int`` or ``float``).
+
     Raises:
         ValueError: naming the context key, the value and what is allowed.
     """
@@ -234,7 +243,16 @@ _MAX_INSTANCE_TYPE_CHARS = 40
 
 
 def context_value_error(key: str, value: Any, allowed: str) -> ValueError:
-    """The error for a bad context value: names the key, the value (shortened) and what is ``allowed``."""
+    """The error for a bad context value: names the key, the value (shortened) and what is ``allowed``.
+
+    Args:
+        key: the context key.
+        value: the bad value.
+        allowed: what would be accepted, in words.
+
+    Returns:
+        the error (the caller raises it).
+    """
     return ValueError(f"context key {key!r}: got {_VALUE_REPR.repr(value)}; allowed: {allowed}")
 
 
@@ -271,6 +289,13 @@ def context_command(key: str, value: Any) -> tuple[str, ...]:
     ``-c``), or a shell-style string split with :func:`shlex.split` (``-c "training_command={python}
     my_train.py --epochs 3"`` is four arguments).
 
+    Args:
+        key: the context key.
+        value: a list of strings, a JSON list as text, or a shell-style string.
+
+    Returns:
+        the command's arguments.
+
     Raises:
         ValueError: naming the key, the value and what is allowed.
     """
@@ -290,8 +315,21 @@ def context_command(key: str, value: Any) -> tuple[str, ...]:
 
 
 def context_int(key: str, value: Any, lo: int, hi: int | None, unit: str) -> int:
-    """An integer ``lo``..``hi`` (``hi`` None: no upper bound) from JSON or a ``-c`` string; raises
-    ValueError (:func:`context_value_error`) otherwise. ``unit`` names it in the message."""
+    """An integer ``lo``..``hi`` from JSON or a ``-c`` string.
+
+    Args:
+        key: the context key.
+        value: an int, or its decimal text (at most 18 digits).
+        lo: the smallest allowed value.
+        hi: the largest allowed value (None: no upper bound).
+        unit: names the unit in the message (``"(days)"``, ``"seconds"``...).
+
+    Returns:
+        the integer.
+
+    Raises:
+        ValueError: (:func:`context_value_error`) not an integer, a bool, or out of range.
+    """
     allowed = f"an integer {unit} from {lo} to {hi}" if hi is not None else f"an integer {unit} >= {lo}"
     if isinstance(value, bool):
         raise context_value_error(key, value, allowed)
@@ -315,7 +353,18 @@ def _as_bool(key: str, value: Any) -> bool:
 
 
 def context_list(key: str, value: Any) -> list[str]:
-    """A list from JSON (cdk.json) or from a ``-c`` string: a JSON list or comma-separated items."""
+    """A list from JSON (cdk.json) or from a ``-c`` string: a JSON list or comma-separated items.
+
+    Args:
+        key: the context key.
+        value: a list of strings, a JSON list as text, or ``"a,b,c"``.
+
+    Returns:
+        the non-empty list of non-empty strings.
+
+    Raises:
+        ValueError: (:func:`context_value_error`) anything else.
+    """
     allowed = 'a non-empty list of strings (in cdk.json a JSON list; with -c a JSON list or "a,b,c")'
     if isinstance(value, str):
         text = value.strip()
@@ -342,6 +391,13 @@ def _as_optional_str(key: str, value: Any, pattern: re.Pattern[str] | None, allo
 def instance_types(key: str, value: Any) -> tuple[str, ...]:
     """Context key ``key``: a non-empty list of distinct EC2 instance types (JSON list or ``a,b``).
 
+    Args:
+        key: the context key.
+        value: a list of instance types, a JSON list as text, or ``"a,b"``.
+
+    Returns:
+        the instance types, in the given order.
+
     Raises:
         ValueError: naming the key, the value and what is allowed.
     """
@@ -366,6 +422,15 @@ def training_requirements(value: Any, *, framework: str, python_given: bool, key
     ``None``: the framework's :data:`FRAMEWORK_REQUIREMENTS` when the interpreter is the default one
     (``python_given`` false), else none. ``[]``, ``"[]"`` or ``"none"``: none. Otherwise a list (or
     ``-c`` string) of requirement specifiers such as ``tensorflow[and-cuda]>=2.17,<2.18``.
+
+    Args:
+        value: the context value (None: not set).
+        framework: the training framework (picks the default requirements).
+        python_given: a training interpreter was set (then no default requirements).
+        key: the context key named in messages (default ``training_requirements``).
+
+    Returns:
+        the requirement specifiers (may be empty).
 
     Raises:
         ValueError: naming ``key``, the value and the allowed form.

@@ -51,10 +51,19 @@ def split_uri(uri: str) -> tuple[str, str]:
 
 
 def dataset_read_statements(bucket_arn: str, key: str) -> list[iam.PolicyStatement]:
-    """The node role's statements for reading ``key`` (a prefix ending in ``/``, or one object) of
-    the bucket ``bucket_arn``: ``s3:GetObject`` on ``<bucket>/<key>*`` (or the one object) and
-    ``s3:ListBucket`` on the bucket, limited by the ``s3:prefix`` condition key to that prefix
-    (Amazon S3 User Guide, "Condition key examples", s3:prefix). ``bucket_arn`` may be a token."""
+    """The node role's statements for reading ``key`` of the bucket ``bucket_arn``.
+
+    ``s3:GetObject`` on ``<bucket>/<key>*`` (or the one object) and ``s3:ListBucket`` on the bucket,
+    limited by the ``s3:prefix`` condition key to that prefix (Amazon S3 User Guide, "Condition key
+    examples", s3:prefix).
+
+    Args:
+        bucket_arn: the bucket's ARN (may be a token).
+        key: a prefix ending in ``/`` (every object under it), one object's key, or ``""`` (the bucket).
+
+    Returns:
+        two statements, ``DatasetRead`` and ``DatasetList``.
+    """
     objects = f"{bucket_arn}/{key}*" if key.endswith("/") or not key else f"{bucket_arn}/{key}"
     return [
         iam.PolicyStatement(sid="DatasetRead", actions=["s3:GetObject"], resources=[objects]),
@@ -100,6 +109,13 @@ class DatasetAsset(constructs.Construct):
     ``digits/train.npz`` and ``digits/test.npz``, hashed by its content so an unchanged dataset is
     never uploaded or synced again.
 
+    Args:
+        scope: the parent construct.
+        construct_id: the construct's id, unique within ``scope``.
+
+    Raises:
+        RuntimeError: numpy or scikit-learn is missing at synth (:func:`digits_npz`).
+
     Attributes:
         asset: the ``s3_assets.Asset``.
     """
@@ -128,9 +144,16 @@ class DatasetAsset(constructs.Construct):
 
 def add_dataset(scope: constructs.Construct, dataset_uri: str | None,
                 role: iam.IRole) -> tuple[DatasetAsset | None, dict[str, Any] | None]:
-    """Give ``role`` read access to the job's dataset and return ``(asset, node config section)``:
-    the default :class:`DatasetAsset` when ``dataset_uri`` is None, the user's prefix or object for
-    ``s3://...`` (no asset), nothing for ``none``.
+    """Give ``role`` read access to the job's dataset and return ``(asset, node config section)``.
+
+    Args:
+        scope: where the :class:`DatasetAsset` is defined (id ``DatasetAsset``) when one is needed.
+        dataset_uri: None: the default :class:`DatasetAsset`; ``s3://bucket/prefix/`` or
+            ``s3://bucket/key``: the user's data (no asset); ``none``: no dataset.
+        role: the node role that reads it.
+
+    Returns:
+        ``(asset or None, the node config's dataset section or None)``.
 
     Raises:
         ValueError: a bad ``dataset_uri`` (:func:`split_uri`).

@@ -48,6 +48,8 @@ class SharedFileSystem(constructs.Construct):
         """Define the file system, its mount targets and the access point.
 
         Args:
+            scope: the parent construct.
+            construct_id: the construct's id, unique within ``scope``.
             vpc: the VPC of the nodes.
             vpc_subnets: where mount targets go, one per AZ; default: the VPC's public subnets
                 (where the training nodes of our stacks run; a new VPC of ours has no private ones).
@@ -57,8 +59,9 @@ class SharedFileSystem(constructs.Construct):
             encryption_key: a customer managed KMS key; default: the AWS managed key ``aws/elasticfilesystem``.
             removal_policy: default ``RETAIN``.
             access_point_path: the directory the access point exposes (created with mode 0750); default ``/spot-training``.
-            posix_uid, posix_gid: owner of that directory and identity of every client; default 1000
+            posix_uid: owner of that directory and user identity of every client; default 1000
                 (``ubuntu`` on the Deep Learning AMI).
+            posix_gid: group of that directory and group identity of every client; default 1000.
 
         Raises:
             ValueError: ``access_point_path`` is not an absolute path, or a uid/gid is negative.

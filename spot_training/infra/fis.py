@@ -53,6 +53,8 @@ class SpotInterruptionDrill(constructs.Construct):
         """Define the role and the experiment template.
 
         Args:
+            scope: the parent construct.
+            construct_id: the construct's id, unique within ``scope``.
             stack_tag_value: value of the ``spot-training:stack`` tag the targets carry; default: the stack's name.
             selection_mode: FIS selection mode, ``ALL`` or ``COUNT(n)``; default ``COUNT(1)`` (one instance).
             duration_before_interruption: ``PT2M``..``PT15M``; default ``PT2M``.

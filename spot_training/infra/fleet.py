@@ -73,6 +73,13 @@ _KNOWN_INSTANCE_TYPES: frozenset[str] | None = None
 def instance_type_name(value: object, *, prop: str = "instance_types") -> str:
     """The name of an instance type given as ``ec2.InstanceType`` or ``str`` (``"g5.xlarge"``).
 
+    Args:
+        value: an ``ec2.InstanceType`` or a name such as ``"g5.xlarge"``.
+        prop: the prop named in the message (default ``instance_types``).
+
+    Returns:
+        the instance type's name.
+
     Raises:
         ValueError: neither kind, or a malformed name (names ``prop``, the value and the expected form).
     """
@@ -86,6 +93,11 @@ def check_instance_types(scope: constructs.IConstruct, types: Sequence[str], *, 
     (a CDK warning annotation) on one whose family the default Deep Learning AMI does not support
     (:data:`DLAMI_SUPPORTED_FAMILIES`, checked :data:`DLAMI_SUPPORTED_FAMILIES_CHECKED`): with that AMI
     the trainer may find no GPU. An AMI of your own may support it, hence only a warning.
+
+    Args:
+        scope: the construct that gets the warning annotation.
+        types: the instance type names.
+        prop: the prop named in messages (default ``instance_types``).
 
     Raises:
         ValueError: an unknown type (names it and ``prop``).
@@ -105,6 +117,13 @@ def check_instance_types(scope: constructs.IConstruct, types: Sequence[str], *, 
 
 def root_volume_gib(value: object, *, prop: str = "root_volume_size") -> int:
     """``value`` (``cdk.Size`` or whole GiB as int) in GiB, checked to 8..16384.
+
+    Args:
+        value: a ``cdk.Size`` or whole GiB as an int.
+        prop: the prop named in the message (default ``root_volume_size``).
+
+    Returns:
+        the size in GiB.
 
     Raises:
         ValueError: another kind, a size that is not whole GiB, or out of range.
@@ -133,6 +152,13 @@ class AllocationStrategy(enum.Enum):
 
 def validate_instance_type(value: object, *, prop: str = "instance_types") -> str:
     """Return ``value`` if it looks like an EC2 instance type (``g5.xlarge``), else raise.
+
+    Args:
+        value: the value to check.
+        prop: the prop named in the message (default ``instance_types``).
+
+    Returns:
+        ``value`` unchanged.
 
     Raises:
         ValueError: naming ``prop``, the value and the expected form.
@@ -192,6 +218,8 @@ class SpotTrainingFleet(constructs.Construct):
         """Define the launch template and the Spot Fleet request.
 
         Args:
+            scope: the parent construct.
+            construct_id: the construct's id, unique within ``scope``.
             vpc: the VPC to launch into.
             machine_image: the AMI (e.g. ``ec2.MachineImage.from_ssm_parameter(...)`` for the Deep Learning AMI).
             instance_profile: the nodes' ``iam.IInstanceProfile`` (``TrainingNodeRole.instance_profile``,
@@ -296,7 +324,7 @@ class SpotTrainingFleet(constructs.Construct):
         # Root volumes (DeleteOnTermination) get the construct's tags but not the stack tag: the
         # instance role may delete volumes carrying it (the agent's data volume and its copies), so
         # with it every node could delete every other node's root volume, and the data-cleanup
-        # handler would wait for volumes EC2 deletes with their instances (issue 15, item 3). The L2
+        # handler would wait for volumes EC2 deletes with their instances. The L2
         # renders the same tags for instances and volumes, so its TagSpecifications are replaced by
         # ones computed from the same tags at synth time.
         keep_stack_tag_off_root_volumes(self.launch_template)

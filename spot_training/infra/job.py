@@ -49,8 +49,17 @@ _NODE_OPTIONS = frozenset(inspect.signature(node_config).parameters) - _WIRED
 
 
 def default_job_id(scope: constructs.IConstruct, construct_id: str) -> str:
-    """``<stack name>-<construct path below the stack>`` with every other character than letters,
-    digits and hyphens dropped, at most 128 characters: unique per app when construct paths are."""
+    """``<stack name>-<construct path below the stack>``: a job id, unique per app when construct paths are.
+
+    Every character other than letters, digits and hyphens is dropped; at most 128 characters.
+
+    Args:
+        scope: the job's parent construct (inside a stack).
+        construct_id: the job's construct id.
+
+    Returns:
+        the job id.
+    """
     stack = cdk.Stack.of(scope)
     below = [c.node.id for c in scope.node.scopes[len(stack.node.scopes):]] + [construct_id]
     raw = "-".join([stack.stack_name, *below])
@@ -120,6 +129,8 @@ class TrainingJob(constructs.Construct):
         """Define the job.
 
         Args:
+            scope: the parent construct.
+            construct_id: the construct's id, unique within ``scope``.
             vpc: the VPC of the nodes (an ``ec2.IVpc``: ``ec2.Vpc(...)`` or ``Vpc.from_lookup``).
             job_id: the identity; default: ``<stack name>-<construct path>`` (:func:`default_job_id`).
                 Letters, digits and hyphens, starting with a letter, 1..128 characters, unique in the app.
@@ -128,18 +139,26 @@ class TrainingJob(constructs.Construct):
             training_python: the interpreter the trainer runs with; default ``/usr/bin/python3``.
             vpc_subnets: where nodes launch; default: the VPC's public subnets.
             machine_image: default: the Deep Learning Base AMI from :data:`DEFAULT_AMI_SSM_PARAMETER`.
-            instance_types, target_capacity, allocation_strategy, max_price: the fleet's (:class:`SpotTrainingFleet`).
+            instance_types: the fleet's (:class:`SpotTrainingFleet`).
+            target_capacity: the fleet's.
+            allocation_strategy: the fleet's.
+            max_price: the fleet's.
             root_volume_size: the nodes' root volume (``cdk.Size`` or GiB); default: the fleet's (150 GiB).
-            volume_size, volume_iops, volume_throughput_mibps, volume_encryption_key: the data volume's
-                (:class:`TrainingVolume`; ``cdk.Size`` or GiB); default: the volume's.
+            volume_size: the data volume's (:class:`TrainingVolume`; ``cdk.Size`` or GiB); default: the volume's.
+            volume_iops: the data volume's; default: the volume's.
+            volume_throughput_mibps: the data volume's (MiB/s); default: the volume's.
+            volume_encryption_key: the data volume's KMS key; default: the volume's.
             adopt_volume_id: make this retained volume the job's instead of creating one.
             pin_to_volume_az: launch only in the data volume's AZ (first of ``vpc_subnets``); default false.
             file_system: a :class:`SharedFileSystem` the nodes mount (NFS opened, IAM granted).
             read_buckets: S3 buckets the nodes may read (``bucket.grant_read(job)`` does the same later).
             bootstrap_asset: default: the stack's one ``BootstrapAsset`` (construct id ``BootstrapAsset``).
             monitoring: log group, metrics, dashboard and alarms for this job; default true.
-            log_retention, alarm_no_progress_minutes, alarm_no_capacity_minutes, notification_email,
-                monitoring_interval_s: :class:`TrainingMonitoring`'s (with ``monitoring``).
+            log_retention: :class:`TrainingMonitoring`'s (with ``monitoring``).
+            alarm_no_progress_minutes: :class:`TrainingMonitoring`'s (with ``monitoring``).
+            alarm_no_capacity_minutes: :class:`TrainingMonitoring`'s (with ``monitoring``).
+            notification_email: :class:`TrainingMonitoring`'s (with ``monitoring``).
+            monitoring_interval_s: :class:`TrainingMonitoring`'s (with ``monitoring``).
             retain_data: keep the job's volumes and snapshots when the stack is deleted; default false
                 (a :class:`DataCleanup` deletes them, this deployment's only).
             dataset_uri: ``s3://bucket/prefix/`` (or one object) the agent brings onto the data volume before the
@@ -281,7 +300,15 @@ class TrainingJob(constructs.Construct):
         return self.fleet.connections
 
     def grant_read_bucket(self, bucket: s3.IBucket, objects_key_pattern: str | None = None) -> iam.Grant:
-        """Let the nodes read ``bucket`` (or the keys matching ``objects_key_pattern``): ``bucket.grant_read``."""
+        """Let the nodes read ``bucket`` (or the keys matching ``objects_key_pattern``): ``bucket.grant_read``.
+
+        Args:
+            bucket: the bucket.
+            objects_key_pattern: restrict to keys matching this pattern (default: every object).
+
+        Returns:
+            the ``iam.Grant``.
+        """
         return bucket.grant_read(self, objects_key_pattern)
 
 

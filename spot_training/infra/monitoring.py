@@ -90,6 +90,8 @@ class TrainingMonitoring(constructs.Construct):
         """Define the resources.
 
         Args:
+            scope: the parent construct.
+            construct_id: the construct's id, unique within ``scope``.
             stack_tag_value: the ``Stack`` dimension value and log group suffix (the stack name).
             log_retention: how long CloudWatch Logs keeps the nodes' logs.
             no_progress_minutes: minutes without a training step, while an agent runs, before the
@@ -252,7 +254,15 @@ class TrainingMonitoring(constructs.Construct):
         return self.no_capacity_alarm
 
     def metric(self, name: str, statistic: str) -> cloudwatch.Metric:
-        """The agents' metric ``name`` of this stack (dimension ``Stack``), 1-minute period."""
+        """The agents' metric ``name`` of this stack (dimension ``Stack``), 1-minute period.
+
+        Args:
+            name: a metric the agents publish (``spot_training.agent.publish.METRICS``).
+            statistic: the CloudWatch statistic (``"Maximum"``, ``"Sum"``...).
+
+        Returns:
+            the ``cloudwatch.Metric``.
+        """
         return cloudwatch.Metric(namespace=self.namespace, metric_name=name,
                                  dimensions_map={"Stack": self.stack_tag_value}, statistic=statistic, period=_PERIOD)
 

@@ -33,6 +33,10 @@ def apply_nag(scope: cdk.App | cdk.Stack, *, verbose: bool = True) -> None:
     """Run ``AwsSolutionsChecks`` on ``scope`` at synth time and acknowledge our known findings.
 
     Unacknowledged findings become error annotations, which fail ``cdk synth``.
+
+    Args:
+        scope: the app or stack to check.
+        verbose: cdk-nag's verbose messages (the rule's explanation; default True).
     """
     cdk.Aspects.of(scope).add(cdk_nag.AwsSolutionsChecks(verbose=verbose))
     acknowledge(scope)

@@ -145,7 +145,16 @@ def check_service_linked_roles(iam: Any) -> list[Check]:
 
 
 def instance_vcpus(ec2: Any, instance_types: Sequence[str]) -> tuple[dict[str, int], list[Check]]:
-    """vCPUs of each type (``ec2:DescribeInstanceTypes``) and a check per type (offered? DLAMI-supported?)."""
+    """vCPUs of each type (``ec2:DescribeInstanceTypes``) and a check per type (offered? DLAMI-supported?).
+
+    Args:
+        ec2: a boto3 EC2 client.
+        instance_types: the instance type names.
+
+    Returns:
+        ``({type: default vCPUs}, checks)``; a type the region does not offer has no vCPU entry. API
+        errors become ``unknown`` checks, never exceptions.
+    """
     from .fleet import DLAMI_SUPPORTED_FAMILIES, instance_family
 
     checks: list[Check] = []
@@ -190,6 +199,17 @@ def check_spot_quotas(quotas: Any, vcpus: Mapping[str, int], target_capacity: in
 
     The fleet may launch any of the types, so the largest one bounds what it needs. Running spot
     instances of the account count against the same quota (not subtracted here).
+
+    Source: Amazon EC2 User Guide, "Spot Instance quotas" (vCPU-based quotas per instance class).
+
+    Args:
+        quotas: a boto3 Service Quotas client.
+        vcpus: ``{instance type: vCPUs}`` from :func:`instance_vcpus`.
+        target_capacity: instances the fleet may run at once.
+        region: the region named in the suggested quota request.
+
+    Returns:
+        one check per quota class (``unknown`` for a type with no known class or an unanswered call).
     """
     need: dict[str, int] = {}
     checks: list[Check] = []
@@ -226,7 +246,17 @@ def check_spot_quotas(quotas: Any, vcpus: Mapping[str, int], target_capacity: in
 
 
 def check_ami(ssm: Any, ec2: Any, *, ami_ssm_parameter: str | None, image_id: str | None) -> Check:
-    """The AMI exists: ``ec2:DescribeImages`` of ``image_id`` when set, else ``ssm:GetParameter``."""
+    """The AMI exists: ``ec2:DescribeImages`` of ``image_id`` when set, else ``ssm:GetParameter``.
+
+    Args:
+        ssm: a boto3 SSM client.
+        ec2: a boto3 EC2 client.
+        ami_ssm_parameter: the SSM parameter holding the AMI id (used when ``image_id`` is not set).
+        image_id: the AMI id, or None.
+
+    Returns:
+        the ``ami`` check (``unknown`` when the call could not be answered).
+    """
     if image_id:
         try:
             images = ec2.describe_images(ImageIds=[image_id])["Images"]
@@ -254,6 +284,18 @@ def check_capacity(ec2: Any, *, region: str, instance_types: Sequence[str], targ
     """``ec2:GetSpotPlacementScores`` (single-AZ scores) for the chosen types and AZs.
 
     Fails when no chosen AZ has a score, warns when the best one is below :data:`LOW_PLACEMENT_SCORE`.
+
+    Source: Amazon EC2 User Guide, "Spot placement score".
+
+    Args:
+        ec2: a boto3 EC2 client.
+        region: the region to score.
+        instance_types: the instance type names.
+        target_capacity: instances wanted (at least 1 is asked for).
+        availability_zones: the zones the fleet may use (None: every zone).
+
+    Returns:
+        the ``capacity`` check.
     """
     try:
         zones = ec2.describe_availability_zones()["AvailabilityZones"]
@@ -277,7 +319,15 @@ def check_capacity(ec2: Any, *, region: str, instance_types: Sequence[str], targ
 
 
 def run_checks(target: Target, client: Callable[[str], Any]) -> list[Check]:
-    """Every check for ``target``; ``client(service)`` returns a boto3 client (standard retries)."""
+    """Every check for ``target``; ``client(service)`` returns a boto3 client (standard retries).
+
+    Args:
+        target: what to check.
+        client: returns a boto3 client for a service name.
+
+    Returns:
+        the checks, in a fixed order (roles, instance types, quotas, AMI, capacity).
+    """
     ec2 = client("ec2")
     checks = check_service_linked_roles(client("iam"))
     vcpus, type_checks = instance_vcpus(ec2, target.instance_types)
@@ -331,6 +381,14 @@ def target_from_context(context: Mapping[str, Any], *, stack: str, region: str) 
     """The :class:`Target` of the single-node (``stack="single"``) or cluster (``"cluster"``) stack,
     validated with the stacks' own settings classes.
 
+    Args:
+        context: the context values (cdk.json plus ``-c``).
+        stack: ``"single"`` or ``"cluster"``.
+        region: the region to check.
+
+    Returns:
+        the target.
+
     Raises:
         ValueError: a bad context value (the message names the key, the value and what is allowed).
     """
@@ -357,7 +415,15 @@ def target_from_context(context: Mapping[str, Any], *, stack: str, region: str) 
 def default_client_factory(region: str, endpoint_url: str | None = None) -> Callable[[str], Any]:
     """boto3 clients in ``region`` with standard retries (``endpoint_url``: e.g. a moto server), from one
     session of their own, which reads the credentials as they are now (boto3's default session keeps
-    the ones it found first in this process)."""
+    the ones it found first in this process).
+
+    Args:
+        region: the clients' region.
+        endpoint_url: an endpoint for every client (default None: AWS's).
+
+    Returns:
+        ``make(service) -> client``.
+    """
     import boto3
     from botocore.config import Config
 
@@ -383,7 +449,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, client_factory: Callable[..., Callable[[str], Any]] = default_client_factory) -> int:
-    """``spot-train preflight``: print the checks, return the exit code (module docstring)."""
+    """``spot-train preflight``: print the checks, return the exit code (module docstring).
+
+    Args:
+        args: the parsed ``spot-train preflight`` options (:func:`add_arguments`).
+        client_factory: ``client_factory(region, endpoint_url)`` returns a client maker (default
+            :func:`default_client_factory`; tests pass their own).
+
+    Returns:
+        the exit code (:data:`EXIT_OK` 0 passed, :data:`EXIT_FAILED` 1 a check failed,
+        :data:`EXIT_USAGE` 2 a bad option or context value, :data:`EXIT_UNKNOWN` 3 a check could not be
+        answered, :data:`EXIT_NO_CREDENTIALS` 4 no AWS credentials).
+    """
     try:
         context = _context(args.cdk_json, args.context)
         region = args.region or context.get("region")

@@ -99,6 +99,8 @@ class TrainingNodeRole(constructs.Construct):
         """Define the role, its policy and the instance profile.
 
         Args:
+            scope: the parent construct.
+            construct_id: the construct's id, unique within ``scope``.
             stack_tag_value: the ``spot-training:stack`` value the IAM conditions require;
                 default: the stack's name.
             assets: S3 assets the nodes download (the bootstrap asset); default: none.
@@ -335,9 +337,17 @@ def node_policy_statements(stack_tag_value: str, *, deployment_tag_value: str | 
     resources, the request's tag for new ones, and no request may set or change the stack or
     deployment tag of an existing resource. The one exception is ``adopt_volume_id`` (exact ARN): the
     node may set that retained volume's deployment tag to its own value (the agent's adoption).
-    Instance and fleet statements test the stack tag (instances carry no deployment tag).
+    Instance and fleet statements test the stack tag (instances carry no deployment tag). Source:
+    IAM User Guide, "Single-valued context key policy examples" (``aws:RequestTag`` and
+    ``aws:ResourceTag`` conditions on EC2 volume requests).
 
-    Returns a list of ``iam.PolicyStatement``; only the Describe statement has ``Resource: "*"``.
+    Args:
+        stack_tag_value: the ``spot-training:stack`` tag value (may be a token).
+        deployment_tag_value: the ``spot-training:deployment`` tag value (may be a token), or None.
+        adopt_volume_id: a retained volume the node may adopt (``vol-…``), or None.
+
+    Returns:
+        a list of ``iam.PolicyStatement``; only the Describe statement has ``Resource: "*"``.
     """
     tagged = {"StringEquals": {f"aws:ResourceTag/{STACK_TAG_KEY}": stack_tag_value}}
     own = {f"aws:ResourceTag/{STACK_TAG_KEY}": stack_tag_value}
@@ -443,7 +453,12 @@ class SpotFleetRole(constructs.Construct):
     """
 
     def __init__(self, scope: constructs.Construct, construct_id: str) -> None:
-        """Define the role. Raises nothing."""
+        """Define the role. Raises nothing.
+
+        Args:
+            scope: the parent construct.
+            construct_id: the construct's id, unique within ``scope``.
+        """
         super().__init__(scope, construct_id)
         acknowledgements.attach(self)  # its nag/checkov acknowledgements, on its own resources
         self.role = iam.Role(

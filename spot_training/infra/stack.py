@@ -73,8 +73,10 @@ class SettingsStack(cdk.Stack):
             scope: the app.
             construct_id: default: ``stack_name``.
             stack_name: the CloudFormation stack name unless ``kwargs`` holds one.
-            account, region: the environment unless ``kwargs`` holds ``env``; both None: an
-                environment-agnostic stack.
+            account: the environment's account unless ``kwargs`` holds ``env`` (None with ``region``
+                None: an environment-agnostic stack).
+            region: the environment's region unless ``kwargs`` holds ``env`` (None with ``account``
+                None: an environment-agnostic stack).
             availability_zones: pinned AZs (no lookup); None or empty: CDK's.
             default_description: the stack description unless ``kwargs`` holds ``description``.
             kwargs: passed to ``cdk.Stack``.
@@ -269,8 +271,17 @@ def user_set(settings: StackSettings) -> dict[str, Any]:
 
 
 def machine_image(image_id: str | None, ami_ssm_parameter: str) -> ec2.IMachineImage:
-    """``image_id`` as is when given, else the AMI id in the public SSM parameter ``ami_ssm_parameter``
-    (resolved by CloudFormation at deploy time; no credentials at synth)."""
+    """``image_id`` as is when given, else the AMI id in the public SSM parameter ``ami_ssm_parameter``.
+
+    The SSM parameter is resolved by CloudFormation at deploy time (no credentials at synth).
+
+    Args:
+        image_id: an AMI id (``ami-…``), or None.
+        ami_ssm_parameter: the SSM parameter name (e.g. the Deep Learning AMI's public parameter).
+
+    Returns:
+        the machine image.
+    """
     if image_id:
         return FixedImage(image_id)
     return ec2.MachineImage.from_ssm_parameter(ami_ssm_parameter, os=ec2.OperatingSystemType.LINUX)
@@ -308,6 +319,15 @@ def new_vpc(stack: cdk.Stack, vpc_id: str | None, *, flow_logs: bool, private_su
     public IP) and the VPC gets an S3 gateway endpoint and the interface endpoints of
     :data:`PRIVATE_SUBNET_INTERFACE_ENDPOINTS` (private DNS, in every AZ; each endpoint's security
     group allows HTTPS from the VPC's CIDR only). Trade-off: docs/infra.md, "Private subnets".
+
+    Args:
+        stack: the stack the VPC (or its lookup) belongs to.
+        vpc_id: an existing VPC's id (``vpc-…``), or None for a new VPC.
+        flow_logs: a new VPC gets flow logs.
+        private_subnets: isolated subnets with VPC endpoints instead of public ones (default False).
+
+    Returns:
+        the VPC.
 
     Raises:
         ValueError: ``private_subnets`` with ``vpc_id`` (endpoints are only made in a new VPC).

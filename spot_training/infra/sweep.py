@@ -109,7 +109,10 @@ class ParallelExperiments(constructs.Construct):
         """Define the compute environments, queue, job definition, storage and roles.
 
         Args:
-            vpc, vpc_subnets: where the hosts and EFS mount targets go (default: public subnets).
+            scope: the parent construct.
+            construct_id: the construct's id, unique within ``scope``.
+            vpc: the VPC of the hosts and EFS mount targets.
+            vpc_subnets: their subnets (default: the public subnets).
             instance_types: EC2 types Batch may launch (default g5.xlarge, g4dn.xlarge).
             max_vcpus: the compute environments' ``maxvCpus`` (default 256), >= ``vcpus``.
             on_demand_fallback: add an on-demand environment behind the spot one (default False).
@@ -316,7 +319,17 @@ class SpotSweepStack(SettingsStack):
 
     def __init__(self, scope: constructs.Construct, construct_id: str | None = None, *,
                  settings: SweepSettings | None = None, **kwargs: Any) -> None:
-        """Define the stack (``settings`` default: every default). Raises ValueError from the construct."""
+        """Define the stack.
+
+        Args:
+            scope: the app.
+            construct_id: the stack's construct id (default: the stack name).
+            settings: the validated settings (default: every default).
+            **kwargs: more ``cdk.Stack`` props (``env``, ``synthesizer``...).
+
+        Raises:
+            ValueError: from the construct (a bad setting).
+        """
         settings = settings or SweepSettings()
         base = settings.base
         super().__init__(scope, construct_id, stack_name=settings.stack_name, account=base.account, region=base.region,

@@ -107,26 +107,51 @@ def node_config(
 ) -> dict[str, Any]:
     """The node config dict (schema version 1, docs/contracts.md).
 
-    ``region`` and the ``efs`` ids may be CDK tokens (string-encoded; ``json.dumps`` keeps them for CDK to resolve).
-    ``code`` defaults to the unpacked bootstrap asset ``{"type": "asset", "path": CODE_DIR}``.
-    Dataset, checkpoint and log directories are ``datasets/``, ``checkpoints/``, ``logs/`` under
-    ``data_root`` (default: ``mount_point``, the data volume; cluster nodes pass the EFS mount point).
-    ``snapshot_interval_s`` (seconds, periodic snapshots while training) and ``initialization_rate_mibps``
-    (a moved volume's provisioned initialization rate) go in the ``volume`` section only when set.
-    ``node_role``: ``single`` (default) or a cluster role ``scheduler``/``server``/``worker``, which
-    come with a ``cluster`` section (docs/contracts.md, "Parameter-server cluster"); the key is left
-    out when ``cluster`` is None. ``requirements`` (pip specifiers): when any, ``training.venv`` asks the
-    agent for a virtual environment of ``python`` with them under ``<data root>/envs``, built once on
-    the volume (or EFS) and reused (``inherit_site_packages``: it also sees ``python``'s packages);
-    none (an AMI that ships the framework): ``training.venv`` is null and ``python`` runs as it is.
-    ``notice_poll_interval_s`` (seconds): written only when given; the agent's default otherwise.
-    ``checkpoint_every_steps`` / ``checkpoint_every_seconds``: the trainer's checkpoint cadence, written
-    to the ``spot_training.training`` section only when given (the agent exports them to the trainer as
-    ``SPOT_TRAINING_CHECKPOINT_EVERY_STEPS`` / ``_SECONDS``); the trainer's default otherwise.
-    ``monitoring``: the CloudWatch publishing section (``TrainingMonitoring.node_config()``); left out
-    when None. ``dataset``: the ``dataset`` section (``uri``, ``unpack``) the agent syncs into
-    ``datasets/`` before the trainer starts (spot_training.infra.dataset); left out when None.
-    Raises nothing; the stack validated the values.
+    ``region`` and the ``efs`` ids may be CDK tokens (string-encoded; ``json.dumps`` keeps them for CDK
+    to resolve). Dataset, checkpoint and log directories are ``datasets/``, ``checkpoints/``, ``logs/``
+    under ``data_root``. Optional sections and keys are left out unless set, so configs of stacks that
+    do not use them stay as they were. Raises nothing; the stack validated the values.
+
+    Args:
+        region: the stack's region.
+        stack_name: the stack's name.
+        volume_tags: the tags that find the data volume (stack and deployment tags).
+        framework: ``training.framework`` (``tensorflow``, ``mxnet``, ``pytorch``).
+        python: the training interpreter.
+        command: the training command (placeholders such as ``{python}`` kept for the agent).
+        user: the training user (default ``ubuntu``).
+        mount_point: the data volume's mount point (default :data:`DEFAULT_MOUNT_POINT`).
+        device_name: the AttachVolume device name (default ``/dev/sdf``).
+        fs_type: the data volume's file system (default ``xfs``).
+        keep_snapshots: snapshots the agent keeps (default: the contract's).
+        snapshot_interval_s: seconds between periodic snapshots while training (None or 0: off).
+        initialization_rate_mibps: a moved volume's provisioned initialization rate, MiB/s (None: EBS's default).
+        code: the ``training.code`` section (default: the unpacked bootstrap asset
+            ``{"type": "asset", "path": CODE_DIR}``).
+        efs: the ``efs`` section (``file_system_id``, ``access_point_id``, ``mount_point``), or None.
+        cancel_fleet_on_success: the agent cancels its spot fleet after training completed (default True).
+        imds_endpoint: the instance metadata endpoint (None: IMDS's default; local mode's emulator).
+        node_role: ``single`` (default) or a cluster role ``scheduler``/``server``/``worker``, which
+            come with a ``cluster`` section (docs/contracts.md, "Parameter-server cluster").
+        data_root: where the data directories go (default: ``mount_point``, the data volume; cluster
+            nodes pass the EFS mount point).
+        cluster: the ``cluster`` section, or None (left out).
+        monitoring: the CloudWatch publishing section (``TrainingMonitoring.node_config()``), or None.
+        requirements: pip specifiers; when any, ``training.venv`` asks the agent for a virtual
+            environment of ``python`` with them under ``<data root>/envs``, built once on the volume (or
+            EFS) and reused; none (an AMI that ships the framework): ``training.venv`` is null and
+            ``python`` runs as it is.
+        inherit_site_packages: the virtual environment also sees ``python``'s packages (default False).
+        notice_poll_interval_s: seconds between the agent's IMDS notice polls (None: the agent's default).
+        checkpoint_every_steps: the trainer's checkpoint cadence in steps, exported by the agent as
+            ``SPOT_TRAINING_CHECKPOINT_EVERY_STEPS`` (None: the trainer's default).
+        checkpoint_every_seconds: the cadence in seconds, exported as
+            ``SPOT_TRAINING_CHECKPOINT_EVERY_SECONDS`` (None: the trainer's default).
+        dataset: the ``dataset`` section (``uri``, ``unpack``) the agent syncs into ``datasets/`` before
+            the trainer starts (:mod:`spot_training.infra.dataset`), or None.
+
+    Returns:
+        the config dict (JSON-serializable once tokens are resolved).
     """
     root = data_root or mount_point
     config: dict[str, Any] = {
@@ -240,6 +265,15 @@ def boot_failed_script(*, region: str, stack_name: str, volume_tags: Mapping[str
     cannot train without it; then (5) shuts the instance down; the launch template's shutdown behaviour
     is terminate, so below the bound the fleet or group replaces it. Every AWS call is best effort: a
     failure to report never keeps the instance running.
+
+    Args:
+        region: the stack's region (may be a token).
+        stack_name: the stack's name (the only fleets the script may cancel).
+        volume_tags: the tags that find the data volume.
+        max_failed_boots: failed boots in a row before it gives up (default 3).
+
+    Returns:
+        the script's text.
     """
     filters = " ".join(_q(f"Name=tag:{k},Values={v}") for k, v in volume_tags.items())
     return f"""#!/bin/bash
@@ -372,6 +406,20 @@ def boot_script(
     on an instance. ``efs``: install amazon-efs-utils first (:func:`efs_utils_install_commands`; its
     failure after the retry budget is the boot step ``efs-utils``).
     ``asset_url``, ``region`` and the config may hold CDK tokens.
+
+    Args:
+        asset_url: the bootstrap asset's ``s3://`` URL (may be a token).
+        region: the stack's region (may be a token).
+        stack_name: the stack's name.
+        volume_tags: the tags that find the data volume (for the boot-failure script).
+        config_json: the node config as JSON text (may hold tokens).
+        boto3_requirement: the pip specifier installed when the AMI's Python lacks a recent boto3.
+        stop_timeout_s: systemd's ``TimeoutStopSec`` for the agent, seconds.
+        max_failed_boots: failed boots in a row before a node gives up (default 3).
+        efs: install amazon-efs-utils first (default False).
+
+    Returns:
+        the user data's lines.
     """
     archive = "$ST_ROOT/opt/spot-training/bootstrap.zip"
     return [
@@ -499,6 +547,15 @@ def efs_utils_install_commands(*, ref: str = EFS_UTILS_REF, retry_budget_s: int 
     fails at step ``efs-utils`` through ``$BOOT_FAILED`` (counted: a replacement node tries again, up
     to the failed-boot bound), never as the agent's final ``config`` error. Every line returns 0
     under ``set -euo pipefail`` when ``$BOOT_FAILED`` is not set.
+
+    Args:
+        ref: the amazon-efs-utils git tag or branch to build (default :data:`EFS_UTILS_REF`).
+        retry_budget_s: the most seconds of waits between attempts, >= 1.
+        first_delay_s: seconds before the second attempt, >= 1.
+        max_delay_s: the longest wait between attempts, seconds, >= 1.
+
+    Returns:
+        the user-data lines (a shell function, then the retry loop that calls it).
 
     Raises:
         ValueError: ``ref`` is not a plain git tag or branch name, or a delay or budget is < 1.

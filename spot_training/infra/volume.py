@@ -61,6 +61,8 @@ class TrainingVolume(constructs.Construct):
         """Define the volume.
 
         Args:
+            scope: the parent construct.
+            construct_id: the construct's id, unique within ``scope``.
             availability_zone: the AZ to create it in (the agent moves it later if needed).
             size_gib: size as a ``cdk.Size`` or whole GiB (int), 1..16384 GiB; default 100.
             iops: provisioned IOPS, 3000..16000 and at most 500 per GiB; default 3000 (gp3 baseline).

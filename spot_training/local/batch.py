@@ -66,8 +66,18 @@ class RetryRule:
         return cls(str(entry["action"]).upper(), entry.get("onStatusReason"), entry.get("onExitCode"), entry.get("onReason"))
 
     def matches(self, *, exit_code: int | None, status_reason: str | None, reason: str | None) -> bool:
-        """Every condition set matches (AWS Batch: patterns may end with ``*``; a value that is absent
-        matches only ``*``)."""
+        """Every condition set matches (AWS Batch: patterns may end with ``*``; an absent value matches only ``*``).
+
+        Source: AWS Batch API Reference, "EvaluateOnExit".
+
+        Args:
+            exit_code: the attempt's container exit code, or None.
+            status_reason: the attempt's status reason (``Host EC2 (instance ...) terminated.``), or None.
+            reason: the container's reason, or None.
+
+        Returns:
+            whether this rule applies.
+        """
         for pattern, value in ((self.on_status_reason, status_reason), (self.on_exit_code, None if exit_code is None else str(exit_code)),
                                (self.on_reason, reason)):
             if pattern is None:
@@ -82,7 +92,17 @@ class RetryRule:
 
 def evaluate_on_exit(rules: Sequence[RetryRule], *, exit_code: int | None, status_reason: str | None,
                      reason: str | None) -> str:
-    """``RETRY`` or ``EXIT`` for an ended attempt: the first matching rule's action; none matches: ``RETRY``."""
+    """``RETRY`` or ``EXIT`` for an ended attempt: the first matching rule's action; none matches: ``RETRY``.
+
+    Args:
+        rules: the job definition's retry rules, in order.
+        exit_code: the attempt's exit code, or None.
+        status_reason: the attempt's status reason, or None.
+        reason: the container's reason, or None.
+
+    Returns:
+        ``"RETRY"`` or ``"EXIT"``.
+    """
     for rule in rules:
         if rule.matches(exit_code=exit_code, status_reason=status_reason, reason=reason):
             return rule.action
@@ -91,8 +111,19 @@ def evaluate_on_exit(rules: Sequence[RetryRule], *, exit_code: int | None, statu
 
 def next_status(*, attempt: int, attempts: int, rules: Sequence[RetryRule], exit_code: int | None,
                 status_reason: str | None, reason: str | None) -> str:
-    """What Batch does after attempt ``attempt`` (1-based) of a job allowed ``attempts``: ``SUCCEEDED``
-    (exit 0 on a running host), ``RUNNABLE`` (retried) or ``FAILED``."""
+    """What Batch does after attempt ``attempt`` of a job allowed ``attempts``.
+
+    Args:
+        attempt: the ended attempt, 1-based.
+        attempts: the job's retry strategy's attempts.
+        rules: the retry rules.
+        exit_code: the attempt's exit code, or None.
+        status_reason: the attempt's status reason, or None.
+        reason: the container's reason, or None.
+
+    Returns:
+        ``SUCCEEDED`` (exit 0 on a host that was not taken), ``RUNNABLE`` (retried) or ``FAILED``.
+    """
     if exit_code == 0 and not (status_reason or "").startswith("Host EC2"):
         return "SUCCEEDED"
     action = evaluate_on_exit(rules, exit_code=exit_code, status_reason=status_reason, reason=reason)
@@ -191,7 +222,23 @@ class LocalBatch:
     def submit_job(self, *, jobName: str, jobQueue: str, jobDefinition: str, arrayProperties: Mapping[str, int] | None = None,
                    containerOverrides: Mapping[str, Any] | None = None, parameters: Mapping[str, str] | None = None,
                    **_: Any) -> dict[str, str]:
-        """Submit an array job (``arrayProperties.size`` children, 2..10000; absent: one child at index 0)."""
+        """Submit an array job (``arrayProperties.size`` children, 2..10000; absent: one child at index 0).
+
+        Args:
+            jobName: the job's name.
+            jobQueue: the queue's name (recorded only).
+            jobDefinition: the job definition (this LocalBatch's own is used).
+            arrayProperties: ``{"size": children}``, or None for a single job.
+            containerOverrides: ``environment`` and ``command`` overrides.
+            parameters: ``Ref::`` substitutions for the command (over the definition's defaults).
+        **_: other SubmitJob arguments, accepted and ignored.
+
+        Returns:
+            ``{"jobId", "jobName", "jobArn"}``, as Batch answers.
+
+        Raises:
+            ValueError: an array size outside 2..10000.
+        """
         size = int((arrayProperties or {}).get("size", 1))
         if arrayProperties is not None and not 2 <= size <= contract.MAX_BATCH_ARRAY_SIZE:
             raise ValueError(f"arrayProperties.size must be 2..{contract.MAX_BATCH_ARRAY_SIZE}, got {size}")
@@ -233,7 +280,17 @@ class LocalBatch:
 
     def list_jobs(self, *, arrayJobId: str | None = None, jobQueue: str | None = None, jobStatus: str | None = None,
                   **_: Any) -> dict[str, list[dict[str, Any]]]:
-        """Children of ``arrayJobId`` (or the array jobs of ``jobQueue``), filtered by ``jobStatus``."""
+        """Children of ``arrayJobId`` (or the array jobs of ``jobQueue``), filtered by ``jobStatus``.
+
+        Args:
+            arrayJobId: the array job whose children to list, or None.
+            jobQueue: with no ``arrayJobId``: only this queue's array jobs (None: every queue).
+            jobStatus: only jobs in this status (None: any).
+        **_: other ListJobs arguments, accepted and ignored.
+
+        Returns:
+            ``{"jobSummaryList": [...]}``, as Batch answers.
+        """
         with self._lock:
             if arrayJobId is not None:
                 job = self.jobs.get(arrayJobId)
@@ -244,7 +301,15 @@ class LocalBatch:
         return {"jobSummaryList": [r for r in rows if jobStatus in (None, r["status"])]}
 
     def terminate_job(self, *, jobId: str, reason: str) -> dict[str, Any]:
-        """Stop every child of the array job (or the one child): SIGTERM, then FAILED with ``reason``."""
+        """Stop every child of the array job (or the one child): SIGTERM, then FAILED with ``reason``.
+
+        Args:
+            jobId: an array job id, or a child's ``<id>:<index>``.
+            reason: the status reason recorded.
+
+        Returns:
+            ``{}``, as Batch answers.
+        """
         with self._lock:
             parent, _, index = jobId.partition(":")
             job = self.jobs.get(parent)
@@ -262,8 +327,18 @@ class LocalBatch:
 
     # ---- injected reclaims ----
     def reclaim(self, child_id: str, *, notice: bool = True, lead_s: float = DEFAULT_NOTICE_LEAD_S) -> str:
-        """Reclaim the host of a running child: a spot notice on its IMDS now (``notice``), the host
-        taken ``lead_s`` seconds later (at once without a notice). Returns the instance id.
+        """Reclaim the host of a running child, with or without a spot notice first.
+
+        A spot notice is posted on its IMDS now (``notice``) and the host taken ``lead_s`` seconds later
+        (at once without a notice).
+
+        Args:
+            child_id: the child, ``<array job id>:<index>``.
+            notice: post a spot interruption notice first (default True).
+            lead_s: seconds between the notice and the reclaim (default :data:`DEFAULT_NOTICE_LEAD_S`).
+
+        Returns:
+            the reclaimed host's instance id.
 
         Raises:
             RuntimeError: the child is not running.
@@ -309,7 +384,16 @@ class LocalBatch:
                         running += 1
 
     def wait(self, *, timeout_s: float, poll_s: float = 0.1, tick: Callable[[], None] | None = None) -> bool:
-        """:meth:`tick` until every child ended (True) or ``timeout_s`` passed (False)."""
+        """:meth:`tick` until every child ended (True) or ``timeout_s`` passed (False).
+
+        Args:
+            timeout_s: the most seconds to wait.
+            poll_s: seconds between ticks (default 0.1).
+            tick: called after every tick (e.g. the drill's own injections), or None.
+
+        Returns:
+            True when every child ended.
+        """
         deadline = time.time() + timeout_s
         while time.time() < deadline:
             self.tick()

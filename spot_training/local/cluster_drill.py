@@ -119,8 +119,9 @@ class ClusterDrillOptions:
             read-back (local mode cannot ask the AWS Price List API; default: us-east-1 Linux list
             prices g5.xlarge 1.006, g4dn.xlarge 0.526, and the on-demand scheduler's (PyTorch: the
             coordinator's) m5.large 0.096 and servers' m5.xlarge 0.192).
-        ebs_gb_month_price, snapshot_gb_month_price: USD per GB-month (the cluster has no data volume
-            or snapshots; stated for the same cost report as the single-node drill).
+        ebs_gb_month_price: USD per GB-month of EBS (the cluster has no data volume; stated for the
+            same cost report as the single-node drill).
+        snapshot_gb_month_price: USD per GB-month of snapshots (the cluster has none; as above).
     """
 
     work_dir: Path = Path("out/cluster-drill")
@@ -208,8 +209,17 @@ class DeployedCluster:
 
 def cluster_resources(aws: Clients, autoscaling: Any, stack: str, *,
                       group_roles: tuple[str, ...] = CLUSTER_FRAMEWORKS["mxnet"].group_roles) -> DeployedCluster:
-    """Read the deployed cluster ``stack`` with boto3; ``group_roles``: the roles that must have an
-    Auto Scaling group (default: MXNet's scheduler and servers; PyTorch's coordinator only).
+    """Read the deployed cluster ``stack`` with boto3.
+
+    Args:
+        aws: the local AWS clients.
+        autoscaling: a boto3 Auto Scaling client.
+        stack: the cluster stack's name.
+        group_roles: the roles that must have an Auto Scaling group (default: MXNet's scheduler and
+            servers; PyTorch's coordinator only).
+
+    Returns:
+        the fleet, launch templates per role, groups per role and the file system.
 
     Raises:
         DrillError: the stack is not ``CREATE_COMPLETE`` or lacks a fleet, a role's launch template,
@@ -256,7 +266,14 @@ class ClusterNodeRunner(NodeRunner):
     """:class:`NodeRunner` for the cluster stack: a node boots from its role's launch template (its own
     user data, :meth:`NodeRunner.boot_node`); every node's EFS mount point is the one shared ``efs_dir``,
     and every node gets an address of its own from ``network`` (on loopback: a port offset,
-    ``SPOT_TRAINING_PORT_OFFSET``)."""
+    ``SPOT_TRAINING_PORT_OFFSET``).
+
+    Args:
+        cluster: the deployed cluster (:func:`cluster_resources`).
+        network: hands out node addresses (network namespaces, or loopback with port offsets).
+        efs_dir: the directory standing in for the EFS file system.
+        **kwargs: :class:`NodeRunner`'s arguments.
+    """
 
     def __init__(self, *, cluster: DeployedCluster, network: Network, efs_dir: Path, **kwargs: Any) -> None:
         super().__init__(stack=cluster.stack, **kwargs)
@@ -280,6 +297,13 @@ class ClusterNodeRunner(NodeRunner):
         """Boot ``instance_id`` as a cluster node of ``role`` from ``role``'s launch template, in a
         network namespace of its own (``SPOT_TRAINING_NETNS``; its address is the IMDS's local-ipv4),
         or on loopback with a port offset of its own.
+
+        Args:
+            instance_id: the instance the fleet or group launched.
+            role: ``scheduler``, ``server`` or ``worker`` (default).
+
+        Returns:
+            the started node.
 
         Raises:
             NodeError: ``role`` has no launch template (names the roles the stack has).
@@ -347,11 +371,17 @@ def _plan(efs_dir: Path) -> dict[str, Any] | None:
 
 
 def world_size_generations(rows: list[dict[str, str]]) -> list[dict[str, Any]]:
-    """PyTorch's generations, numbered by the drill: rank 0's step rows (``rows`` sorted by
-    ``wall_time``; other ranks' rows are left out) split where ``num_workers`` (the world size of the
-    TorchElastic round that ran the step) changes. Returns ``[{"generation": 1.., "num_workers": W,
-    "rows": [...]}]``, each row's ``generation`` set to its number. A restart that keeps the world size
-    (a round without a membership change) does not begin a new one."""
+    """PyTorch's generations, numbered by the drill: rank 0's step rows split where ``num_workers`` changes.
+
+    ``num_workers`` is the world size of the TorchElastic round that ran the step. A restart that keeps
+    the world size (a round without a membership change) does not begin a new generation.
+
+    Args:
+        rows: the step rows, sorted by ``wall_time`` (other ranks' rows are left out).
+
+    Returns:
+        ``[{"generation": 1.., "num_workers": W, "rows": [...]}]``, each row's ``generation`` set to its number.
+    """
     generations: list[dict[str, Any]] = []
     for row in rows:
         if row["rank"] != "0":
@@ -392,8 +422,22 @@ def membership_changes(events: list[dict[str, Any]]) -> tuple[int, int, int]:
 
 def cluster_orphans(aws: Clients, autoscaling: Any, efs: Any, stack: str, *, fleet_request_ids: list[str],
                     group_names: list[str], file_system_id: str | None) -> list[str]:
-    """:func:`spot_training.local.deploy.find_orphans` plus the cluster's own kinds: Auto Scaling groups, and the
-    file system (unless kept on purpose with ``retain_data``: then callers leave it out)."""
+    """:func:`spot_training.local.deploy.find_orphans` plus Auto Scaling groups and the file system.
+
+    Callers leave the file system out when it is kept on purpose with ``retain_data``.
+
+    Args:
+        aws: the local AWS clients.
+        autoscaling: a boto3 Auto Scaling client.
+        efs: a boto3 EFS client.
+        stack: the stack name.
+        fleet_request_ids: the fleets the drill saw.
+        group_names: the Auto Scaling groups the drill saw.
+        file_system_id: the stack's file system, or None.
+
+    Returns:
+        ``"kind id (state)"`` strings; empty when nothing is left.
+    """
     orphans = find_orphans(aws, stack, fleet_request_ids=fleet_request_ids)
     if group_names:
         for group in autoscaling.describe_auto_scaling_groups(AutoScalingGroupNames=group_names)["AutoScalingGroups"]:
@@ -408,6 +452,13 @@ def cluster_orphans(aws: Clients, autoscaling: Any, efs: Any, stack: str, *, fle
 def run_cluster_drill(options: ClusterDrillOptions, *,
                       on_event: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """Run the cluster drill (see the module docstring); returns the report, also in ``report.json``.
+
+    Args:
+        options: the drill's options.
+        on_event: called with every progress event (the live display), or None.
+
+    Returns:
+        the report.
 
     Raises:
         ValueError: bad options (nothing started). A failure later is recorded in the report's
@@ -581,9 +632,12 @@ class _Watcher:
                          "workers": int(last["num_workers"]), "generation": int(last["generation"])})
 
     def until(self, predicate: Callable[[], Any], what: str, *, completion_expected: bool = False) -> Any:
-        """Poll every 0.25 s until ``predicate()`` is truthy; returns its value. Raises DrillError when
-        training completed first (unless ``completion_expected``), an agent exited non-zero, or the
-        deadline passed."""
+        """Poll every 0.25 s until ``predicate()`` is truthy; returns its value.
+
+        Raises:
+            DrillError: training completed first (unless ``completion_expected``), an agent exited non-
+                zero, or the deadline passed.
+        """
         while True:
             self.refresh()
             value = predicate()
@@ -686,9 +740,19 @@ def _collect(efs_dir: Path, results: Path, report: dict[str, Any], framework: Cl
 
 
 def cluster_passed(report: dict[str, Any], options: ClusterDrillOptions) -> bool:
-    """Completed at exactly ``options.steps`` with every step run once, a worker joined and one left,
-    the fleet cancelled by the agents, the figures read back from the local AWS (status and cost, with
-    the notice among the agents' published logs), nothing orphaned, no error."""
+    """Whether the cluster drill passed.
+
+    Passed: completed at exactly ``options.steps`` with every step run once, a worker joined and one
+    left, the fleet cancelled by the agents, the figures read back from the local AWS (status and cost,
+    with the notice among the agents' published logs), nothing orphaned, no error.
+
+    Args:
+        report: the drill's report.
+        options: its options.
+
+    Returns:
+        True when every condition holds.
+    """
     return bool(
         report.get("read_back_error") is None and report.get("cost") is not None
         and len(report.get("aws_interruptions") or []) >= 1 and

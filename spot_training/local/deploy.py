@@ -109,6 +109,14 @@ def local_context(
 def cli_env(endpoint_url: str, *, home: Path, region: str = REGION) -> dict[str, str]:
     """Environment for the CDK CLI (and boto3) that points every AWS call at ``endpoint_url``.
 
+    Args:
+        endpoint_url: the moto server, ``http://127.0.0.1:PORT``.
+        home: the CLI's ``HOME`` (its caches and config stay in the work directory).
+        region: the region (default us-east-1).
+
+    Returns:
+        the environment: this one without ``AWS_*`` variables, plus the endpoint, fake credentials and region.
+
     Raises:
         ValueError: ``endpoint_url`` is not ``http://127.0.0.1:PORT`` (or localhost).
     """
@@ -220,16 +228,50 @@ class CdkCli:
         return "".join(lines)
 
     def bootstrap(self, account: str = ACCOUNT, region: str = REGION) -> str:
-        """``cdk bootstrap aws://ACCOUNT/REGION``; returns the CLI's output."""
+        """``cdk bootstrap aws://ACCOUNT/REGION``.
+
+        Args:
+            account: the account (default: moto's).
+            region: the region (default us-east-1).
+
+        Returns:
+            the CLI's output.
+
+        Raises:
+            CdkCliError: the CLI failed or timed out (the message names its log).
+        """
         return self._run("bootstrap", ["bootstrap", f"aws://{account}/{region}"], app="none")
 
     def deploy(self, stack: str, *, context: Mapping[str, str]) -> str:
-        """``cdk deploy STACK --require-approval never -c k=v ...``; returns the CLI's output."""
+        """``cdk deploy STACK --require-approval never -c k=v ...``.
+
+        Args:
+            stack: the stack name.
+            context: the context values.
+
+        Returns:
+            the CLI's output.
+
+        Raises:
+            CdkCliError: the CLI failed or timed out (the message names its log).
+        """
         return self._run("deploy", ["deploy", stack, "--require-approval", "never", *_context_args(context)])
 
     def destroy(self, stack: str, *, context: Mapping[str, str]) -> str:
-        """``cdk destroy STACK --force``: from the deploy's cloud assembly when there is one, else
-        synthesized again with the same context (``-c k=v ...``)."""
+        """``cdk destroy STACK --force``, from the deploy's cloud assembly when there is one.
+
+        Otherwise the app is synthesized again with the same context.
+
+        Args:
+            stack: the stack name.
+            context: the context values of the deploy.
+
+        Returns:
+            the CLI's output.
+
+        Raises:
+            CdkCliError: the CLI failed or timed out (the message names its log).
+        """
         if (self.output_dir / "manifest.json").exists():
             return self._run("destroy", ["destroy", stack, "--force"], app="assembly")
         return self._run("destroy", ["destroy", stack, "--force", *_context_args(context)])
@@ -243,8 +285,16 @@ def _context_args(context: Mapping[str, str]) -> list[str]:
 
 
 def client(endpoint_url: str, service: str, region: str = REGION) -> Any:
-    """A boto3 client of ``service`` (``"ec2"``, ``"autoscaling"``, ``"efs"`` ...) for the moto
-    server at ``endpoint_url``: fake credentials, standard retry mode, region default us-east-1."""
+    """A boto3 client of ``service`` for the moto server at ``endpoint_url``: fake credentials, standard retries.
+
+    Args:
+        endpoint_url: the moto server.
+        service: the service name (``"ec2"``, ``"autoscaling"``, ``"efs"`` ...).
+        region: the region (default us-east-1).
+
+    Returns:
+        the client.
+    """
     return boto3.client(
         service, region_name=region, endpoint_url=endpoint_url, aws_access_key_id="testing",
         aws_secret_access_key="testing", aws_session_token="testing", config=_RETRY,
@@ -252,7 +302,15 @@ def client(endpoint_url: str, service: str, region: str = REGION) -> Any:
 
 
 def clients(endpoint_url: str, region: str = REGION) -> Clients:
-    """boto3 clients (EC2, CloudFormation, S3) for the moto server at ``endpoint_url`` (see :func:`client`)."""
+    """boto3 clients (EC2, CloudFormation, S3) for the moto server at ``endpoint_url`` (see :func:`client`).
+
+    Args:
+        endpoint_url: the moto server.
+        region: the region (default us-east-1).
+
+    Returns:
+        the clients.
+    """
     return Clients(ec2=client(endpoint_url, "ec2", region), cloudformation=client(endpoint_url, "cloudformation", region),
                    s3=client(endpoint_url, "s3", region))
 
@@ -280,6 +338,13 @@ class DeployedStack:
 
 def stack_resources(aws: Clients, stack: str) -> DeployedStack:
     """Read the deployed ``stack``'s resources with boto3.
+
+    Args:
+        aws: the local AWS clients.
+        stack: the stack name.
+
+    Returns:
+        the fleet, its launch template, the data volume, the subnets per AZ and every resource.
 
     Raises:
         RuntimeError: the stack is not ``CREATE_COMPLETE`` or lacks a fleet, launch template or volume.

@@ -109,8 +109,10 @@ class DrillOptions:
         on_demand_prices: the stated on-demand price in USD/hour of each type, an input of the cost
             report (local mode cannot ask the AWS Price List API; default: the us-east-1 Linux list
             prices g5.xlarge 1.006, g4dn.xlarge 0.526 as AWS published them for 2024-2025).
-        ebs_gb_month_price, snapshot_gb_month_price: stated USD per GB-month (default gp3 0.08,
-            snapshots 0.05: us-east-1 list prices).
+        ebs_gb_month_price: stated USD per GB-month of the data volume (default 0.08: gp3's
+            us-east-1 list price).
+        snapshot_gb_month_price: stated USD per GB-month of snapshots (default 0.05: the us-east-1
+            list price).
     """
 
     work_dir: Path = Path("out/demo")
@@ -159,10 +161,12 @@ class DrillOptions:
 
     @property
     def steps_per_epoch(self) -> int:
+        """Steps per epoch of the digits training split at ``batch_size``."""
         return DIGITS_TRAIN_EXAMPLES // self.batch_size
 
     @property
     def planned_steps(self) -> int:
+        """The whole training's steps: ``steps_per_epoch * epochs``."""
         return self.steps_per_epoch * self.epochs
 
     def trainer_args(self, root: str = MOUNT_POINT) -> list[str]:
@@ -184,9 +188,18 @@ def framework_python(framework: str) -> str:
 
 
 def check_stack_and_framework(stack: str, framework: str, frameworks: Collection[str]) -> None:
-    """A drill's options check, shared by both drills: raise ``ValueError`` when ``stack`` is not a
-    CloudFormation stack name, ``framework`` is not one of ``frameworks``, or :func:`framework_python`
-    is not an executable file (``make setup`` makes ``.venv-torch``)."""
+    """A drill's options check, shared by both drills.
+
+    Args:
+        stack: the stack name.
+        framework: the training framework.
+        frameworks: the frameworks this drill supports.
+
+    Raises:
+        ValueError: ``stack`` is not a CloudFormation stack name, ``framework`` is not one of
+            ``frameworks``, or :func:`framework_python` is not an executable file (``make setup`` makes
+            ``.venv-torch``).
+    """
     if not re.fullmatch(r"[A-Za-z][A-Za-z0-9-]{0,127}", stack):
         raise ValueError(f"stack must be a CloudFormation stack name (letters, digits, -), got {stack!r}")
     if framework not in frameworks:
@@ -207,6 +220,10 @@ class EventLog:
     Stamps each event dict with ``t`` (seconds since ``started``, a ``time.time()`` value), keeps
     every event but ``progress`` in :attr:`events` (for ``events.jsonl``) and passes each one on to
     ``on_event`` (default: nowhere).
+
+    Args:
+        started: the drill's start, ``time.time()`` seconds.
+        on_event: called with every stamped event (default: nowhere).
     """
 
     def __init__(self, started: float, on_event: Callable[[dict[str, Any]], None] | None = None) -> None:
@@ -241,8 +258,16 @@ def options_dict(options: Any) -> dict[str, Any]:
 
 def bootstrap_and_deploy(cdk: CdkCli, stack: str, context: dict[str, str], *,
                          record: Callable[[dict[str, Any]], None], phases: dict[str, float]) -> None:
-    """``cdk bootstrap`` then ``cdk deploy stack`` with the real CLI against moto; each is announced
-    as a ``phase`` event and its duration (seconds) stored in ``phases["bootstrap"/"deploy"]``.
+    """``cdk bootstrap`` then ``cdk deploy stack`` with the real CLI against moto.
+
+    Each is announced as a ``phase`` event and its duration stored in ``phases``.
+
+    Args:
+        cdk: the CLI wrapper.
+        stack: the stack name.
+        context: the deploy's context values.
+        record: the drill's event log.
+        phases: gets ``"bootstrap"`` and ``"deploy"`` durations, seconds.
 
     Raises:
         spot_training.local.deploy.CdkCliError: a command failed.
@@ -259,6 +284,14 @@ def az_plan(options: DrillOptions, zones: list[str], first_zone: str) -> list[st
 
     Planned: ``az_moves`` moves spread over the interruptions (the first move at the middle one), the
     others stay in the current AZ. ``random_az``: each AZ drawn with ``random.Random(seed)``.
+
+    Args:
+        options: the drill's options (``interruptions``, ``az_moves``, ``random_az``, ``seed``).
+        zones: the stack's AZs.
+        first_zone: the AZ of the first node.
+
+    Returns:
+        one AZ per interruption.
     """
     if options.random_az:
         rng = random.Random(options.seed)
@@ -302,7 +335,15 @@ def _start_baseline(options: DrillOptions, work_dir: Path) -> subprocess.Popen[b
 
 
 def weights_match(a: Path, b: Path) -> bool:
-    """Whether two ``--save-final-weights`` files hold the same keys with bitwise-equal arrays."""
+    """Whether two ``--save-final-weights`` files hold the same keys with bitwise-equal arrays.
+
+    Args:
+        a: one ``.npz`` file.
+        b: the other.
+
+    Returns:
+        True when keys, dtypes and values are equal.
+    """
     import numpy as np
 
     with np.load(a) as left, np.load(b) as right:
@@ -334,12 +375,17 @@ def _stop(process: subprocess.Popen[bytes] | None) -> None:
 def run_drill(options: DrillOptions, *, on_event: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """Run the drill (see the module docstring); returns the report, also written to ``report.json``.
 
-    ``on_event`` gets every event as a dict with an ``event`` key (``phase``, ``progress`` with
-    ``step``/``total``/``loss``, ``notice-posted``, ``checkpointed``, ``resumed`` ...).
+    Args:
+        options: the drill's options.
+        on_event: gets every event as a dict with an ``event`` key (``phase``, ``progress`` with
+            ``step``/``total``/``loss``, ``notice-posted``, ``checkpointed``, ``resumed`` ...), or None.
+
+    Returns:
+        the report (``passed``, the figures, ``error`` when a step failed).
 
     Raises:
-        ValueError: bad options (nothing started).
-        DrillError: never; a failure is recorded in the report's ``error`` and ``passed`` is false.
+        ValueError: bad options (nothing started). A later failure is recorded in the report's ``error``
+            and ``passed`` is false.
     """
     options.validate()
     started = time.time()
@@ -462,7 +508,14 @@ def run_drill(options: DrillOptions, *, on_event: Callable[[dict[str, Any]], Non
 def add_read_back(report: dict[str, Any], endpoint_url: str, options: Any,
                   record: Callable[[dict[str, Any]], None]) -> None:
     """Put :func:`read_back`'s figures into ``report`` and announce them (a ``read-back`` event); on a
-    failure the drill's own figures stand and ``report["read_back_error"]`` says what failed."""
+    failure the drill's own figures stand and ``report["read_back_error"]`` says what failed.
+
+    Args:
+        report: the drill's report (updated).
+        endpoint_url: the moto server.
+        options: the drill's options (stack, prices).
+        record: the drill's event log.
+    """
     try:
         report.update(read_back(endpoint_url, options))
         record({"event": "read-back", "savings_pct": report["savings_pct"],
@@ -478,6 +531,13 @@ def read_back(endpoint_url: str, options: Any) -> dict[str, Any]:
     (training figures, instances), ``aws_interruptions`` (the history from the agents' published
     logs), ``cost`` (priced with the local AWS's spot price history against
     ``options.on_demand_prices``) and ``savings_pct``. Call it before the stack is destroyed.
+
+    Args:
+        endpoint_url: the moto server.
+        options: the drill's options (``stack``, ``on_demand_prices``, EBS and snapshot prices).
+
+    Returns:
+        ``{"aws_status", "aws_interruptions", "cost", "savings_pct"}``.
 
     Raises:
         spot_training.ops.operations.OperationsError: an AWS call failed.
@@ -541,7 +601,16 @@ def _finish_baseline(report: dict[str, Any], baseline: subprocess.Popen[bytes], 
 
 
 def passed(report: dict[str, Any], options: DrillOptions) -> bool:
-    """Whether the drill shows what ``make demo`` must show (see the module docstring)."""
+    """Whether the drill shows what ``make demo`` must show (see the module docstring).
+
+    Args:
+        report: the drill's report.
+        options: its options.
+
+    Returns:
+        True when training completed with no lost step, every interruption and AZ move happened, the
+        weights match the uninterrupted baseline (when run), and nothing was orphaned.
+    """
     return bool(
         report["completed"] and report["lost_steps"] == 0 and report["error"] is None
         and report["interruptions"] >= options.interruptions

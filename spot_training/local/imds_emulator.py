@@ -70,11 +70,14 @@ class ImdsEmulator:
         tags: instance tags exposed under ``meta-data/tags/instance`` (default none: 404, as on an
             instance without ``InstanceMetadataTags=enabled``).
         account_id: for the identity document (default moto's ``"123456789012"``).
+        image_id: the AMI id served under ``meta-data/ami-id`` (default ``"ami-12c6146b"``).
         port: TCP port on 127.0.0.1 (default 0: a free one, see :attr:`endpoint`).
         clock: seconds, used for token expiry (default ``time.monotonic``).
 
-    Use as a context manager or call :meth:`start` / :meth:`stop`. Raises ``ValueError`` for an
-    availability zone without a region suffix.
+    Use as a context manager or call :meth:`start` / :meth:`stop`.
+
+    Raises:
+        ValueError: an availability zone without a region suffix.
     """
 
     def __init__(self, *, instance_id: str, availability_zone: str, region: str | None = None,
@@ -107,10 +110,22 @@ class ImdsEmulator:
 
     @classmethod
     def from_moto(cls, ec2: Any, instance_id: str, **kwargs: Any) -> "ImdsEmulator":
-        """Build an emulator whose identity is moto's instance ``instance_id`` (placement, private
-        IP, type, tags, image), read with the given boto3 EC2 client; ``kwargs`` override (e.g.
-        ``local_ipv4``: the node's address in its network namespace). Raises botocore's ClientError
-        if moto has no such instance."""
+        """Build an emulator whose identity is moto's instance ``instance_id``.
+
+        Placement, private IP, type, tags and image are read with the given boto3 EC2 client.
+
+        Args:
+            ec2: a boto3 EC2 client of the moto server.
+            instance_id: the instance.
+            **kwargs: override the emulator's arguments (e.g. ``local_ipv4``: the node's address in its
+                network namespace).
+
+        Returns:
+            the emulator (not started).
+
+        Raises:
+            botocore.exceptions.ClientError: moto has no such instance.
+        """
         reservations = ec2.describe_instances(InstanceIds=[instance_id])["Reservations"]
         inst = reservations[0]["Instances"][0]
         tags = {t["Key"]: t["Value"] for t in inst.get("Tags", [])}
@@ -135,7 +150,11 @@ class ImdsEmulator:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self) -> "ImdsEmulator":
-        """Bind 127.0.0.1 and serve in a daemon thread. Raises OSError if the port is taken."""
+        """Bind 127.0.0.1 and serve in a daemon thread.
+
+        Raises:
+            OSError: the port is taken.
+        """
         if self._server is not None:
             return self
         handler = type("Handler", (_Handler,), {"emulator": self})
@@ -164,8 +183,20 @@ class ImdsEmulator:
 
     # ---- state changes (the control endpoints call these too) -------------------------------
     def post_spot_interruption(self, *, action: str = "terminate", time_iso: str | None = None) -> dict[str, str]:
-        """Post a spot interruption notice (``action`` terminate/stop/hibernate; ``time_iso`` defaults
-        to two minutes from now, UTC). Returns the notice as served."""
+        """Post a spot interruption notice (``spot/instance-action``).
+
+        Source: Amazon EC2 User Guide, "Spot Instance interruption notices".
+
+        Args:
+            action: ``terminate`` (default), ``stop`` or ``hibernate``.
+            time_iso: when the action happens, ISO 8601 UTC (default: two minutes from now).
+
+        Returns:
+            the notice as served (``{"action", "time"}``).
+
+        Raises:
+            ValueError: an unknown action.
+        """
         if action not in ("terminate", "stop", "hibernate"):
             raise ValueError(f"action must be terminate, stop or hibernate, got {action!r}")
         notice = {"action": action, "time": time_iso or _iso(time.time() + DEFAULT_NOTICE_LEAD_S)}
@@ -187,8 +218,16 @@ class ImdsEmulator:
             self._rebalance = None
 
     def set_fail_mode(self, *, status: int | None = None, delay_s: float = 0.0, count: int | None = None) -> None:
-        """Answer metadata requests with ``status`` and/or after ``delay_s`` seconds, for the next
-        ``count`` requests (default: until cleared)."""
+        """Answer metadata requests with ``status`` and/or after ``delay_s`` seconds, for the next ``count`` requests.
+
+        Args:
+            status: an HTTP error status 400..599 to answer with, or None (answer normally).
+            delay_s: seconds to wait before answering, >= 0 (default 0).
+            count: how many requests (default None: until cleared).
+
+        Raises:
+            ValueError: ``status`` outside 400..599 or a negative ``delay_s``.
+        """
         if status is not None and not 400 <= status <= 599:
             raise ValueError(f"status must be an HTTP error status 400..599, got {status!r}")
         if delay_s < 0:

@@ -60,6 +60,7 @@ class Interruption:
 
     @property
     def volume_moved(self) -> bool:
+        """True when the data volume ended in another AZ than it started in."""
         return bool(self.volume_az_before) and self.volume_az_before != self.volume_az_after
 
     def to_dict(self) -> dict[str, Any]:
@@ -100,6 +101,10 @@ def data_volume(aws_ec2: Any, stack: str) -> tuple[str, str] | None:
     """``(volume id, AZ)`` of the stack's data volume (both stack tags; not being deleted), or None.
 
     With two copies during a move, the one attached, else the newest.
+
+    Args:
+        aws_ec2: a boto3 EC2 client of the moto server.
+        stack: the stack name (its tag value).
     """
     volumes = aws_ec2.describe_volumes(Filters=[
         {"Name": f"tag:{STACK_TAG_KEY}", "Values": [stack]},
@@ -141,6 +146,15 @@ class InterruptionInjector:
         """Interrupt ``node`` and bring up its replacement in ``target_az``; returns (record, new node).
 
         ``tick`` is called about every 0.2 s while waiting (for a live display).
+
+        Args:
+            node: the running node to interrupt.
+            index: the interruption's number in the drill, from 0.
+            target_az: the AZ the replacement is launched in.
+            tick: called about every 0.2 s while waiting, or None.
+
+        Returns:
+            ``(the interruption's record, the replacement node)``.
 
         Raises:
             InterruptionError: the agent did not exit 0 within the notice lead, training had already

@@ -57,12 +57,28 @@ _state: dict[str, Any] = {"ebs_dir": None}
 
 
 def volume_dir(ebs_dir: str | os.PathLike[str], volume_id: str) -> Path:
-    """Directory holding the bytes of ``volume_id`` (``<ebs_dir>/volumes/<vol-id>``)."""
+    """Directory holding the bytes of ``volume_id`` (``<ebs_dir>/volumes/<vol-id>``).
+
+    Args:
+        ebs_dir: the EBS data plane's root.
+        volume_id: the volume (``vol-…``).
+
+    Returns:
+        the directory (not checked to exist).
+    """
     return Path(ebs_dir) / "volumes" / volume_id
 
 
 def snapshot_dir(ebs_dir: str | os.PathLike[str], snapshot_id: str) -> Path:
-    """Directory holding the bytes of ``snapshot_id`` (``<ebs_dir>/snapshots/<snap-id>``)."""
+    """Directory holding the bytes of ``snapshot_id`` (``<ebs_dir>/snapshots/<snap-id>``).
+
+    Args:
+        ebs_dir: the EBS data plane's root.
+        snapshot_id: the snapshot (``snap-…``).
+
+    Returns:
+        the directory (not checked to exist).
+    """
     return Path(ebs_dir) / "snapshots" / snapshot_id
 
 
@@ -76,6 +92,10 @@ def _blocks_path(ebs_dir: str | os.PathLike[str], kind: str, resource_id: str) -
 
 def snapshot_blocks(ebs_dir: str | os.PathLike[str], snapshot_id: str) -> dict[str, Any] | None:
     """What EBS would have stored for ``snapshot_id`` in this data plane, or None if unknown.
+
+    Args:
+        ebs_dir: the EBS data plane's root.
+        snapshot_id: the snapshot (``snap-…``).
 
     Returns:
         ``{"volume_id", "parent" (the snapshot it is incremental to, or None: a full snapshot),

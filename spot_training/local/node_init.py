@@ -59,7 +59,16 @@ class _Stop:
 
 
 def run_unit(unit_file: Path, *, root: Path, stop: _Stop) -> int:
-    """Run the unit's ``ExecStart`` with its restart rules (see the module docstring); its last status."""
+    """Run the unit's ``ExecStart`` with its restart rules (see the module docstring).
+
+    Args:
+        unit_file: the systemd unit file the user data wrote.
+        root: the node's file-system root (the shutdown marker is under it).
+        stop: set ``requested`` to stop (from the SIGTERM handler).
+
+    Returns:
+        the service's last exit status.
+    """
     unit = parse_unit(unit_file.read_text())
     argv = shlex.split(unit["ExecStart"][-1])
     env = dict(os.environ)

@@ -54,7 +54,18 @@ class NodeError(RuntimeError):
 
 
 def launch_template_user_data(aws: Clients, launch_template_id: str) -> str:
-    """The decoded user data of the launch template's latest version; NodeError when it has none."""
+    """The decoded user data of the launch template's latest version.
+
+    Args:
+        aws: the local AWS clients.
+        launch_template_id: the launch template (``lt-…``).
+
+    Returns:
+        the user data's text.
+
+    Raises:
+        NodeError: the template has no user data.
+    """
     versions = aws.ec2.describe_launch_template_versions(LaunchTemplateId=launch_template_id, Versions=["$Latest"])
     data = versions["LaunchTemplateVersions"][0]["LaunchTemplateData"]
     encoded = data.get("UserData")
@@ -64,9 +75,18 @@ def launch_template_user_data(aws: Clients, launch_template_id: str) -> str:
 
 
 def rooted_node_config(deployed: dict[str, Any], *, root: Path) -> dict[str, Any]:
-    """The node config as the agent of a local node whose file-system root is ``root`` reads it: every
-    file-system path under ``root`` (``spot_training.agent.config.with_root``, the agent's own rule). ``deployed``
-    is not changed."""
+    """The node config as the agent of a local node whose file-system root is ``root`` reads it.
+
+    Every file-system path is put under ``root`` (:func:`spot_training.agent.config.with_root`, the
+    agent's own rule).
+
+    Args:
+        deployed: the node config the stack deployed (not changed).
+        root: the node's file-system root.
+
+    Returns:
+        a copy with the paths under ``root``.
+    """
     from spot_training.agent.config import with_root
 
     return with_root(deployed, root)
@@ -74,14 +94,29 @@ def rooted_node_config(deployed: dict[str, Any], *, root: Path) -> dict[str, Any
 
 def node_environment(*, node_dir: Path, region: str, endpoint_url: str, imds_endpoint: str, volumes_dir: Path,
                      python: str, wheel_dir: Path | None) -> dict[str, str]:
-    """The environment a local node's user data (and so its agent) runs with (docs/localmode.md, "The
-    boot script"): this process's minus ``AWS_*``/``SPOT_TRAINING_*``/``PIP_*``/``PYTHONPATH``, plus fake
+    """The environment a local node's user data (and so its agent) runs with (docs/localmode.md, "The boot script").
+
+    This process's environment minus ``AWS_*``/``SPOT_TRAINING_*``/``PIP_*``/``PYTHONPATH``, plus fake
     credentials, ``AWS_ENDPOINT_URL`` (the moto server, for boto3 and the AWS CLI),
     ``AWS_EC2_METADATA_SERVICE_ENDPOINT`` (the node's emulator), ``SPOT_TRAINING_ROOT`` =
     ``<node_dir>/root``, ``SPOT_TRAINING_AGENT_PYTHON`` = ``python``, ``SPOT_TRAINING_CONSOLE`` =
-    ``<node_dir>/console.log``, ``SPOT_TRAINING_BLOCKDEV_DIR`` = ``volumes_dir``, a ``HOME`` in ``node_dir``,
-    ``python``'s directory first on ``PATH`` (the ``aws`` CLI of the project's venv) and, with
-    ``wheel_dir``, ``PIP_NO_INDEX=1`` and ``PIP_FIND_LINKS`` (the trainer's environment installs offline)."""
+    ``<node_dir>/console.log``, ``SPOT_TRAINING_BLOCKDEV_DIR`` = ``volumes_dir``, a ``HOME`` in
+    ``node_dir``, ``python``'s directory first on ``PATH`` (the ``aws`` CLI of the project's venv) and,
+    with ``wheel_dir``, ``PIP_NO_INDEX=1`` and ``PIP_FIND_LINKS`` (the trainer's environment installs
+    offline).
+
+    Args:
+        node_dir: the node's directory.
+        region: the stack's region.
+        endpoint_url: the moto server.
+        imds_endpoint: the node's IMDS emulator.
+        volumes_dir: the EBS data plane's volume directories.
+        python: the interpreter that runs the agent.
+        wheel_dir: a directory of wheels for offline installs, or None.
+
+    Returns:
+        the environment.
+    """
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("AWS_", "SPOT_TRAINING_", "PIP_")) and k != "PYTHONPATH"}
     env.update({
@@ -101,9 +136,23 @@ def node_environment(*, node_dir: Path, region: str, endpoint_url: str, imds_end
 
 
 def start_node_init(user_data: str, *, node_dir: Path, env: dict[str, str], python: str) -> subprocess.Popen[bytes]:
-    """Write ``user_data`` to ``<node_dir>/user-data`` and start ``python -m spot_training.local.node_init`` on it
-    (runs the user data, then the units it enabled; spot_training/local/node_init.py) in a session of its own (stop
-    it by PID), output to ``<node_dir>/agent.log``."""
+    """Write ``user_data`` to ``<node_dir>/user-data`` and start ``python -m spot_training.local.node_init`` on it.
+
+    node_init runs the user data, then the units it enabled (spot_training/local/node_init.py), in a
+    session of its own (stop it by PID), output to ``<node_dir>/agent.log``.
+
+    Args:
+        user_data: the launch template's user data.
+        node_dir: the node's directory (created).
+        env: the environment (:func:`node_environment`).
+        python: the interpreter to run node_init with.
+
+    Returns:
+        the started process.
+
+    Raises:
+        OSError: the files cannot be written or the process cannot be started.
+    """
     node_dir.mkdir(parents=True, exist_ok=True)
     (node_dir / "home").mkdir(exist_ok=True)
     (node_dir / "user-data").write_text(user_data)
@@ -121,7 +170,8 @@ class LocalNode:
     """One fleet instance running as local processes.
 
     Attributes:
-        instance_id, availability_zone: the moto instance.
+        instance_id: the moto instance's id.
+        availability_zone: its AZ.
         node_dir: ``<work_dir>/nodes/<instance-id>``; ``agent.log`` there holds the stand-in init's,
             the user data's, the agent's and the trainer's output, ``user-data`` the script, ``root/`` the
             node's file-system root (the user data writes ``root/etc/spot-training/config.json``).
@@ -146,18 +196,22 @@ class LocalNode:
 
     @property
     def checkpoint_dir(self) -> Path:
+        """The trainer's checkpoint directory (under the node's root)."""
         return Path(self.config["training"]["checkpoint_dir"])
 
     @property
     def log_dir(self) -> Path:
+        """The trainer's log directory (under the node's root)."""
         return Path(self.config["training"]["log_dir"])
 
     @property
     def log_path(self) -> Path:
+        """``<node_dir>/agent.log``: the init's, user data's, agent's and trainer's output."""
         return self.node_dir / "agent.log"
 
     @property
     def alive(self) -> bool:
+        """Whether the node's init process is still running."""
         return self.process.poll() is None
 
     @property
@@ -182,9 +236,13 @@ class LocalNode:
         return self.imds.post_spot_interruption()
 
     def stop(self, timeout_s: float = DEFAULT_STOP_TIMEOUT_S) -> int | None:
-        """Stop the node: SIGTERM the agent (it stops its trainer), then SIGKILL what is left, by PID.
+        """Stop the node: SIGTERM the agent (it stops its trainer), then SIGKILL what is left, by PID. Idempotent.
 
-        Returns the agent's exit status (None if it had to be killed). Idempotent.
+        Args:
+            timeout_s: seconds to wait after SIGTERM before SIGKILL (default :data:`DEFAULT_STOP_TIMEOUT_S`).
+
+        Returns:
+            the agent's exit status (None if it had to be killed).
         """
         status: int | None = self.process.poll()
         if status is None:
@@ -215,7 +273,12 @@ def _mentions(pid: int, text: str) -> bool:
 
 
 def signal_group(pid: int, sig: int) -> None:
-    """``os.killpg`` that ignores a group already gone (or not ours)."""
+    """``os.killpg`` that ignores a group already gone (or not ours).
+
+    Args:
+        pid: the group leader's pid (the group id).
+        sig: the signal number.
+    """
     try:
         os.killpg(pid, sig)
     except (ProcessLookupError, PermissionError):
@@ -305,15 +368,26 @@ class NodeRunner:
 
     def boot_node(self, instance_id: str, launch_template_id: str, *, local_ipv4: str | None = None,
                   extra_env: dict[str, str] | None = None) -> LocalNode:
-        """Boot moto instance ``instance_id`` as a local node: start its IMDS emulator (with
-        ``local_ipv4`` as its private address when given), link its EFS mount point to :attr:`efs_dir`
-        (when set and the config has EFS), then run launch template ``launch_template_id``'s own user
-        data (which downloads the bootstrap asset from moto's S3, writes the config and enables the
-        agent's unit) and the unit, through :mod:`spot_training.local.node_init`, with :func:`node_environment`
-        plus ``extra_env`` (e.g. ``SPOT_TRAINING_NETNS``). The node is added to :attr:`nodes`.
+        """Boot moto instance ``instance_id`` as a local node; it is added to :attr:`nodes`.
+
+        Starts its IMDS emulator (with ``local_ipv4`` as its private address when given), links its EFS
+        mount point to :attr:`efs_dir` (when set and the config has EFS), then runs launch template
+        ``launch_template_id``'s own user data (which downloads the bootstrap asset from moto's S3, writes
+        the config and enables the agent's unit) and the unit, through :mod:`spot_training.local.node_init`,
+        with :func:`node_environment` plus ``extra_env``.
+
+        Args:
+            instance_id: the moto instance.
+            launch_template_id: the launch template whose user data boots it.
+            local_ipv4: the node's private address (default: moto's).
+            extra_env: more environment (e.g. ``SPOT_TRAINING_NETNS``), or None.
+
+        Returns:
+            the started node.
 
         Raises:
-            NodeError: the launch template has no user data; ValueError: its config block is malformed.
+            NodeError: the launch template has no user data.
+            ValueError: its config block is malformed.
         """
         node_dir = self.work_dir / "nodes" / instance_id
         deployed = self.deployed_config(launch_template_id)
@@ -344,6 +418,13 @@ class NodeRunner:
 
     def launch_for_fleet(self, availability_zone: str, *, instance_type: str) -> str:
         """Launch a replacement instance as the ``maintain`` fleet would; returns its id.
+
+        Args:
+            availability_zone: the AZ to launch in.
+            instance_type: the instance type.
+
+        Returns:
+            the instance id.
 
         Raises:
             ValueError: the stack has no subnet in ``availability_zone`` (names the ones it has).

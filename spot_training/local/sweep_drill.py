@@ -93,8 +93,18 @@ class SweepDrillOptions:
 
 
 def batch_orphans(endpoint_url: str, stack: str) -> list[str]:
-    """Batch compute environments and job queues named for ``stack``, its ACTIVE job definitions, and
-    EFS file systems tagged with it, still in the local AWS."""
+    """What of the SpotSweep stack ``stack`` is still in the local AWS.
+
+    Batch compute environments and job queues named for ``stack``, its ACTIVE job definitions, and EFS
+    file systems tagged with it.
+
+    Args:
+        endpoint_url: the moto server.
+        stack: the stack name.
+
+    Returns:
+        ``"kind name-or-id"`` strings; empty when nothing is left.
+    """
     batch, efs = client(endpoint_url, "batch"), client(endpoint_url, "efs")
     out = [f"compute-environment {c['computeEnvironmentName']}" for c in batch.describe_compute_environments()["computeEnvironments"]
            if c["computeEnvironmentName"].startswith(stack + "-")]
@@ -109,10 +119,26 @@ def batch_orphans(endpoint_url: str, stack: str) -> list[str]:
 
 def deployed_batch(server: MotoServer, stack_name: str, *, work_dir: Path, instance_types: tuple[str, ...], max_running: int,
                    on_event: Callable[[dict[str, Any]], None] | None = None, notice_poll_interval_s: float = 0.5) -> tuple[LocalBatch, Any, Any]:
-    """A :class:`LocalBatch` for the deployed SpotSweep stack ``stack_name`` (its job definition as
-    deployed, its subnets), its :class:`spot_training.ops.sweep.SweepStack` and an S3 client. The
-    children reach the local AWS through the server's environment and poll their IMDS every
-    ``notice_poll_interval_s`` seconds. Also used by bench/bench_sweep.py."""
+    """A :class:`LocalBatch` for the deployed SpotSweep stack ``stack_name``, its sweep stack and an S3 client.
+
+    The LocalBatch uses the job definition as deployed and the stack's subnets. The children reach the
+    local AWS through the server's environment. Also used by bench/bench_sweep.py.
+
+    Args:
+        server: the running moto server.
+        stack_name: the deployed SpotSweep stack.
+        work_dir: where the children's folders and the EFS stand-in go.
+        instance_types: the instance types the children are placed on.
+        max_running: the most children running at once.
+        on_event: called with every LocalBatch event, or None.
+        notice_poll_interval_s: seconds between the children's IMDS polls (default 0.5).
+
+    Returns:
+        ``(batch, sweep stack, s3 client)``.
+
+    Raises:
+        OperationsError: the stack is not a deployed SpotSweep stack.
+    """
     from spot_training.ops import sweep as sweep_ops
 
     cloudformation, s3, ec2 = client(server.endpoint_url, "cloudformation"), client(server.endpoint_url, "s3"), client(server.endpoint_url, "ec2")
@@ -139,7 +165,12 @@ def local_sweep_context(instance_types: tuple[str, ...]) -> dict[str, str]:
 
 
 def empty_bucket(s3: Any, bucket: str) -> None:
-    """Delete every object version and delete marker in ``bucket`` (a versioned bucket is deleted only empty)."""
+    """Delete every object version and delete marker in ``bucket`` (a versioned bucket is deleted only empty).
+
+    Args:
+        s3: a boto3 S3 client.
+        bucket: the bucket's name.
+    """
     for page in s3.get_paginator("list_object_versions").paginate(Bucket=bucket):
         for item in page.get("Versions", []) + page.get("DeleteMarkers", []):
             s3.delete_object(Bucket=bucket, Key=item["Key"], VersionId=item["VersionId"])
@@ -161,6 +192,13 @@ def _baseline(options: SweepDrillOptions, params: dict[str, Any], root: Path) ->
 
 def run_sweep_drill(options: SweepDrillOptions, *, on_event: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """Run the drill (module docstring); returns the report, also written to ``report.json``.
+
+    Args:
+        options: the drill's options.
+        on_event: called with every progress event, or None.
+
+    Returns:
+        the report.
 
     Raises:
         ValueError: bad options (nothing started). Failures later are recorded in ``error``.
@@ -280,10 +318,20 @@ def run_sweep_drill(options: SweepDrillOptions, *, on_event: Callable[[dict[str,
 
 
 def passed(report: dict[str, Any], options: SweepDrillOptions) -> bool:
-    """Every child but the code-error one completed with 0 lost steps (all reclaims came with a
+    """Whether the sweep drill passed.
+
+    Passed: every child but the code-error one completed with 0 lost steps (all reclaims came with a
     notice); the code-error child FAILED after one attempt; >= ``reclaims`` children reclaimed, one
     twice; the compared children match their uninterrupted runs bitwise; every child has a cost;
-    nothing left after destroy."""
+    nothing left after destroy.
+
+    Args:
+        report: the drill's report.
+        options: its options.
+
+    Returns:
+        True when every condition holds.
+    """
     children = report.get("children") or []
     if report.get("error") or len(children) != options.children:
         return False

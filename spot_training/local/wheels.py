@@ -43,8 +43,12 @@ def write_wheel(wheel_dir: Path, distribution: str, version: str, modules: dict[
         version: a PEP 440 version such as ``1.0``.
         modules: ``{"pkg/__init__.py": source text, ...}`` (paths inside the wheel).
 
-    Returns the wheel's path. Raises ValueError for an empty name or version, OSError when the
-    directory cannot be written.
+    Returns:
+        the wheel's path.
+
+    Raises:
+        ValueError: an empty name or version.
+        OSError: the directory cannot be written.
     """
     if not distribution or not version:
         raise ValueError(f"distribution and version must be non-empty, got {distribution!r}, {version!r}")

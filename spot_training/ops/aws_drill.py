@@ -97,6 +97,15 @@ def ssm_checkpoint_probe(ssm: Any, checkpoint_dir: str, *, timeout_s: float = 12
 
     The returned callable maps an instance id to ``{"latest": {...} | None, "completed": {...} | None}``,
     or None when the instance cannot be reached yet (SSM agent not registered, command failed).
+
+    Args:
+        ssm: a boto3 SSM client.
+        checkpoint_dir: the checkpoint directory on the instance.
+        timeout_s: seconds one probe waits for its command (default 120).
+        sleep: sleeps the given seconds (default ``time.sleep``).
+
+    Returns:
+        the probe.
     """
     script = ("import json,os;d=%r;r=lambda n:json.load(open(os.path.join(d,n))) if os.path.exists(os.path.join(d,n)) else None;"
               "print(json.dumps({'latest':r('LATEST'),'completed':r('COMPLETED')}))") % checkpoint_dir
@@ -125,8 +134,17 @@ def ssm_checkpoint_probe(ssm: Any, checkpoint_dir: str, *, timeout_s: float = 12
 
 
 class AwsDrill:
-    """The drill (module docstring). ``client(service)`` makes boto3 clients; ``run(argv)`` runs the cdk
-    CLI; ``probe(instance_id)`` reads the node's checkpoint pointer (default: :func:`ssm_checkpoint_probe`)."""
+    """The drill (module docstring).
+
+    Args:
+        options: the drill's options.
+        client: ``client(service)`` makes boto3 clients.
+        run: ``run(argv)`` runs the cdk CLI (default: ``subprocess.run``, no capture).
+        probe: ``probe(instance_id)`` reads the node's checkpoint pointer (default: :func:`ssm_checkpoint_probe`).
+        clock: monotonic seconds (default ``time.monotonic``).
+        sleep: sleeps the given seconds (default ``time.sleep``).
+        say: prints one progress line (default ``print``).
+    """
 
     def __init__(self, options: AwsDrillOptions, *, client: Callable[[str], Any],
                  run: Callable[[Sequence[str]], subprocess.CompletedProcess[str]] = _run,
@@ -145,6 +163,12 @@ class AwsDrill:
 
     # ---- helpers ----------------------------------------------------------------------------------
     def step(self, name: str, message: str) -> None:
+        """Print and record one step of the drill (seconds since the start, name, message).
+
+        Args:
+            name: the step's name.
+            message: what it does.
+        """
         line = f"[{self.clock() - self.t0:7.1f}s] == {name}: {message}"
         self.say(line)
         self.report["steps"].append({"t": round(self.clock() - self.t0, 1), "step": name, "message": message})
@@ -166,16 +190,32 @@ class AwsDrill:
         return sorted(found, key=lambda i: (str(i.get("LaunchTime")), i["InstanceId"]))
 
     def running_instance(self, fleet_id: str, exclude: set[str]) -> dict[str, Any] | None:
+        """The fleet's oldest running instance not in ``exclude``, or None.
+
+        Args:
+            fleet_id: the spot fleet request id.
+            exclude: instance ids to skip (the interrupted ones).
+        """
         for instance in self.fleet_instances(fleet_id):
             if instance["InstanceId"] not in exclude and instance["State"]["Name"] == "running":
                 return instance
         return None
 
     def state(self, instance_id: str) -> str:
+        """The instance's state name (``running``, ``terminated``...).
+
+        Args:
+            instance_id: the instance.
+        """
         [reservation] = self.ec2.describe_instances(InstanceIds=[instance_id])["Reservations"]
         return reservation["Instances"][0]["State"]["Name"]
 
     def latest_step(self, instance_id: str) -> int | None:
+        """The step of the node's newest committed checkpoint (``LATEST``), or None (none, or not reachable).
+
+        Args:
+            instance_id: the instance.
+        """
         found = self.probe(instance_id)
         if not found or not found.get("latest"):
             return None
@@ -183,6 +223,11 @@ class AwsDrill:
 
     # ---- steps -------------------------------------------------------------------------------------
     def preflight(self) -> None:
+        """Run the preflight checks for the drill's instance types.
+
+        Raises:
+            DrillError: a check failed.
+        """
         self.step("preflight", "service-linked roles, spot vCPU quota, AMI parameter, capacity")
         from spot_training.infra.config import DEFAULT_AMI_SSM_PARAMETER
 
@@ -196,6 +241,14 @@ class AwsDrill:
             raise DrillError("preflight failed: fix what it printed, then run the drill again")
 
     def deploy(self) -> dict[str, str]:
+        """``cdk deploy`` the stack with the FIS drill on.
+
+        Returns:
+            the stack's outputs (``FleetRequestId``, ``FisExperimentTemplateId``, ``DataVolumeId``...).
+
+        Raises:
+            DrillError: the deploy failed or an output is missing.
+        """
         outputs_file = self.o.work_dir / "outputs.json"
         argv = self.o.deploy_command(outputs_file)
         self.step("deploy", " ".join(argv))
@@ -209,24 +262,56 @@ class AwsDrill:
         return outputs
 
     def interrupt(self, template_id: str) -> str:
+        """Start the FIS experiment that sends a spot interruption notice to the node.
+
+        Args:
+            template_id: the FIS experiment template id.
+
+        Returns:
+            the experiment id.
+        """
         experiment = self.client("fis").start_experiment(experimentTemplateId=template_id, clientToken=str(uuid.uuid4()),
                                                          tags={STACK_TAG: self.o.stack})
         return experiment["experiment"]["id"]
 
     def destroy(self) -> None:
+        """``cdk destroy`` the stack.
+
+        Raises:
+            DrillError: the destroy failed.
+        """
         argv = self.o.destroy_command()
         self.step("destroy", " ".join(argv))
         if self.run_cmd(argv).returncode != 0:
             raise DrillError(f"cdk destroy failed: {' '.join(argv)}; delete the stack in the console and check for orphans")
 
     def orphans(self, fleet_ids: Sequence[str]) -> list[str]:
+        """What of the stack is left after destroy (:func:`spot_training.ops.orphans.find_orphans`).
+
+        Args:
+            fleet_ids: the fleet requests the drill saw.
+
+        Returns:
+            ``"kind id (state)"`` strings; empty when nothing is left.
+        """
         from spot_training.ops.orphans import Clients, find_orphans
 
         return find_orphans(Clients(ec2=self.ec2, cloudformation=self.client("cloudformation"), s3=None), self.o.stack,
                             fleet_request_ids=list(fleet_ids))
 
     def cost(self, instances: Sequence[dict[str, Any]], ended: dict[str, datetime]) -> dict[str, Any]:
-        """Instance running time x Spot price (USD) per instance and in total."""
+        """Instance running time x Spot price (USD) per instance and in total.
+
+        Averages the spot price history over each instance's running time (Linux/UNIX); EBS, FIS minutes
+        and data transfer are not counted.
+
+        Args:
+            instances: the instances (DescribeInstances records).
+            ended: ``{instance id: end time}`` of those that ended (others: now).
+
+        Returns:
+            ``{"instances_usd", "by_instance", "not_counted"}``.
+        """
         rows, total = [], 0.0
         now = datetime.now(timezone.utc)
         for instance in instances:
@@ -249,7 +334,11 @@ class AwsDrill:
 
     # ---- the drill ---------------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
-        """Run every step; always try to destroy once something was deployed. Returns the report."""
+        """Run every step; always try to destroy once something was deployed.
+
+        Returns:
+            the report.
+        """
         self.o.work_dir.mkdir(parents=True, exist_ok=True)
         deployed, fleet_ids, ended = False, [], {}
         try:

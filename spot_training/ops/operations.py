@@ -53,7 +53,12 @@ class Exit(enum.IntEnum):
 
 
 class OperationsError(Exception):
-    """A failure with the exit code to give (``exit_code``) and a message for the user."""
+    """A failure with the exit code to give (``exit_code``) and a message for the user.
+
+    Args:
+        message: what went wrong and what to do, for the user.
+        exit_code: the command's exit code (default :attr:`Exit.AWS_ERROR`).
+    """
 
     def __init__(self, message: str, exit_code: Exit = Exit.AWS_ERROR) -> None:
         super().__init__(message)
@@ -74,13 +79,22 @@ class Aws:
 
 def connect(*, region: str | None = None, profile: str | None = None, endpoint_url: str | None = None,
             credentials: tuple[str, str] | None = None) -> Aws:
-    """boto3 clients for ``region`` (default: the profile's or ``AWS_DEFAULT_REGION``, which boto3 reads; it ignores ``AWS_REGION``), credentials from the
-    standard chain (``profile`` if given). ``endpoint_url`` points every client at one endpoint (local
-    mode's moto server); the Price List API is always asked in us-east-1, where it lives.
-    ``credentials``: an explicit ``(access key id, secret)`` (local mode's fake ones).
+    """boto3 clients for ``region``, credentials from the standard chain (``profile`` if given).
+
+    The Price List API is always asked in us-east-1, where it lives.
+
+    Args:
+        region: the region (default: the profile's or ``AWS_DEFAULT_REGION``, which boto3 reads; it
+            ignores ``AWS_REGION``).
+        profile: a named profile of the AWS config, or None.
+        endpoint_url: one endpoint for every client (local mode's moto server), or None.
+        credentials: an explicit ``(access key id, secret)`` (local mode's fake ones), or None.
+
+    Returns:
+        the clients.
 
     Raises:
-        OperationsError(UNREACHABLE): no region, or the profile does not exist.
+        OperationsError: ``UNREACHABLE`` when the profile does not exist; ``USAGE`` when there is no region.
     """
     import boto3
     import botocore.exceptions
@@ -133,8 +147,19 @@ def _iso(value: dt.datetime | None) -> str | None:
 
 # ---- the stack ----------------------------------------------------------------------------------
 def describe_stack(aws: Aws, stack: str) -> dict[str, Any]:
-    """The stack's status and outputs. Raises OperationsError(STACK_NOT_FOUND) when there is no such
-    stack (or it was deleted)."""
+    """The stack's name, status, creation time and outputs.
+
+    Args:
+        aws: the clients (:func:`connect`).
+        stack: the CloudFormation stack name.
+
+    Returns:
+        ``{"name", "status", "created" (UTC datetime), "outputs": {key: value}}``.
+
+    Raises:
+        OperationsError: ``STACK_NOT_FOUND`` when there is no such stack (or it was deleted); another
+            code when the call failed.
+    """
     try:
         found = _call("DescribeStacks", aws.cloudformation.describe_stacks, StackName=stack)["Stacks"]
     except OperationsError as error:
@@ -174,8 +199,22 @@ def _instance_end(instance: dict[str, Any]) -> dt.datetime | None:
 
 
 def stack_instances(aws: Aws, stack: str, *, now: dt.datetime) -> list[dict[str, Any]]:
-    """Every instance tagged with the stack (all states), oldest first: id, type, AZ, state, launch and
-    end time (None while running; ``end_estimated`` when EC2 did not say when it ended and ``now`` was used)."""
+    """Every instance tagged with the stack (all states, plus those only the agents' ledger knows), oldest first.
+
+    Each: id, type, AZ, state, launch and end time (None while running; ``end_estimated`` when EC2 did
+    not say when it ended and ``now`` was used).
+
+    Args:
+        aws: the clients.
+        stack: the stack's ``spot-training:stack`` tag value.
+        now: the current time (UTC).
+
+    Returns:
+        one dict per instance.
+
+    Raises:
+        OperationsError: an AWS call failed.
+    """
     reservations = _paginate(aws.ec2, "describe_instances", "Reservations",
                              Filters=[{"Name": f"tag:{STACK_TAG}", "Values": [stack]}])
     out = []
@@ -211,6 +250,16 @@ def ledger_instances(aws: Aws, stack: str) -> dict[str, dict[str, Any]]:
     ``launch_time`` and ``end_time``: the spot interruption notice's termination time when the stream
     has one, else the stream's last event (the agent publishes until it stops). Empty when the stack
     has no log group (monitoring off).
+
+    Args:
+        aws: the clients.
+        stack: the stack name (its log group's suffix).
+
+    Returns:
+        ``{instance id: record}``.
+
+    Raises:
+        OperationsError: an AWS call failed (a missing log group is no error).
     """
     try:
         events = [e for e in _ledger_events(aws, stack)]
@@ -287,8 +336,21 @@ def _fleet(aws: Aws, fleet_id: str | None) -> dict[str, Any] | None:
 
 
 def job_fleet_id(aws: Aws, job: str) -> str | None:
-    """The newest spot fleet request tagged ``spot-training:stack`` = ``job`` (a job's identity,
-    spot_training.infra.job), or None. Spot Fleet's describe call takes no tag filter, hence the scan."""
+    """The newest spot fleet request tagged ``spot-training:stack`` = ``job``, or None.
+
+    A job's identity is that tag (:mod:`spot_training.infra.job`). Spot Fleet's describe call takes no
+    tag filter, hence the scan.
+
+    Args:
+        aws: the clients.
+        job: the job id.
+
+    Returns:
+        the request id (``sfr-…``), or None.
+
+    Raises:
+        OperationsError: the call failed.
+    """
     configs = _paginate(aws.ec2, "describe_spot_fleet_requests", "SpotFleetRequestConfigs")
     own = [c for c in configs if {t["Key"]: t["Value"] for t in c.get("Tags", [])}.get(STACK_TAG) == job]
     own.sort(key=lambda c: _utc(c["CreateTime"]) if c.get("CreateTime") else dt.datetime.min.replace(tzinfo=dt.timezone.utc))
@@ -296,7 +358,18 @@ def job_fleet_id(aws: Aws, job: str) -> str | None:
 
 
 def data_volumes(aws: Aws, stack: str) -> list[dict[str, Any]]:
-    """The stack's data volume(s) (both stack tags), with id, AZ, size (GiB), type, state, attachment."""
+    """The stack's data volume(s) (both stack tags), with id, AZ, size (GiB), type, state, attachment.
+
+    Args:
+        aws: the clients.
+        stack: the stack's tag value.
+
+    Returns:
+        one dict per volume.
+
+    Raises:
+        OperationsError: the call failed.
+    """
     volumes = _paginate(aws.ec2, "describe_volumes", "Volumes", Filters=[
         {"Name": f"tag:{STACK_TAG}", "Values": [stack]}, {"Name": f"tag:{PURPOSE_TAG}", "Values": ["data-volume"]}])
     return [{"volume_id": v["VolumeId"], "availability_zone": v["AvailabilityZone"], "size_gib": v["Size"],
@@ -305,7 +378,18 @@ def data_volumes(aws: Aws, stack: str) -> list[dict[str, Any]]:
 
 
 def snapshots(aws: Aws, stack: str) -> list[dict[str, Any]]:
-    """The stack's migration snapshots: id, source volume size (GiB), start time."""
+    """The stack's snapshots (owned by this account): id, source volume size (GiB), start time.
+
+    Args:
+        aws: the clients.
+        stack: the stack's tag value.
+
+    Returns:
+        one dict per snapshot.
+
+    Raises:
+        OperationsError: the call failed.
+    """
     found = _paginate(aws.ec2, "describe_snapshots", "Snapshots", OwnerIds=["self"],
                       Filters=[{"Name": f"tag:{STACK_TAG}", "Values": [stack]}])
     return [{"snapshot_id": s["SnapshotId"], "size_gib": s["VolumeSize"], "start_time": _utc(s["StartTime"])}
@@ -319,8 +403,21 @@ METRIC_STATS = {"GlobalStep": "Maximum", "StepsTotal": "Maximum", "Loss": "Avera
 
 
 def metric_series(aws: Aws, stack: str, *, start: dt.datetime, end: dt.datetime, period_s: int = 60) -> dict[str, list[tuple[dt.datetime, float]]]:
-    """The agents' metrics of ``stack`` (:data:`METRIC_STATS`) from ``start`` to ``end``, one
-    ``GetMetricData`` call: name -> [(timestamp, value)] oldest first."""
+    """The agents' metrics of ``stack`` (:data:`METRIC_STATS`) from ``start`` to ``end`` (``GetMetricData``).
+
+    Args:
+        aws: the clients.
+        stack: the stack name (its metrics namespace and ``Stack`` dimension).
+        start: the first time (UTC).
+        end: the last time (UTC).
+        period_s: the statistics' period, seconds (default 60).
+
+    Returns:
+        ``{metric name: [(timestamp, value)]}``, oldest first.
+
+    Raises:
+        OperationsError: the call failed.
+    """
     queries = [{"Id": f"m{n}", "Label": name, "ReturnData": True, "MetricStat": {
         "Metric": {"Namespace": metrics_namespace(stack), "MetricName": name, "Dimensions": [{"Name": "Stack", "Value": stack}]},
         "Period": period_s, "Stat": stat}} for n, (name, stat) in enumerate(METRIC_STATS.items())]
@@ -340,8 +437,16 @@ def metric_series(aws: Aws, stack: str, *, start: dt.datetime, end: dt.datetime,
 
 
 def training_summary(series: dict[str, list[tuple[dt.datetime, float]]], *, now: dt.datetime) -> dict[str, Any]:
-    """Step, total, loss, ETA (seconds, from the last 10 minutes' step rate), checkpoint and its age,
-    completed, from :func:`metric_series`."""
+    """Step, total, loss, ETA, checkpoint and its age, completed, from :func:`metric_series`.
+
+    Args:
+        series: :func:`metric_series`'s result.
+        now: the current time (UTC), for the checkpoint's age.
+
+    Returns:
+        ``{"step", "steps_total", "loss", "eta_s" (seconds, from the last 10 minutes' step rate),
+        "last_checkpoint_step", "last_checkpoint_age_s", "completed", "last_report"}`` (None where unknown).
+    """
     def last(name: str) -> tuple[dt.datetime, float] | None:
         return series.get(name, [])[-1] if series.get(name) else None
 
@@ -371,7 +476,20 @@ def alarms(aws: Aws, stack: str, *, now: dt.datetime | None = None, job: str | N
     gives a single-metric alarm from its metric's statistics up to ``now`` (None for metric-math
     alarms or without ``now``). Local mode's moto stores alarms without evaluating them, so there
     ``evaluated`` is the one that means something. With ``job``: only that job's alarms (their
-    descriptions start with ``<job id>:``, spot_training.infra.monitoring)."""
+    descriptions start with ``<job id>:``, spot_training.infra.monitoring).
+
+    Args:
+        aws: the clients.
+        stack: the stack name.
+        now: evaluate single-metric alarms up to this time (UTC); None: no evaluation.
+        job: only this job's alarms (None: all).
+
+    Returns:
+        ``[{"name", "state", "evaluated", "description"}]``.
+
+    Raises:
+        OperationsError: a call failed.
+    """
     found = _call("DescribeAlarms", aws.cloudwatch.describe_alarms, AlarmNamePrefix=f"{stack}-")
     out = []
     for a in found.get("MetricAlarms", []) + found.get("CompositeAlarms", []):
@@ -402,6 +520,14 @@ def evaluate_alarm(alarm: dict[str, Any], values: list[float | None]) -> str:
     evaluation cannot know; it is reported as ``INSUFFICIENT_DATA`` when every period is missing. For
     ``missing``/``ignore`` with some periods missing, only the present points are counted (CloudWatch
     also looks at older points then); the stack's alarms use ``notBreaching``, which is exact here.
+
+    Args:
+        alarm: the alarm as DescribeAlarms returns it (``EvaluationPeriods``, ``DatapointsToAlarm``,
+            ``Threshold``, ``ComparisonOperator``, ``TreatMissingData``).
+        values: one value per period, oldest first (None: no data point).
+
+    Returns:
+        ``"ALARM"``, ``"OK"`` or ``"INSUFFICIENT_DATA"``.
 
     Raises:
         ValueError: ``values`` holds fewer periods than ``EvaluationPeriods``, or an unknown operator.
@@ -435,8 +561,18 @@ def evaluate_alarm(alarm: dict[str, Any], values: list[float | None]) -> str:
 
 def period_values(points: list[tuple[dt.datetime, float]], *, end: dt.datetime, period_s: int, periods: int,
                   statistic: str = "Sum") -> list[float | None]:
-    """Aggregate raw ``(timestamp, value)`` points into the ``periods`` periods of ``period_s``
-    seconds that end at ``end`` (oldest first), None where a period has no point."""
+    """Aggregate ``(timestamp, value)`` points into ``periods`` periods of ``period_s`` seconds ending at ``end``.
+
+    Args:
+        points: the data points.
+        end: the end of the last period (UTC).
+        period_s: the period, seconds.
+        periods: how many periods.
+        statistic: ``Sum`` (default), ``Maximum``, ``Minimum``, anything else averages.
+
+    Returns:
+        one value per period, oldest first; None where a period has no point.
+    """
     out: list[float | None] = []
     for k in range(periods, 0, -1):
         lo = end - dt.timedelta(seconds=k * period_s)
@@ -464,6 +600,13 @@ def log_group(stack: str) -> str:
 def log_stream_names(aws: Aws, stack: str) -> list[str]:
     """The log streams of the stack's log group: one per instance that has logged (its instance id).
 
+    Args:
+        aws: the clients.
+        stack: the stack name.
+
+    Returns:
+        the stream names, sorted.
+
     Raises:
         OperationsError(STACK_NOT_FOUND): the log group does not exist (monitoring off, or no stack).
     """
@@ -483,6 +626,15 @@ def log_stream_names(aws: Aws, stack: str) -> list[str]:
 def log_events(aws: Aws, stack: str, *, instance: str | None = None, start_ms: int | None = None) -> list[dict[str, Any]]:
     """Every event of the stack's log group (or one instance's stream) from ``start_ms``, merged across
     streams in time order: ``{"timestamp" (ms), "instance_id", "message", "event_id"}``.
+
+    Args:
+        aws: the clients.
+        stack: the stack name.
+        instance: one instance's stream only (None: every stream).
+        start_ms: the first time, milliseconds since the epoch (None: the beginning).
+
+    Returns:
+        the events, oldest first.
 
     Raises:
         OperationsError(STACK_NOT_FOUND): the log group does not exist (monitoring off, or no stack).
@@ -610,6 +762,16 @@ def spot_cost(aws: Aws, instance_type: str, availability_zone: str, start: dt.da
     """``(cost USD, hours)`` of one instance of ``instance_type`` in ``availability_zone`` from
     ``start`` to ``end``, priced with ``DescribeSpotPriceHistory`` (Linux/UNIX) time-weighted.
 
+    Args:
+        aws: the clients.
+        instance_type: the instance type.
+        availability_zone: the AZ it ran in.
+        start: when it launched (UTC).
+        end: when it ended, or now (UTC).
+
+    Returns:
+        ``(cost in USD, hours)``.
+
     Raises:
         OperationsError: no spot price history for that type and AZ.
     """
@@ -627,9 +789,20 @@ def spot_cost(aws: Aws, instance_type: str, availability_zone: str, start: dt.da
 
 
 def on_demand_price(aws: Aws, instance_type: str) -> float:
-    """The Linux on-demand price (USD/hour) of ``instance_type`` in ``aws.region`` from the AWS Price
-    List API (``GetProducts``, service ``AmazonEC2``: shared tenancy, no pre-installed software,
-    capacity status Used). Raises OperationsError when it cannot be had."""
+    """The Linux on-demand price (USD/hour) of ``instance_type`` in ``aws.region`` from the AWS Price List API.
+
+    ``GetProducts``, service ``AmazonEC2``: shared tenancy, no pre-installed software, capacity status Used.
+
+    Args:
+        aws: the clients (``pricing`` in us-east-1).
+        instance_type: the instance type.
+
+    Returns:
+        USD per hour.
+
+    Raises:
+        OperationsError: the API cannot be reached or has no such price.
+    """
     filters = [{"Type": "TERM_MATCH", "Field": k, "Value": v} for k, v in (
         ("instanceType", instance_type), ("regionCode", aws.region), ("operatingSystem", "Linux"),
         ("tenancy", "Shared"), ("preInstalledSw", "NA"), ("capacitystatus", "Used"))]
@@ -654,13 +827,17 @@ def cost_report(aws: Aws, stack: str | None, *, now: dt.datetime, on_demand: dic
     """What the stack's (or one job's) instances cost, per instance type and AZ, and what they would have cost on demand.
 
     Args:
+        aws: the clients (:func:`connect`).
         stack: the stack whose tag value (its one job) is priced; reported as ``stack``.
+        now: the current time (UTC); running instances are priced up to it.
         job: price the instances, volume and snapshots tagged with this job id instead (a
             ``TrainingJob``'s identity); reported as ``job``.
         on_demand: USD/hour per instance type given by the user (local mode states its price this way);
             types not in it are asked of the Price List API.
-        ebs_gb_month, snapshot_gb_month: USD per GB-month for the data volume (its type's price) and
-            for snapshots; None: not priced (their sizes and hours are still reported).
+        ebs_gb_month: USD per GB-month for the data volume (its type's price); None: not priced (its
+            size and hours are still reported).
+        snapshot_gb_month: USD per GB-month for snapshots; None: not priced (their sizes and hours
+            are still reported).
 
     Spot instances (``InstanceLifecycle`` spot: the fleet's) are priced with the spot price history;
     on-demand ones (a cluster's scheduler and parameter servers, in Auto Scaling groups) at the
@@ -752,7 +929,11 @@ def status_report(aws: Aws, stack: str | None, *, now: dt.datetime, window_s: fl
     """Everything ``spot-train status`` shows (see the module docstring); raises OperationsError.
 
     Args:
+        aws: the clients (:func:`connect`).
         stack: the CloudFormation stack (its status, outputs and alarms); None with ``job``: the job alone.
+        now: the current time (UTC).
+        window_s: how far back metrics are read, seconds (default 14 days; never before the stack's
+            creation).
         job: a job id (spot_training.infra.job.TrainingJob): its instances, fleet request, data volume,
             metrics and logs are those tagged with it; default: the stack's name (the single-node stack's job).
 
@@ -804,7 +985,16 @@ def status_report(aws: Aws, stack: str | None, *, now: dt.datetime, window_s: fl
 
 # ---- formatting ------------------------------------------------------------------------------------------
 def table(headers: list[str], rows: list[list[Any]], width: int = TABLE_WIDTH) -> str:
-    """A plain text table no wider than ``width`` columns (the widest column is cut with '~')."""
+    """A plain text table no wider than ``width`` columns (the widest column is cut with '~').
+
+    Args:
+        headers: the column titles.
+        rows: the cells (None shows as ``-``).
+        width: the most characters per line (default :data:`TABLE_WIDTH`).
+
+    Returns:
+        the table's lines, joined by newlines.
+    """
     cells = [[("-" if v is None else str(v)) for v in row] for row in rows]
     widths = [max(len(h), *(len(r[i]) for r in cells)) if cells else len(h) for i, h in enumerate(headers)]
     while sum(widths) + 2 * (len(widths) - 1) > width and max(widths) > 4:
@@ -818,7 +1008,16 @@ def table(headers: list[str], rows: list[list[Any]], width: int = TABLE_WIDTH) -
 
 
 def progress_bar(step: int | None, total: int | None, width: int = 30) -> str:
-    """``[#########.....]  45.0%`` (``[?]`` when step or total is unknown)."""
+    """``[#########.....]  45.0%`` (``[?...]`` when step or total is unknown).
+
+    Args:
+        step: completed steps, or None.
+        total: total steps, or None.
+        width: characters inside the brackets (default 30).
+
+    Returns:
+        the bar.
+    """
     if not step or not total:
         return "[" + "?" * width + "]"
     fraction = min(1.0, step / total)
@@ -930,8 +1129,25 @@ def format_cost(report: dict[str, Any]) -> str:
 
 def follow_logs(aws: Aws, stack: str, *, instance: str | None, start_ms: int | None, poll_s: float = 2.0,
                 sleep: Callable[[float], None] = time.sleep) -> Iterator[dict[str, Any]]:
-    """Yield log events as they arrive (``logs --follow``): everything from ``start_ms``, then new
-    events every ``poll_s`` seconds, each once (by event id). Ends only when the caller stops."""
+    """Yield log events as they arrive (``logs --follow``).
+
+    Everything from ``start_ms``, then new events every ``poll_s`` seconds, each once (by event id).
+    Ends only when the caller stops.
+
+    Args:
+        aws: the clients.
+        stack: the stack name.
+        instance: one instance's stream only (None: every stream).
+        start_ms: the first time, milliseconds since the epoch (None: the beginning).
+        poll_s: seconds between polls (default 2).
+        sleep: sleeps the given seconds (default ``time.sleep``).
+
+    Yields:
+        the events of :func:`log_events`.
+
+    Raises:
+        OperationsError: as :func:`log_events`.
+    """
     seen: set[str] = set()
     since = start_ms
     while True:

@@ -29,6 +29,17 @@ def find_orphans(aws: Clients, stack: str, *, fleet_request_ids: Sequence[str] =
     ``spot-training:stack=<stack>``, instances tagged with one of ``fleet_request_ids``, spot fleet
     requests that are tagged with the stack or listed in ``fleet_request_ids`` and not cancelled,
     and the CloudFormation stack itself. An empty list means nothing is left.
+
+    Args:
+        aws: the EC2 and CloudFormation clients (``s3`` unused here).
+        stack: the stack name (its ``spot-training:stack`` tag value).
+        fleet_request_ids: spot fleet requests known to be the stack's (default none).
+
+    Returns:
+        what is left; empty when nothing is.
+
+    Raises:
+        botocore.exceptions.ClientError: a call failed.
     """
     orphans: list[str] = []
     tagged = [{"Name": f"tag:{STACK_TAG_KEY}", "Values": [stack]}]

@@ -45,6 +45,13 @@ class SweepStack:
 def sweep_stack(cloudformation: Any, stack: str) -> SweepStack:
     """Read ``stack``'s job queue, job definition and manifest bucket.
 
+    Args:
+        cloudformation: a boto3 CloudFormation client.
+        stack: the SpotSweep stack's name.
+
+    Returns:
+        its job queue, job definition and manifest bucket.
+
     Raises:
         OperationsError(STACK_NOT_FOUND): no such stack, or it is not a SpotSweep stack.
     """
@@ -103,8 +110,20 @@ def read_sweep_file(path: Path) -> list[dict[str, Any]]:
 
 def submit(batch: Any, s3: Any, stack: SweepStack, sets: list[dict[str, Any]], *, command: str,
            sweep_id: str | None = None) -> dict[str, Any]:
-    """Upload the manifest and submit one array job (one child when there is one set: Batch's arrays
-    hold 2..10000). Returns ``{sweep_id, job_id, manifest_uri, size}``.
+    """Upload the manifest and submit one array job (one plain job when there is one set: Batch's arrays hold 2..10000).
+
+    Source: AWS Batch User Guide, "Array jobs".
+
+    Args:
+        batch: a boto3 Batch client.
+        s3: a boto3 S3 client.
+        stack: the sweep stack's resources (:func:`sweep_stack`).
+        sets: the parameter sets, index i = child i.
+        command: the training command (the job definition's ``command`` parameter).
+        sweep_id: the sweep's id (default: ``<UTC time>-<6 hex digits>``).
+
+    Returns:
+        ``{"sweep_id", "job_id", "manifest_uri", "size", "command"}`` (also written as ``job.json``).
 
     Raises:
         ValueError: a bad ``sweep_id`` (lower-case letters, digits, hyphens) or an empty command.
@@ -142,9 +161,25 @@ def _job(s3: Any, stack: SweepStack, sweep_id: str) -> dict[str, Any]:
 
 def status_report(batch: Any, s3: Any, stack: SweepStack, sweep_id: str, *, metric: str = "accuracy",
                   price: Callable[[str, str, dt.datetime, dt.datetime], float] | None = None) -> dict[str, Any]:
-    """Per index: state, attempts, reclaims (attempts whose host went, ``Host EC2*``), step/total,
+    """The sweep's status per index and its best-so-far table.
+
+    Per index: state, attempts, reclaims (attempts whose host went, ``Host EC2*``), step/total,
     ``metric`` at the newest committed checkpoint, params, and with ``price`` the cost summed over
-    every attempt (``price(instance_type, az, start, end)`` -> USD). Also the best-so-far table.
+    every attempt.
+
+    Args:
+        batch: a boto3 Batch client.
+        s3: a boto3 S3 client.
+        stack: the sweep stack's resources.
+        sweep_id: the sweep.
+        metric: the metric column and ranking key (default ``accuracy``, higher is better).
+        price: ``price(instance_type, az, start, end) -> USD`` (None: no costs).
+
+    Returns:
+        ``{"sweep_id", "job_id", "size", "metric", "children", "best", "total_cost_usd"}``.
+
+    Raises:
+        OperationsError: ``STACK_NOT_FOUND`` when there is no such sweep.
     """
     record = _job(s3, stack, sweep_id)
     manifest = _read_json(s3, stack.bucket, f"{PREFIX}/{sweep_id}/{contract.SWEEP_MANIFEST_FILE}") or []
@@ -185,7 +220,16 @@ def status_report(batch: Any, s3: Any, stack: SweepStack, sweep_id: str, *, metr
 
 
 def best_table(rows: list[dict[str, Any]], *, metric: str = "accuracy", top: int = 10) -> list[dict[str, Any]]:
-    """The best-so-far table: children with a committed ``metric``, highest first (ties: lower index)."""
+    """The best-so-far table: children with a committed ``metric``, highest first (ties: lower index).
+
+    Args:
+        rows: :func:`status_report`'s children.
+        metric: the ranking key (default ``accuracy``).
+        top: the most rows (default 10).
+
+    Returns:
+        ``[{"rank", "index", metric, "step", "total_steps", "state", "params"}]``.
+    """
     scored = [r for r in rows if isinstance(r.get(metric), (int, float))]
     scored.sort(key=lambda r: (-r[metric], r["index"]))
     return [{"rank": n + 1, "index": r["index"], metric: r[metric], "step": r["step"], "total_steps": r["total_steps"],
@@ -193,7 +237,20 @@ def best_table(rows: list[dict[str, Any]], *, metric: str = "accuracy", top: int
 
 
 def cancel(batch: Any, s3: Any, stack: SweepStack, sweep_id: str) -> dict[str, Any]:
-    """Terminate the sweep's array job (every child; running ones get SIGTERM and checkpoint)."""
+    """Terminate the sweep's array job (every child; running ones get SIGTERM and checkpoint).
+
+    Args:
+        batch: a boto3 Batch client.
+        s3: a boto3 S3 client.
+        stack: the sweep stack's resources.
+        sweep_id: the sweep.
+
+    Returns:
+        ``{"sweep_id", "job_id", "cancelled": True}``.
+
+    Raises:
+        OperationsError: ``STACK_NOT_FOUND`` when there is no such sweep.
+    """
     record = _job(s3, stack, sweep_id)
     batch.terminate_job(jobId=record["job_id"], reason=f"spot-train sweep cancel {sweep_id}")
     return {"sweep_id": sweep_id, "job_id": record["job_id"], "cancelled": True}

@@ -154,9 +154,24 @@ def default_every_seconds() -> float | None:
 
 
 def renamed_option(options: dict, old: str, new: str, value: Any, *, owner: str, unset: Any = DEFAULT) -> Any:
-    """Accept a deprecated keyword: pop ``old`` from ``options`` and return its value, warning with a
-    ``DeprecationWarning`` that names ``new``; return ``value`` when ``old`` was not given.
-    Raises TypeError when both names are given with different values."""
+    """Accept a deprecated keyword: pop ``old`` from ``options`` and return its value.
+
+    Warns with a ``DeprecationWarning`` that names ``new``.
+
+    Args:
+        options: the caller's ``**kwargs`` (changed: ``old`` is removed).
+        old: the deprecated keyword.
+        new: the keyword that replaces it (same meaning).
+        value: the value given for ``new``.
+        owner: the function or class named in the warning and the error.
+        unset: the sentinel meaning ``new`` was not given (default :data:`DEFAULT`).
+
+    Returns:
+        ``value`` when ``old`` was not given, else the value given for ``old``.
+
+    Raises:
+        TypeError: both names are given with different values.
+    """
     if old not in options:
         return value
     old_value = options.pop(old)
@@ -195,7 +210,15 @@ def add_checkpoint_arguments(parser: Any) -> None:
 
 
 def check_checkpoint_arguments(parser: Any, args: Any) -> None:
-    """Exit 2 through ``parser.error`` naming a bad flag of :func:`add_checkpoint_arguments`."""
+    """Exit 2 through ``parser.error`` naming a bad flag of :func:`add_checkpoint_arguments`.
+
+    Args:
+        parser: the ``argparse.ArgumentParser`` the flags were added to.
+        args: its parsed namespace.
+
+    Raises:
+        SystemExit: 2, for ``--keep`` < 1 or a negative ``--save-every-steps``.
+    """
     if args.keep < 1:
         parser.error(f"--keep must be >= 1, got {args.keep}")
     if args.save_every_steps is not None and args.save_every_steps < 0:
@@ -205,7 +228,16 @@ def check_checkpoint_arguments(parser: Any, args: Any) -> None:
 def check_positive_arguments(parser: Any, args: Any, *names: str) -> None:
     """Exit 2 through ``parser.error`` naming the first of ``names`` (argparse destinations such as
     ``"batch_size"``, checked in that order) whose value is below 1; ``None`` (an optional flag not
-    given) passes. For a trainer's own counts (epochs, steps, batch size, threads)."""
+    given) passes. For a trainer's own counts (epochs, steps, batch size, threads).
+
+    Args:
+        parser: the ``argparse.ArgumentParser`` that parsed ``args``.
+        args: its parsed namespace.
+        names: the destinations to check, in order.
+
+    Raises:
+        SystemExit: 2, naming the first value below 1.
+    """
     for name in names:
         value = getattr(args, name)
         if value is not None and value < 1:
@@ -236,6 +268,13 @@ def stop_exit_code(own_signal: bool, environ: dict[str, str] | None = None) -> i
     torchrun's agent sets for each worker). With ``--max-restarts=0`` (torchrun's default, e.g.
     ``--standalone``) no restart can follow, so such a rank exits 0 as a single process does.
     ``environ`` defaults to ``os.environ``.
+
+    Args:
+        own_signal: this process got the stop signal itself (not only a peer's stop).
+        environ: the environment to read (default ``os.environ``).
+
+    Returns:
+        0 or :data:`EXIT_PEER_STOPPED` (75).
     """
     env = os.environ if environ is None else environ
     if own_signal or not env.get("TORCHELASTIC_RUN_ID"):
@@ -251,7 +290,15 @@ def run_script(train: Callable[[list[str] | None], int], argv: list[str] | None 
     """Run a training script's ``train(argv) -> status`` and turn a checkpoint error that no restart
     can fix into its exit status (:func:`checkpoint_exit_code`: 74 or 78, docs/contracts.md), logged
     with the error's class and message (which name the path). Other exceptions propagate (a crash,
-    which the node agent restarts with backoff)."""
+    which the node agent restarts with backoff).
+
+    Args:
+        train: the script's ``train(argv) -> exit status``.
+        argv: the arguments passed to ``train`` (default None: ``sys.argv[1:]``).
+
+    Returns:
+        ``train``'s status, or 74/78 after a :class:`~spot_training.training.store.CheckpointError`.
+    """
     try:
         return train(argv)
     except CheckpointError as err:
@@ -264,9 +311,13 @@ def run_script(train: Callable[[list[str] | None], int], argv: list[str] | None 
 def check_writable(directory: str | os.PathLike) -> Path:
     """Create ``directory`` if needed and prove this process can create, write and remove a file in it.
 
-    Returns the directory as a Path. Raises CheckpointPathError naming the path, the user id and the
-    reason (not a directory, a parent is a file, read-only, permission denied), before any training
-    step ran, so that a bad directory is found at start and not one save interval later.
+    Returns:
+        the directory as a Path.
+
+    Raises:
+        CheckpointPathError: naming the path, the user id and the reason (not a directory, a parent
+            is a file, read-only, permission denied), before any training step ran, so that a bad
+            directory is found at start and not one save interval later.
     """
     path = Path(directory)
     if path.exists() and not path.is_dir():
@@ -361,7 +412,15 @@ class StateAdapter:
 
     def agree(self, stop: bool, checkpoint: bool) -> tuple[bool, bool]:
         """Distributed jobs: combine every rank's stop and checkpoint requests (logical OR) so all
-        ranks save and stop at the same step. Called after every step; single process: identity."""
+        ranks save and stop at the same step. Called after every step; single process: identity.
+
+        Args:
+            stop: this rank wants to stop (a notice arrived).
+            checkpoint: this rank wants a checkpoint at this step.
+
+        Returns:
+            ``(stop, checkpoint)`` as every rank agreed.
+        """
         return stop, checkpoint
 
     def barrier(self) -> None:
@@ -377,7 +436,16 @@ _NOT_EXACT_WARNED: set[str] = set()
 def warn_not_exact(cause: str, message: str, *, logger: logging.Logger | None = None) -> bool:
     """Log one WARNING ``resume is not exact: <message>`` per ``cause`` and process, when an adapter
     sees that a resumed run cannot be bitwise equal to an uninterrupted one (the message names the
-    cause and the documented fix). Returns True when it logged."""
+    cause and the documented fix). Returns True when it logged.
+
+    Args:
+        cause: a short key for the cause; each is logged once per process.
+        message: the warning's text after ``resume is not exact:``.
+        logger: default ``logging.getLogger("spot_training.training.core")``.
+
+    Returns:
+        True when it logged, False when ``cause`` was logged before.
+    """
     if cause in _NOT_EXACT_WARNED:
         return False
     _NOT_EXACT_WARNED.add(cause)
@@ -581,8 +649,13 @@ class CheckpointDriver:
         Background mode: the adapter's host snapshot now, the write on the writer thread (returns
         None unless ``wait``, then the committed checkpoint). Synchronous mode: writes and returns
         the checkpoint. A step already saved is not written again. Ranks that do not write return
-        None. Raises CheckpointDiskFullError (ENOSPC: names the directory, bytes written and free),
-        or what the adapter or the file system raise; committed checkpoints stay as they were.
+        None.
+
+        Raises:
+            CheckpointDiskFullError: ENOSPC: names the directory, bytes written and free; committed
+                checkpoints stay as they were.
+            Exception: what the adapter or the file system raise; committed checkpoints stay as they
+                were.
         """
         started = time.perf_counter()
         if self.last_saved_step == self.step:
@@ -651,9 +724,14 @@ class CheckpointDriver:
     def begin(self, total_steps: int) -> int:
         """Start a run: install the handlers, restore, check the checkpoint against ``total_steps``.
 
-        Returns the completed steps restored (0: fresh). From here on a stop notice outside a step
-        is saved and acted on at once (:meth:`begin_step`). The caller checks
-        ``notices.stop_requested`` before its first step (a stop before it needs no save).
+        From here on a stop notice outside a step is saved and acted on at once (:meth:`begin_step`). The
+        caller checks ``notices.stop_requested`` before its first step (a stop before it needs no save).
+
+        Args:
+            total_steps: the whole training's steps, >= 1.
+
+        Returns:
+            the completed steps restored (0: fresh).
 
         Raises:
             ValueError: ``total_steps`` is not an integer >= 1, or the checkpoint is past it.
@@ -772,6 +850,16 @@ class CheckpointDriver:
         :data:`EXIT_PEER_STOPPED` on a torchrun rank that a peer's stop stopped) (``exit_on_stop=True``, the
         default) or True returned. Returns False otherwise. ``count=False``: the caller already
         advanced :attr:`step` (Keras counts in its first callback and saves in its last).
+
+        Args:
+            exit_on_stop: raise ``SystemExit`` on a stop (default True); False returns True instead.
+            count: advance :attr:`step` by one first (default True).
+
+        Returns:
+            True when a stop was handled and ``exit_on_stop`` is False; False otherwise.
+
+        Raises:
+            SystemExit: after a stop's checkpoint, with :func:`stop_exit_code`'s status.
         """
         if count:
             self.step += 1
@@ -798,7 +886,11 @@ class CheckpointDriver:
 
     def finish(self) -> Checkpoint | None:
         """Write the final checkpoint (waited for), then ``COMPLETED``; return the checkpoint
-        (None on ranks that do not write). Raises CheckpointError if it is not in the directory."""
+        (None on ranks that do not write).
+
+        Raises:
+            CheckpointError: the final checkpoint is not in the directory.
+        """
         ckpt = self.save(wait=True)
         if self.adapter.is_writer:
             if ckpt is None or ckpt.step != self.step:

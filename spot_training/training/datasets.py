@@ -63,6 +63,13 @@ def default_log_dir() -> Path:
 def digits_path(dataset_dir: str | os.PathLike, split: str) -> Path:
     """Path of one split of the digits dataset: ``<dataset_dir>/digits/<split>.npz``.
 
+    Args:
+        dataset_dir: the dataset root.
+        split: ``"train"`` or ``"test"``.
+
+    Returns:
+        ``<dataset_dir>/digits/<split>.npz`` (not checked to exist).
+
     Raises:
         ValueError: ``split`` is not ``"train"`` or ``"test"``.
     """
@@ -133,6 +140,13 @@ def steps_per_epoch(n: int, batch_size: int) -> int:
     draws a new permutation, a different remainder is left out each time. Full batches only keep
     every step's input shape fixed (one compiled graph in Keras, one cached graph in Gluon).
 
+    Args:
+        n: examples in the dataset, >= 1.
+        batch_size: examples per step, ``1 <= batch_size <= n``.
+
+    Returns:
+        full batches per epoch.
+
     Raises:
         ValueError: ``n`` or ``batch_size`` not a positive integer, or ``batch_size > n``.
     """
@@ -146,7 +160,19 @@ def steps_per_epoch(n: int, batch_size: int) -> int:
 
 
 def epoch_permutation(epoch: int, *, n: int, seed: int) -> np.ndarray:
-    """The order of the ``n`` examples in epoch ``epoch`` (0-based): int64 (n,), seeded by (seed, epoch)."""
+    """The order of the ``n`` examples in epoch ``epoch`` (0-based), seeded by ``(seed, epoch)``.
+
+    Args:
+        epoch: the 0-based epoch, >= 0.
+        n: examples in the dataset, >= 1.
+        seed: permutation seed, >= 0 (numpy's ``default_rng([seed, epoch])``, PCG64).
+
+    Returns:
+        int64 array of shape ``(n,)``, a permutation of ``0..n-1``.
+
+    Raises:
+        ValueError: a negative or non-integer ``epoch`` or ``seed``, or ``n`` not a positive integer.
+    """
     if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)) or epoch < 0:
         raise ValueError(f"epoch must be a non-negative integer, got epoch={epoch!r}")
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
@@ -164,6 +190,15 @@ def batch_indices(step: int, *, batch_size: int, n: int, seed: int) -> np.ndarra
     seeded by ``(seed, epoch)`` with numpy's PCG64). The result depends on the arguments only,
     never on earlier calls, so a resumed run gets the same batches as an uninterrupted one.
 
+    Args:
+        step: the 0-based global step, >= 0.
+        batch_size: examples per step, ``1 <= batch_size <= n``.
+        n: examples in the dataset.
+        seed: permutation seed, >= 0.
+
+    Returns:
+        int64 array of shape ``(batch_size,)``.
+
     Raises:
         ValueError: negative ``step`` or ``seed``; non-positive ``n`` or ``batch_size``;
             ``batch_size > n``.
@@ -177,7 +212,19 @@ def batch_indices(step: int, *, batch_size: int, n: int, seed: int) -> np.ndarra
 
 
 def epoch_of_step(step: int, *, batch_size: int, n: int) -> int:
-    """The 0-based epoch that global step ``step`` belongs to: ``step // steps_per_epoch(n, batch_size)``."""
+    """The 0-based epoch that global step ``step`` belongs to: ``step // steps_per_epoch(n, batch_size)``.
+
+    Args:
+        step: the 0-based global step, >= 0.
+        batch_size: examples per step, ``1 <= batch_size <= n``.
+        n: examples in the dataset.
+
+    Returns:
+        the epoch.
+
+    Raises:
+        ValueError: a negative or non-integer ``step``, or what :func:`steps_per_epoch` raises.
+    """
     if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0:
         raise ValueError(f"step must be a non-negative integer, got step={step!r}")
     return int(step) // steps_per_epoch(n, batch_size)

@@ -77,11 +77,20 @@ _SEEDED: int | None = None  # the seed make_deterministic() was given in this pr
 
 
 def make_deterministic(seed: int, *, intra_op_threads: int = 1, inter_op_threads: int = 1) -> None:
-    """Seed Python, numpy and TensorFlow (``keras.utils.set_random_seed``), turn on TensorFlow's
-    deterministic ops and set its thread pools (default 1 and 1), for bitwise-reproducible runs.
+    """Seed Python, numpy and TensorFlow and turn on deterministic ops, for bitwise-reproducible runs.
 
-    Call it first, before any TensorFlow op runs (thread pools cannot change afterwards:
-    RuntimeError from TensorFlow). docs/architecture.md: intra_op=1 was also the fastest on small nodes.
+    Seeds with ``keras.utils.set_random_seed`` and TensorFlow's global ``tf.random.Generator``, turns on
+    ``tf.config.experimental.enable_op_determinism`` and sets TensorFlow's thread pools. Call it first,
+    before any TensorFlow op runs (thread pools cannot change afterwards). docs/architecture.md:
+    ``intra_op=1`` was also the fastest on small nodes.
+
+    Args:
+        seed: the seed of every generator.
+        intra_op_threads: TensorFlow's intra-op thread pool size (default 1).
+        inter_op_threads: TensorFlow's inter-op thread pool size (default 1).
+
+    Raises:
+        RuntimeError: from TensorFlow, when a TensorFlow op ran before (the thread pools are fixed then).
     """
     import tensorflow as tf
 
@@ -102,13 +111,18 @@ def _tf_version() -> str:
 
 
 class KerasCheckpointer:
-    """Reads and host-copies the state of one compiled Keras 3 model (and its optimizer): the
-    framework half of :class:`KerasAdapter`, through which :class:`ResumableFit` saves (one save
+    """Reads and host-copies the state of one compiled Keras 3 model (and its optimizer).
+
+    The framework half of :class:`KerasAdapter`, through which :class:`ResumableFit` saves (one save
     path: :class:`~spot_training.training.core.CheckpointDriver`).
 
-    model: a compiled Keras model (``model.optimizer`` set). store: an optional CheckpointStore
-    (``framework="tensorflow"``) for reading outside a driver, as ``store.restore(ck.read)``.
-    Raises ValueError when the model is not compiled.
+    Args:
+        model: a compiled Keras model (``model.optimizer`` set).
+        store: an optional CheckpointStore (``framework="tensorflow"``) for reading outside a driver, as
+            ``store.restore(ck.read)``.
+
+    Raises:
+        ValueError: the model is not compiled.
     """
 
     def __init__(self, model: keras.Model, store: CheckpointStore | None = None) -> None:
@@ -121,7 +135,11 @@ class KerasCheckpointer:
     # -- state
     def ensure_built(self, sample_x: np.ndarray | None = None) -> None:
         """Build the model (calling it on ``sample_x`` if needed) and the optimizer's slots, so every
-        variable exists before a restore. Raises ValueError if the model is unbuilt and no sample is given."""
+        variable exists before a restore.
+
+        Raises:
+            ValueError: the model is unbuilt and no sample is given.
+        """
         if not self.model.built:
             if sample_x is None:
                 raise ValueError(
@@ -161,11 +179,14 @@ class KerasCheckpointer:
     def snapshot(self, out: list[np.ndarray] | None = None) -> tuple[dict[str, np.ndarray], list[dict]]:
         """Copy every variable to host memory: numpy arrays that later training steps cannot change.
 
-        out: host buffers to copy into, one per variable in :meth:`_variables` order (e.g. a previous
-        snapshot's arrays, once written); default None allocates new arrays. A buffer whose shape or
-        dtype does not match its variable, or a missing one, is replaced by a new array.
-        Returns ``(arrays, index)``: arrays keyed ``model.0000``/``optimizer.0000`` (the ``out``
-        buffers where they matched); index entries ``{"key", "path", "shape", "dtype"}``.
+        Args:
+            out: host buffers to copy into, one per variable in :meth:`_variables` order (e.g. a previous
+                snapshot's arrays, once written); default None allocates new arrays. A buffer whose shape or
+                dtype does not match its variable, or a missing one, is replaced by a new array.
+
+        Returns:
+            ``(arrays, index)``: arrays keyed ``model.0000``/``optimizer.0000`` (the ``out`` buffers where they
+            matched); index entries ``{"key", "path", "shape", "dtype"}``.
         """
         values = self._read_values()
         variables = self._variables()
@@ -192,14 +213,23 @@ class KerasCheckpointer:
 
         One standard ``.npy`` file per variable (``np.load`` reads it), written by
         :func:`spot_training.training.store.write_file`: the header, then the array's own buffer in one
-        ``write`` hashed as it goes, one fsync per file. Returns the files' manifest entries
-        ``{relative path: {"size", "sha256"}}`` for :meth:`CheckpointStore.save`, so the store does
-        not read the 64 MB back to hash it. Measured on 2 CPUs (docs/training.md): the writer
-        thread's work halves, and every large step (write, sha256) runs without the GIL, so the
-        training thread's Python (the ``fit`` loop, the batch generator) is not stalled.
-        Not ``np.savez`` (``zipfile`` copies chunks holding the GIL) nor ``np.save`` (it writes the
-        file, and the store would then read it all back to hash it).
-        Raises ValueError for an object-dtype array (never a Keras variable).
+        ``write`` hashed as it goes, one fsync per file. The returned entries let the store skip reading
+        the files back to hash them, and every large step (write, sha256) runs without the GIL, so the
+        training thread's Python (the ``fit`` loop, the batch generator) is not stalled (docs/training.md).
+        Not ``np.savez`` (``zipfile`` copies chunks holding the GIL) nor ``np.save`` (it writes the file,
+        and the store would then read it all back to hash it).
+
+        Args:
+            arrays: the snapshot's ``{key: array}``.
+            index: the snapshot's index entries (written as ``keras.variables.json``).
+            directory: the store's empty temporary directory.
+
+        Returns:
+            the files' manifest entries ``{relative path: {"size", "sha256"}}`` for :meth:`CheckpointStore.save`.
+
+        Raises:
+            ValueError: an object-dtype array (never a Keras variable).
+            OSError: as the file system raises it.
         """
         (directory / VARIABLES_DIR).mkdir()
         written = {}
@@ -219,8 +249,9 @@ class KerasCheckpointer:
     def read(self, ckpt: Checkpoint) -> None:
         """Assign a checkpoint's values to the model and optimizer, after checking every shape.
 
-        Raises ShapeMismatchError naming the checkpoint path, the variable, the expected and the
-        actual shape (or the variable counts); nothing is assigned in that case.
+        Raises:
+            ShapeMismatchError: naming the checkpoint path, the variable, the expected and the actual
+                shape (or the variable counts); nothing is assigned in that case.
         """
         index = json.loads((ckpt.path / INDEX_FILE).read_text())["variables"]
         current = self._variables()
@@ -270,7 +301,12 @@ def callback_state(callback) -> dict | None:
 
 
 def set_callback_state(callback, state: dict) -> None:
-    """Put a :func:`callback_state` back into ``callback``."""
+    """Put a :func:`callback_state` back into ``callback``.
+
+    Args:
+        callback: the Keras callback (its ``set_checkpoint_state`` is used when it has one).
+        state: the dict :func:`callback_state` returned for it (arrays under ``*_arrays`` keys).
+    """
     if hasattr(callback, "set_checkpoint_state"):
         callback.set_checkpoint_state(dict(state))
         return
@@ -288,7 +324,14 @@ class KerasAdapter(StateAdapter):
     BatchNorm statistics, the SeedGenerator states of Dropout and random-augmentation layers,
     iteration counter, learning rate, slots) through :class:`KerasCheckpointer`'s host snapshot
     into two sets of host buffers used in turn, plus the state of the stateful callbacks given to
-    :meth:`ResumableFit.fit` (``keras.callbacks.json`` and ``keras.callbacks.npz``)."""
+    :meth:`ResumableFit.fit` (``keras.callbacks.json`` and ``keras.callbacks.npz``).
+
+    Args:
+        model: a compiled Keras 3 model.
+
+    Raises:
+        ValueError: the model is not compiled.
+    """
 
     framework = "tensorflow"
     adapter = "keras"
@@ -304,12 +347,19 @@ class KerasAdapter(StateAdapter):
         self.seed: int | None = None
 
     def framework_version(self) -> str:
+        """``tensorflow <version>, keras <version>`` (see :meth:`StateAdapter.framework_version`)."""
         return _tf_version()
 
     def metadata(self) -> dict:
+        """``{"seed": seed}``: the batch-order seed of numpy inputs, checked on resume."""
         return {"seed": self.seed}
 
     def capture_callbacks(self) -> dict[str, dict]:
+        """The stateful callbacks' states, keyed ``<position>-<class name>``.
+
+        Returns:
+            ``{key: state}`` for every callback :func:`callback_state` knows (others are left out).
+        """
         states = {}
         for i, cb in enumerate(self.callbacks):
             state = callback_state(cb)
@@ -318,6 +368,7 @@ class KerasAdapter(StateAdapter):
         return states
 
     def apply_callbacks(self) -> None:
+        """Put the restored callback states (:attr:`callback_states`) back into the callbacks; nothing if none."""
         if not self.callback_states:
             return
         for i, cb in enumerate(self.callbacks):
@@ -326,6 +377,17 @@ class KerasAdapter(StateAdapter):
                 set_callback_state(cb, state)
 
     def snapshot(self, directory: Path):
+        """Copy the variables into one of two reused host buffers, and the callbacks' states.
+
+        See :meth:`StateAdapter.snapshot`.
+
+        Args:
+            directory: the store's empty temporary directory the returned writer fills.
+
+        Returns:
+            a function that writes the variables and ``keras.callbacks.json``/``.npz`` and returns their
+            manifest entries.
+        """
         slot = self._next_buffer
         arrays, index = self.checkpointer.snapshot(out=self.host_buffers[slot])
         self.host_buffers[slot], self._next_buffer = list(arrays.values()), 1 - slot
@@ -353,6 +415,15 @@ class KerasAdapter(StateAdapter):
         return write
 
     def load(self, ckpt: Checkpoint) -> None:
+        """Read ``ckpt``'s variables (shapes checked first) and its callback states; see :meth:`StateAdapter.load`.
+
+        Args:
+            ckpt: the checkpoint to restore.
+
+        Raises:
+            ShapeMismatchError: a variable's shape or count differs (from :meth:`KerasCheckpointer.read`).
+            OSError: a variable or callback file is missing or unreadable.
+        """
         self.checkpointer.read(ckpt)
         self.callback_states = None
         path = ckpt.path / CALLBACKS_FILE
@@ -366,6 +437,7 @@ class KerasAdapter(StateAdapter):
             self.callback_states = plain
 
     def release(self) -> None:
+        """Free both host buffers."""
         self.host_buffers = [None, None]
 
 
@@ -401,9 +473,21 @@ class StepCallback(keras.callbacks.Callback):
         self.fitter = fitter
 
     def on_train_batch_begin(self, batch, logs=None):
+        """Mark the start of a step for the driver (blocks while its watcher saves and exits).
+
+        Args:
+            batch: Keras's batch index within the epoch (unused).
+            logs: Keras's logs (unused).
+        """
         self.fitter.driver.begin_step()
 
     def on_train_batch_end(self, batch, logs=None):
+        """Count one completed global step.
+
+        Args:
+            batch: Keras's batch index within the epoch (unused).
+            logs: Keras's logs (unused).
+        """
         self.fitter.driver.step += 1
 
 
@@ -493,26 +577,36 @@ class _FitDriver(CheckpointDriver):
 
 
 class ResumableFit:
-    """``model.fit`` that resumes at the exact step after any interruption, on
+    """``model.fit`` that resumes at the exact step after any interruption.
+
     :class:`~spot_training.training.core.CheckpointDriver` with a :class:`KerasAdapter`.
-
-    model: a compiled Keras 3 model. checkpoint_dir: default ``$SPOT_TRAINING_CHECKPOINT_DIR`` or
-    ``/dltraining/checkpoints`` (checked here: CheckpointPathError names a file, a read-only
-    directory or a missing permission). seed: seeds the per-epoch batch order of numpy inputs
-    (spot_training/training/datasets.py), default 0. every_steps: default ``$SPOT_TRAINING_CHECKPOINT_EVERY_STEPS``
-    or 50 (None: off). every_seconds: default ``$SPOT_TRAINING_CHECKPOINT_EVERY_SECONDS`` or None.
-    background: host copy + background write (default True). keep: checkpoints kept (>= 2,
-    default 3). notices: a NoticeHandler (default: SIGTERM, SIGUSR1 and
-    ``$SPOT_TRAINING_CHECKPOINT_REQUEST_FILE``, installed for the duration of ``fit``).
-    exit_on_stop: after a stop notice's checkpoint, end the process with ``SystemExit(0)`` (default
-    True: code after ``fit`` never runs on a half-trained model); False returns
-    ``FitResult(stopped=True)``. deterministic: turn on TensorFlow's deterministic ops (default
-    True); bitwise-reproducible runs also need :func:`make_deterministic` called before the model
-    is built (its weights are drawn then), which is logged as a warning when missing.
-    Deprecated names: ``save_every_steps`` (``every_steps``), ``save_every_seconds``
-    (``every_seconds``), ``notice`` (``notices``).
-
     ``fitter.step`` is the global step count (completed steps) while ``fit`` runs.
+
+    Args:
+        model: a compiled Keras 3 model.
+        checkpoint_dir: default ``$SPOT_TRAINING_CHECKPOINT_DIR`` or ``/dltraining/checkpoints`` (checked
+            here).
+        seed: seeds the per-epoch batch order of numpy inputs (spot_training/training/datasets.py), >= 0,
+            default 0.
+        every_steps: default ``$SPOT_TRAINING_CHECKPOINT_EVERY_STEPS`` or 50 (None: off).
+        every_seconds: default ``$SPOT_TRAINING_CHECKPOINT_EVERY_SECONDS`` or None (off).
+        background: host copy + background write (default True).
+        keep: checkpoints kept (>= 2, default 3).
+        notices: a NoticeHandler (default: SIGTERM, SIGUSR1 and ``$SPOT_TRAINING_CHECKPOINT_REQUEST_FILE``,
+            installed for the duration of ``fit``).
+        exit_on_stop: after a stop notice's checkpoint, end the process with ``SystemExit(0)`` (default
+            True: code after ``fit`` never runs on a half-trained model); False returns
+            ``FitResult(stopped=True)``.
+        deterministic: turn on TensorFlow's deterministic ops (default True); bitwise-reproducible runs
+            also need :func:`make_deterministic` called before the model is built (its weights are drawn
+            then), which is logged as a warning when missing.
+        **deprecated: ``save_every_steps`` (use ``every_steps``), ``save_every_seconds``
+            (``every_seconds``), ``notice`` (``notices``).
+
+    Raises:
+        CheckpointPathError: the checkpoint directory is a file, read-only, or not permitted.
+        ValueError: a bad ``seed``, ``exit_on_stop`` or ``deterministic``, or an uncompiled model.
+        TypeError: an unknown keyword, or a deprecated and a current name with different values.
     """
 
     def __init__(
@@ -563,18 +657,22 @@ class ResumableFit:
     # The driver's state, under the names this class always had.
     @property
     def step(self) -> int:
+        """Completed global steps (the data position)."""
         return self.driver.step
 
     @property
     def steps_per_epoch(self) -> int:
+        """Steps per epoch of the current ``fit`` (0 before it is known)."""
         return self.driver.steps_per_epoch or 0
 
     @property
     def store(self):
+        """The driver's :class:`~spot_training.training.store.CheckpointStore`."""
         return self.driver.store
 
     @property
     def schedule(self):
+        """The driver's :class:`~spot_training.training.notice.SaveSchedule` (settable)."""
         return self.driver.schedule
 
     @schedule.setter
@@ -583,6 +681,7 @@ class ResumableFit:
 
     @property
     def notice(self) -> NoticeHandler:
+        """The driver's :class:`~spot_training.training.notice.NoticeHandler`."""
         return self.driver.notices
 
     # -- data
@@ -658,10 +757,31 @@ class ResumableFit:
         Other keyword arguments go to ``model.fit``; ``shuffle`` and ``initial_epoch`` are owned
         here (ValueError if given).
 
-        Raises ValueError for bad sizes or inputs; FrameworkMismatchError / ShapeMismatchError
-        (naming the checkpoint path) when the checkpoint does not fit this model; nothing is
-        deleted then. CheckpointDiskFullError when a save runs out of space (the previous
-        checkpoints stay).
+        Args:
+            x: numpy inputs, a ``tf.data.Dataset``, a function ``epoch -> Dataset``, or a
+                ``keras.utils.PyDataset``.
+            y: numpy targets (numpy ``x`` only).
+            batch_size: examples per step (numpy ``x`` only).
+            epochs: total epochs of the whole training (not the epochs still to run), >= 1.
+            callbacks: Keras callbacks (their checkpointable state is saved and restored).
+            verbose: as ``model.fit``.
+            validation_split: fraction in [0, 1) of the numpy arrays held out (numpy ``x`` only).
+            validation_data: as ``model.fit``.
+            class_weight: ``{class index: weight}``, turned into sample weights.
+            sample_weight: numpy per-example weights, shape ``(len(x),)`` (numpy ``x`` only).
+            steps_per_epoch: steps per epoch of a dataset (default: its cardinality or length).
+            **fit_kwargs: passed to ``model.fit`` (not ``shuffle``, ``initial_epoch``).
+
+        Returns:
+            a :class:`FitResult`.
+
+        Raises:
+            ValueError: bad sizes or inputs, or a keyword this class owns.
+            FrameworkMismatchError: the checkpoint was written by another framework (naming its path;
+                nothing is deleted).
+            ShapeMismatchError: the checkpoint does not fit this model (naming its path and the variable).
+            CheckpointDiskFullError: a save ran out of space (the previous checkpoints stay).
+            SystemExit: 0 after a stop notice's checkpoint with ``exit_on_stop=True``.
         """
         import tensorflow as tf
 

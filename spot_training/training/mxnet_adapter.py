@@ -81,12 +81,15 @@ def _mxnet_version() -> str:
 class GluonState:
     """A host-memory copy of a Gluon model's parameters and trainer states at one step boundary.
 
-    params: ``{structural name: NDArray on the CPU}``; states: the updater's state structure with
-    every NDArray copied to the CPU; optimizer: a copy of the optimizer (update counts, learning-rate
-    schedule) taken on the training thread. :meth:`write` writes ``model.params`` with ``mx.nd.save``
-    (the format of ``Block.save_parameters``) and ``trainer.states`` as the pickle of ``(states,
-    optimizer)``, the objects ``Trainer.save_states`` pickles when not updating on the kvstore, with
-    :class:`StatesPickler` (protocol 5; ``Trainer.load_states`` reads it).
+    :meth:`write` writes ``model.params`` with ``mx.nd.save`` (the format of ``Block.save_parameters``)
+    and ``trainer.states`` as the pickle of ``(states, optimizer)``, the objects ``Trainer.save_states``
+    pickles when not updating on the kvstore, with :class:`StatesPickler` (protocol 5;
+    ``Trainer.load_states`` reads it).
+
+    Args:
+        params: ``{structural name: NDArray on the CPU}``.
+        states: the updater's state structure with every NDArray copied to the CPU.
+        optimizer: a copy of the optimizer (update counts, learning-rate schedule) taken on the training thread.
     """
 
     def __init__(self, params: dict, states: dict, optimizer) -> None:
@@ -124,11 +127,10 @@ class StatesPickler(pickle.Pickler):
 
     ``NDArray.__getstate__`` copies each array's ``MXNDArraySaveRawBytes`` output into a new
     ``bytearray``, and protocol 4 copies that again into ``bytes``: two copies into fresh memory per
-    array, 0.09-0.10 s of writer CPU for the 43 MB of Adam states of the 5.4 M-parameter benchmark
-    model on a 2-core VM, where ``mx.nd.save`` writes the 21.5 MB of parameters in 0.015 s. This
-    pickler gives pickle a writable view of those serialized bytes (a protocol-5
+    array. This pickler gives pickle a writable view of those serialized bytes (a protocol-5
     ``PickleBuffer``, written in-band, so ``pickle.loads`` returns it as the ``bytearray``
-    ``NDArray.__setstate__`` expects): 0.022 s for the same states. The stream holds the same
+    ``NDArray.__setstate__`` expects), which saves both copies (the writer CPU time this saves:
+    docs/training-mxnet.md, "What a checkpoint holds"). The stream holds the same
     objects as ``pickle.dumps((states, optimizer))`` and ``Trainer.load_states`` reads it.
     Hand-rolled because MXNet's NDArray pickling offers no way around the copies.
 
@@ -140,6 +142,15 @@ class StatesPickler(pickle.Pickler):
         super().__init__(file, protocol=5)
 
     def reducer_override(self, obj):
+        """Reduce a dense NDArray to a protocol-5 ``PickleBuffer`` of its serialized bytes.
+
+        Args:
+            obj: the object being pickled.
+
+        Returns:
+            ``NotImplemented`` for anything but a dense NDArray with a handle (pickle's own way), else the
+            reduce tuple that rebuilds it through ``NDArray.__setstate__``.
+        """
         import ctypes
 
         from mxnet.base import _LIB, check_call
@@ -244,10 +255,8 @@ def sync_distributed_parameters(trainer, *, logger: logging.Logger | None = None
     the first gradient round completed there, and that worker takes the summed gradients as its
     weights. (On the CPU the kvstore pushes the gradient array itself instead of copying it into the
     buffer the pull writes, so the engine sees no dependency between the two.) Seen here with
-    ``dist_sync``, ``update_on_kvstore=False``: rank 0's loss went from 2.3 to 14.3 at step 2 of a
-    2-worker run on a loaded machine, a CI run of the cluster drill ended at 0.1 held-out accuracy,
-    and 19 of 48 two-worker trials (6 clusters at once on 2 cores) ended step 1 with different
-    weights on the two workers; 0 of 24 after this call (tests/mxnet/test_dist_init.py).
+    ``dist_sync``, ``update_on_kvstore=False``; tests/mxnet/test_dist_init.py reproduces it, and
+    docs/training-mxnet.md gives the figures.
 
     Does the broadcast ahead of time (``Trainer._init_kvstore``/``_init_params``, what
     ``Trainer.save_states`` and ``load_states`` call first; MXNet has no public way) and waits for
@@ -255,9 +264,14 @@ def sync_distributed_parameters(trainer, *, logger: logging.Logger | None = None
     operation (kvstore init ends in a barrier): every worker calls it at the same point, after the
     parameters are initialized and before the first step. :meth:`GluonCheckpointer.restore` calls it.
 
-    Returns True when it synchronized, False for a non-distributed kvstore (nothing done) or when a
-    parameter still has deferred initialization (logged: the first ``step()`` then initializes the
-    kvstore as usual, with the race above).
+    Args:
+        trainer: the ``gluon.Trainer``, its parameters initialized.
+        logger: where the deferred-initialization warning goes (default ``training.mxnet``).
+
+    Returns:
+        True when it synchronized; False for a non-distributed kvstore (nothing done) or when a
+        parameter still has deferred initialization (logged: the first ``step()`` then initializes the
+        kvstore as usual, with the race above).
     """
     import mxnet as mx
 
@@ -280,18 +294,22 @@ def sync_distributed_parameters(trainer, *, logger: logging.Logger | None = None
 def capture_state(net, trainer, out: GluonState | None = None) -> GluonState:
     """Copy ``net``'s parameters and ``trainer``'s states to host memory (call between steps).
 
-    out: a state captured earlier whose arrays may be overwritten (nothing may still read them, e.g.
-    a background write of it must have finished): each array is copied into its counterpart there
-    when shape and dtype match, else into new memory. Default None: all new memory. On this VM a copy
-    of the benchmark's 64.6 MB into new memory took 10-63 ms of the engine's time (memory freed
-    seconds earlier faults again when touched, as the Keras adapter found), into reused arrays ~12 ms.
+    Every array is copied with ``NDArray.copyto``: MXNet's engine runs the copy after the step that
+    wrote the array and before the next step overwrites it (it orders operations by the arrays they
+    read and write), so the copy is consistent, yet the training thread does not wait for it the way
+    ``asnumpy()`` would. The optimizer object (update counts, schedule) is small and is copied right
+    here with a pickle round trip, the serialisation ``Trainer.save_states`` uses.
 
-    Every array is copied with ``NDArray.copyto``: MXNet's engine runs the copy after the
-    step that wrote the array and before the next step overwrites it (it orders operations by the
-    arrays they read and write), so the copy is consistent, yet the training thread does not wait
-    for it the way ``asnumpy()`` would (a 64 MB state took 0.3-0.4 s through ``asnumpy()`` and
-    pickling on a busy 2-core machine). The optimizer object (update counts, schedule) is small and
-    is copied right here with a pickle round trip, the serialisation ``Trainer.save_states`` uses.
+    Args:
+        net: the ``gluon.Block``, its parameters initialized.
+        trainer: its ``gluon.Trainer`` (``update_on_kvstore=False``).
+        out: a state captured earlier whose arrays may be overwritten (nothing may still read them, e.g.
+            a background write of it must have finished): each array is copied into its counterpart there
+            when shape and dtype match, else into new memory (reused memory does not fault again when
+            touched). Default None: all new memory.
+
+    Returns:
+        the captured state (``out``'s arrays reused where they fit).
 
     Raises:
         ValueError: the trainer has ``update_on_kvstore=True``, or a parameter is not initialized yet.
@@ -321,7 +339,15 @@ def check_shapes(net, params: dict, *, path: Path) -> None:
     """Raise ShapeMismatchError unless ``params`` has exactly ``net``'s parameters with matching shapes.
 
     A dimension of 0 in the model (unknown before deferred initialization) matches any size.
-    The message names the checkpoint ``path``, each parameter and both shapes.
+
+    Args:
+        net: the ``gluon.Block``.
+        params: ``{structural name: NDArray}`` loaded from the checkpoint.
+        path: the checkpoint directory, named in the message.
+
+    Raises:
+        ShapeMismatchError: a shape differs or a parameter is missing on either side; the message names
+            ``path``, each parameter and both shapes.
     """
     model = _named_parameters(net)
     missing = sorted(set(model) - set(params))
@@ -351,6 +377,13 @@ def trainer_order(net, trainer) -> list[str]:
     ``conv9_weight``) or takes as given; the same model built in another order or process can get
     another order. Checkpoints record this list so that :func:`remap_trainer_states` can move each
     state back to its parameter. Parameters that ``net`` does not hold keep their global name.
+
+    Args:
+        net: the ``gluon.Block`` whose structural names are used.
+        trainer: the ``gluon.Trainer``.
+
+    Returns:
+        one name per trainer index.
     """
     by_id: dict[int, str] = {}
     for name, param in _named_parameters(net).items():
@@ -359,8 +392,15 @@ def trainer_order(net, trainer) -> list[str]:
 
 
 def remap_trainer_states(trainer, saved_order: list[str], current_order: list[str], *, path: Path) -> None:
-    """Re-key the loaded updater states and Adam-style per-index update counts from the saved
-    parameter order to the current one (no-op when they are equal).
+    """Re-key the loaded updater states and per-index update counts from the saved parameter order to the current one.
+
+    A no-op when the orders are equal.
+
+    Args:
+        trainer: the ``gluon.Trainer`` whose states were just loaded.
+        saved_order: :func:`trainer_order` of the run that wrote the checkpoint.
+        current_order: :func:`trainer_order` of this run.
+        path: the checkpoint directory, named in the message.
 
     Raises:
         ShapeMismatchError: the two orders do not hold the same parameter names.
@@ -454,6 +494,19 @@ def load_state(net, trainer, path: Path, *, saved_order: list[str] | None = None
     All shapes are checked before anything is changed (ShapeMismatchError, nothing modified).
     Trainer states go through the public ``Trainer.load_states``, after :func:`verified_trainer_states`
     refused any global outside its allow-list (a checkpoint never runs code on restore).
+
+    Args:
+        net: the ``gluon.Block`` (deferred initialization is finished with the checkpoint's shapes).
+        trainer: its ``gluon.Trainer`` (``update_on_kvstore=False``).
+        path: the checkpoint directory (``model.params``, ``trainer.states``).
+        saved_order: the checkpoint's :func:`trainer_order` (None: a checkpoint from before it was recorded;
+            the states are loaded by index as they are).
+
+    Raises:
+        ShapeMismatchError: a parameter's shape or the trainer's parameter set differs (nothing modified).
+        CheckpointError: ``model.params`` holds unnamed arrays, or ``trainer.states`` is unreadable or names
+            a global outside the allow-list.
+        ValueError: the trainer has ``update_on_kvstore=True``.
     """
     import mxnet as mx
 
@@ -501,9 +554,17 @@ def _has_dropout(net) -> bool:
 
 
 def rng_seed_for(seed: int, step: int) -> int:
-    """The MXNet seed of the step that follows ``step`` completed steps: a 31-bit integer derived
-    from ``(seed, step)`` with numpy's ``SeedSequence`` (well mixed: neighbouring steps get
-    unrelated seeds)."""
+    """The MXNet seed of the step that follows ``step`` completed steps, derived from ``(seed, step)``.
+
+    numpy's ``SeedSequence`` mixes the pair well: neighbouring steps get unrelated seeds.
+
+    Args:
+        seed: the run's base seed, >= 0.
+        step: completed steps, >= 0.
+
+    Returns:
+        a 31-bit non-negative integer for ``mx.random.seed``.
+    """
     return int(np.random.SeedSequence([seed, step]).generate_state(1)[0] >> 1)
 
 
@@ -520,6 +581,15 @@ class GluonAdapter(StateAdapter):
     parallel generator state of the device; docs/training-mxnet.md), so ``seed="auto"`` (the
     default) re-seeds from seed 0 only when ``net`` contains a ``gluon.nn.Dropout`` block; an
     integer always re-seeds (give one when the step draws from ``mx.nd.random`` itself); None never.
+
+    Args:
+        net: the ``gluon.Block``.
+        trainer: its ``gluon.Trainer``.
+        seed: ``"auto"`` (default), an integer >= 0, or None (see above).
+        is_writer: this process writes checkpoints (default True; False on non-zero ranks).
+
+    Raises:
+        ValueError: ``seed`` is not an integer >= 0, ``"auto"`` or None.
     """
 
     framework = FRAMEWORK
@@ -545,54 +615,96 @@ class GluonAdapter(StateAdapter):
         self._next_buffer = 0
 
     def framework_version(self) -> str:
+        """MXNet's version string, ``mxnet.__version__`` (see :meth:`StateAdapter.framework_version`)."""
         return _mxnet_version()
 
     def metadata(self) -> dict:
+        """``{"trainer_params": trainer order}`` (:func:`trainer_order`), so a restore can re-key the states."""
         return {"trainer_params": self.trainer_params}
 
     def snapshot(self, directory: Path):
+        """Capture the state into one of two reused host buffers (:func:`capture_state`, :meth:`StateAdapter.snapshot`).
+
+        Args:
+            directory: the store's empty temporary directory the returned writer fills.
+
+        Returns:
+            a function that writes ``model.params`` and ``trainer.states`` into ``directory``.
+
+        Raises:
+            ValueError: from :func:`capture_state`.
+        """
         slot = self._next_buffer
         state = capture_state(self.net, self.trainer, out=self.host_buffers[slot])
         self.host_buffers[slot], self._next_buffer = state, 1 - slot
         return lambda: state.write(directory)
 
     def load(self, ckpt: Checkpoint) -> None:
+        """Load ``ckpt`` into the net and trainer (:func:`load_state`); see :meth:`StateAdapter.load`.
+
+        Args:
+            ckpt: the checkpoint to restore.
+
+        Raises:
+            ShapeMismatchError: from :func:`load_state`.
+            CheckpointError: from :func:`load_state`.
+        """
         load_state(self.net, self.trainer, ckpt.path, saved_order=ckpt.metadata.get("trainer_params"))
 
     def after_restore(self, ckpt: Checkpoint | None) -> None:
+        """Broadcast rank 0's parameters on a distributed kvstore (:func:`sync_distributed_parameters`).
+
+        Args:
+            ckpt: the restored checkpoint, or None on a fresh start (unused: every worker syncs either way).
+        """
         # Every worker of a distributed job restores at the same point before training: the place
         # to broadcast the parameters so that MXNet's first step cannot race its own pull.
         sync_distributed_parameters(self.trainer, logger=self.log)
 
     def at_step(self, step: int) -> None:
+        """Re-seed MXNet's generator with :func:`rng_seed_for` ``(seed, step)`` (nothing when ``seed`` is None).
+
+        Args:
+            step: completed steps so far.
+        """
         if self.seed is not None:
             import mxnet as mx
 
             mx.random.seed(rng_seed_for(self.seed, step))
 
     def release(self) -> None:
+        """Free both host buffers."""
         self.host_buffers = [None, None]
 
 
 class GluonCheckpointer(CheckpointDriver):
-    """Checkpoint, resume and interruption handling for a Gluon ``net`` trained with ``trainer``:
-    :class:`~spot_training.training.core.CheckpointDriver` with a :class:`GluonAdapter`.
+    """Checkpoint, resume and interruption handling for a Gluon ``net`` trained with ``trainer``.
+
+    :class:`~spot_training.training.core.CheckpointDriver` with a :class:`GluonAdapter`. Attributes as
+    the driver's (``step``, ``restored``, ``store``, ``notices``, ``schedule``...).
 
     Args:
         net: the ``gluon.Block``. Deferred initialization (``nn.Dense(64)`` without ``in_units``) is
             fine: a restore initializes those parameters with the checkpoint's shapes.
         trainer: a ``gluon.Trainer`` with ``update_on_kvstore=False`` (the default on one device).
+        checkpoint_dir: as :class:`~spot_training.training.core.CheckpointDriver`.
+        every_steps: as the driver (default ``$SPOT_TRAINING_CHECKPOINT_EVERY_STEPS`` or 50).
+        every_seconds: as the driver.
+        background: as the driver.
+        keep: as the driver.
+        steps_per_epoch: as the driver.
+        notices: as the driver.
+        metadata: as the driver.
         seed: MXNet's generator is re-seeded before every step from ``(seed, step)``: ``"auto"``
             (default) from seed 0 when ``net`` has a Dropout block, else never; an integer: always;
-            None: never (then Dropout and ``mx.nd.random`` do not resume bitwise). See
-            :class:`GluonAdapter`.
-        checkpoint_dir, every_steps, every_seconds, background, keep, steps_per_epoch, notices,
-            metadata, logger: as :class:`~spot_training.training.core.CheckpointDriver` (every_steps default
-            ``$SPOT_TRAINING_CHECKPOINT_EVERY_STEPS`` or 50). Deprecated: ``directory`` (use
-            ``checkpoint_dir``), ``notice`` (``notices``).
+            None: never (then Dropout and ``mx.nd.random`` do not resume bitwise). See :class:`GluonAdapter`.
+        logger: default ``logging.getLogger("training.mxnet")``.
+        **deprecated: ``directory`` (use ``checkpoint_dir``), ``notice`` (use ``notices``).
 
-    Raises CheckpointPathError (naming the path) when the directory is a file or not writable.
-    Attributes as the driver's (``step``, ``restored``, ``store``, ``notices``, ``schedule``...).
+    Raises:
+        CheckpointPathError: the directory is a file or not writable (naming the path).
+        TypeError: an unknown keyword, or a deprecated and a current name with different values.
+        ValueError: a bad ``seed`` or cadence.
     """
 
     storage_exit_code = CHECKPOINT_STORAGE_EXIT_CODE
@@ -620,6 +732,14 @@ class GluonCheckpointer(CheckpointDriver):
 
 
 def state_bytes(net, trainer) -> int:
-    """Size in bytes of one host-memory copy of ``net`` and ``trainer`` (what a checkpoint holds)."""
+    """Size in bytes of one host-memory copy of ``net`` and ``trainer`` (what a checkpoint holds).
+
+    Args:
+        net: the ``gluon.Block``, initialized.
+        trainer: its ``gluon.Trainer``.
+
+    Returns:
+        bytes of the parameters and trainer states.
+    """
     return capture_state(net, trainer).nbytes
 

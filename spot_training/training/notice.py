@@ -38,14 +38,18 @@ def request_file_from_env(environ=None) -> Path | None:
 class NoticeHandler:
     """Turns stop and checkpoint signals (and the request file) into flags the training loop polls.
 
-    request_file: path whose existence requests an extra checkpoint; the file is deleted when the
-    request is consumed. Default: ``$SPOT_TRAINING_CHECKPOINT_REQUEST_FILE`` (None when unset).
-    stop_signals: signals that request a stop (default ``(SIGTERM,)``).
-    checkpoint_signals: signals that request an extra checkpoint (default ``(SIGUSR1,)``).
-
     Use as a context manager, or call :meth:`install` / :meth:`uninstall`; installing must happen
-    in the main thread (Python delivers signals there), else ValueError from ``signal.signal``.
-    The previous handlers are restored on uninstall.
+    in the main thread (Python delivers signals there). The previous handlers are restored on uninstall.
+
+    Args:
+        request_file: path whose existence requests an extra checkpoint; the file is deleted when the
+            request is consumed. Default: ``$SPOT_TRAINING_CHECKPOINT_REQUEST_FILE`` (None when unset).
+        stop_signals: signals that request a stop (default ``(SIGTERM,)``).
+        checkpoint_signals: signals that request an extra checkpoint (default ``(SIGUSR1,)``).
+
+    Raises:
+        ValueError: a signal is in both ``stop_signals`` and ``checkpoint_signals``; on :meth:`install`
+            outside the main thread (from ``signal.signal``).
     """
 
     def __init__(
@@ -237,10 +241,18 @@ def _register_fork_handler() -> None:
 class SaveSchedule:
     """Save cadence by steps and/or seconds.
 
-    every_steps: save when the number of completed steps is a multiple of it (>= 1, or None).
-    every_seconds: save when at least this many seconds passed since the last save (> 0, or None).
-    Neither: only on demand (notices). clock: monotonic seconds (default ``time.monotonic``).
-    Step-based saves fall on the same steps in every run, which keeps resumed runs comparable.
+    Neither cadence: only on demand (notices). Step-based saves fall on the same steps in every run,
+    which keeps resumed runs comparable.
+
+    Args:
+        every_steps: save when the number of completed steps is a multiple of it (>= 1, or None: off;
+            default 50).
+        every_seconds: save when at least this many seconds passed since the last save (> 0, or None: off;
+            the default).
+        clock: monotonic seconds (default ``time.monotonic``).
+
+    Raises:
+        ValueError: ``every_steps`` not an integer >= 1 or ``every_seconds`` not a number > 0 (None passes).
     """
 
     def __init__(self, every_steps: int | None = 50, every_seconds: float | None = None, *,
@@ -257,7 +269,15 @@ class SaveSchedule:
         self._last_save = clock()
 
     def due(self, step: int, now: float | None = None) -> bool:
-        """True when a save is due after ``step`` completed steps (``now`` in clock seconds)."""
+        """True when a save is due after ``step`` completed steps (``now`` in clock seconds).
+
+        Args:
+            step: completed steps so far.
+            now: the current time in clock seconds (default: read the clock).
+
+        Returns:
+            True on a multiple of ``every_steps`` (step > 0) or when ``every_seconds`` passed since the last save.
+        """
         if self.every_steps is not None and step > 0 and step % self.every_steps == 0:
             return True
         if self.every_seconds is not None:

@@ -98,9 +98,19 @@ def _newest_mtime(path: Path) -> float:
 
 
 def is_stale_temp(path: Path, *, now: float | None = None) -> bool:
-    """Whether the temporary entry ``path`` (``.tmp-...``) was left by a writer that is gone: made on
-    this host by a process that no longer exists, or, when that cannot be told (another host sharing
-    the directory, an older name without an owner), unchanged for :data:`STALE_TEMP_AGE_S` seconds."""
+    """Whether the temporary entry ``path`` (``.tmp-...``) was left by a writer that is gone.
+
+    Gone: made on this host by a process that no longer exists, or, when that cannot be told (another
+    host sharing the directory, an older name without an owner), unchanged for :data:`STALE_TEMP_AGE_S`
+    seconds.
+
+    Args:
+        path: the temporary file or directory in a checkpoint directory.
+        now: the current time, seconds since the epoch (default ``time.time()``).
+
+    Returns:
+        True when the entry may be removed.
+    """
     parts = path.name.rsplit("-", 3)
     if len(parts) == 4 and parts[1] == _host_token() and parts[2].isdigit():
         pid = int(parts[2])
@@ -185,18 +195,25 @@ def _file_sha256(path: Path) -> str:
 
 
 def write_file(path: str | os.PathLike, chunks) -> dict:
-    """Write ``chunks`` (an iterable of bytes-like objects: bytes, memoryview, a contiguous numpy
-    ``uint8`` view) to a new file ``path``, hashing each chunk as it is written, then fsync it.
+    """Write ``chunks`` to a new file ``path``, hashing each chunk as it is written, then fsync it.
 
-    Returns the manifest entry ``{"size": bytes, "sha256": hex}`` of exactly the bytes written.
-    Hand such entries (keyed by the path relative to the checkpoint's temporary directory) back
-    from the ``write`` callback of :meth:`CheckpointStore.save`: the store then neither re-reads
-    nor re-fsyncs those files, which halves the writer thread's CPU and memory traffic for a large
+    Hand the returned entries (keyed by the path relative to the checkpoint's temporary directory) back
+    from the ``write`` callback of :meth:`CheckpointStore.save`: the store then neither re-reads nor
+    re-fsyncs those files, which halves the writer thread's CPU and memory traffic for a large
     checkpoint. Why by hand: no library hashes while it writes. Large chunks keep the GIL free:
-    ``file.write`` of a big buffer goes straight to ``write(2)`` and ``hashlib`` releases the GIL
-    for buffers over 2 KiB, so a background writer does not stall the training thread's Python.
-    Raises FileExistsError if ``path`` exists (a checkpoint file is written once), OSError as the
-    file system does.
+    ``file.write`` of a big buffer goes straight to ``write(2)`` and ``hashlib`` releases the GIL for
+    buffers over 2 KiB, so a background writer does not stall the training thread's Python.
+
+    Args:
+        path: the file to create (must not exist: a checkpoint file is written once).
+        chunks: an iterable of bytes-like objects (bytes, memoryview, a contiguous numpy ``uint8`` view).
+
+    Returns:
+        the manifest entry ``{"size": bytes, "sha256": hex}`` of exactly the bytes written.
+
+    Raises:
+        FileExistsError: ``path`` exists.
+        OSError: as the file system raises it (full disk, permissions).
     """
     digest = hashlib.sha256()
     size = 0
@@ -235,25 +252,39 @@ def _combined_checksum(files: dict[str, dict]) -> str:
 
 
 def write_json_atomic(path: Path, payload: dict) -> None:
-    """Write ``payload`` as JSON to ``path`` atomically: temp file (``TMP_PREFIX`` and the owner's
-    ``<host>-<pid>-<random>``, so a store opened elsewhere can tell whether its writer is gone) beside it,
-    fsync, ``os.replace``, fsync the directory (:func:`contract.write_json_atomic`). The temp file is
-    removed on any exception."""
+    """Write ``payload`` as JSON to ``path`` atomically (:func:`contract.write_json_atomic`).
+
+    The temporary file's name carries ``TMP_PREFIX`` and the owner's ``<host>-<pid>-<random>``, so a
+    store opened elsewhere can tell whether its writer is gone (:func:`is_stale_temp`).
+
+    Args:
+        path: the file to write, in the checkpoint directory.
+        payload: a JSON-serializable dict.
+
+    Raises:
+        OSError: the file cannot be written or synced (the temporary file is removed).
+    """
     contract.write_json_atomic(path, payload, tmp_prefix=TMP_PREFIX, tmp_suffix=_temp_suffix())
 
 
 class CheckpointStore:
     """Atomic keep-N checkpoints in one directory, with checksums and fallback past corrupt ones.
 
-    directory: where checkpoints live (created if missing). framework: ``"tensorflow"`` or
-    ``"mxnet"``; recorded in every manifest and checked on restore. framework_version: recorded
-    (default ``""``). keep: how many checkpoints to keep, >= 2 (default 3) so that a corrupt newest
-    one always has a predecessor. logger: a ``logging.Logger`` (default ``spot_training.training.store``).
+    Only one process may write to a directory at a time (on a cluster, rank 0 saves); temporary
+    directories left by killed writers are removed when a store is created.
 
-    Raises CheckpointPathError if ``directory`` (or a parent) is an existing non-directory;
-    ValueError for a bad ``framework`` or ``keep``. Only one process may write to a directory at a
-    time (on a cluster, rank 0 saves); temporary directories left by killed writers are removed when
-    a store is created.
+    Args:
+        directory: where checkpoints live (created if missing).
+        framework: one of :data:`FRAMEWORKS` (``"tensorflow"``, ``"mxnet"``, ``"pytorch"``, ``"numpy"``);
+            recorded in every manifest and checked on restore.
+        framework_version: recorded in every manifest (default ``""``).
+        keep: how many checkpoints to keep, >= 2 (default 3) so that a corrupt newest one always has a
+            predecessor.
+        logger: default ``logging.getLogger("spot_training.training.store")``.
+
+    Raises:
+        CheckpointPathError: ``directory`` (or a parent) is an existing non-directory.
+        ValueError: a bad ``framework`` or ``keep``.
     """
 
     def __init__(
@@ -296,18 +327,26 @@ class CheckpointStore:
     ) -> Checkpoint:
         """Write one checkpoint atomically and return it.
 
-        write(tmp_dir) puts the framework's files into ``tmp_dir`` (an empty directory beside the
-        target). It may return a dict ``{relative path: {"size", "sha256"}}`` for files it wrote
-        with :func:`write_file` (already hashed and fsynced); any other return value is ignored.
-        The store then fsyncs every other file, records a sha256 per file and one over all of them
-        in ``manifest.json``, renames the directory to ``ckpt-<step:012d>``, replaces ``LATEST``
-        atomically, fsyncs the directory and only then prunes to the newest ``keep``.
-        step: optimizer steps completed (>= 0). epoch: epoch the next step belongs to (>= 0).
-        metadata: a JSON-serialisable dict stored in the manifest (e.g. the data position).
+        The store fsyncs every file ``write`` did not report, records a sha256 per file and one over all
+        of them in ``manifest.json``, renames the directory to ``ckpt-<step:012d>``, replaces ``LATEST``
+        atomically, fsyncs the directory and only then prunes to the newest ``keep``. Saving a step that
+        already has a verified checkpoint returns that checkpoint unchanged.
 
-        Saving a step that already has a verified checkpoint returns that checkpoint unchanged.
-        Raises ValueError for bad step/epoch/metadata; any exception of ``write`` propagates after
-        the temporary directory is removed (the previous checkpoints stay as they were).
+        Args:
+            write: ``write(tmp_dir)`` puts the framework's files into ``tmp_dir`` (an empty directory beside
+                the target). It may return ``{relative path: {"size", "sha256"}}`` for files it wrote with
+                :func:`write_file` (already hashed and fsynced); any other return value is ignored.
+            step: optimizer steps completed, >= 0.
+            epoch: the epoch the next step belongs to, >= 0.
+            metadata: a JSON-serialisable dict stored in the manifest (e.g. the data position).
+
+        Returns:
+            the committed checkpoint.
+
+        Raises:
+            ValueError: a bad ``step``, ``epoch`` or ``metadata``.
+            Exception: any exception of ``write`` propagates after the temporary directory is removed (the
+                previous checkpoints stay as they were).
         """
         _check_int("step", step, 0)
         _check_int("epoch", epoch, 0)
@@ -339,13 +378,27 @@ class CheckpointStore:
 
     def commit(self, tmp: str | os.PathLike, *, step: int, epoch: int, metadata: dict | None = None,
                written: dict | None = None) -> Checkpoint:
-        """Second half of a two-phase save: fsync and checksum every file in ``tmp``, write the
-        manifest, rename to ``ckpt-<step:012d>``, replace ``LATEST``, prune. See :meth:`save`.
-        written: ``{relative path: {"size", "sha256"}}`` from :func:`write_file` for files already
-        hashed and fsynced while being written (their size is checked against the file; a file not
-        listed, or listed with another size, is fsynced and hashed here). Every file in ``tmp`` is
-        covered by the manifest either way. On any error ``tmp`` is removed and the previous
-        checkpoints stay as they were."""
+        """Second half of a two-phase save: checksum, manifest, rename to ``ckpt-<step:012d>``, ``LATEST``, prune.
+
+        Every file in ``tmp`` is covered by the manifest; see :meth:`save`.
+
+        Args:
+            tmp: the temporary directory from :meth:`begin`, filled.
+            step: optimizer steps completed, >= 0.
+            epoch: the epoch the next step belongs to, >= 0.
+            metadata: a JSON-serialisable dict stored in the manifest.
+            written: ``{relative path: {"size", "sha256"}}`` from :func:`write_file` for files already hashed
+                and fsynced (their size is checked against the file; a file not listed, or listed with another
+                size, is fsynced and hashed here).
+
+        Returns:
+            the committed checkpoint (an existing verified one at ``step`` is kept and returned).
+
+        Raises:
+            ValueError: a bad ``step``, ``epoch`` or ``metadata``.
+            OSError: as the file system raises it. On any error ``tmp`` is removed and the previous
+                checkpoints stay as they were.
+        """
         tmp = Path(tmp)
         try:
             _check_int("step", step, 0)
@@ -409,7 +462,15 @@ class CheckpointStore:
 
     def mark_complete(self, *, step: int, epoch: int) -> None:
         """Write ``<directory>/COMPLETED`` atomically: JSON ``{"step", "epoch", "wall_time"}``
-        (docs/contracts.md). Call it after the final checkpoint."""
+        (docs/contracts.md). Call it after the final checkpoint.
+
+        Args:
+            step: the final step, >= 0.
+            epoch: its epoch, >= 0.
+
+        Raises:
+            ValueError: a negative or non-integer ``step`` or ``epoch``.
+        """
         _check_int("step", step, 0)
         _check_int("epoch", epoch, 0)
         write_json_atomic(self.directory / COMPLETED_NAME, {"step": step, "epoch": epoch, "wall_time": time.time()})
@@ -462,9 +523,10 @@ class CheckpointStore:
         """Find :meth:`latest`, check its framework, call ``read(ckpt)`` and return it (None when
         there is no checkpoint, and ``read`` is not called).
 
-        Raises FrameworkMismatchError when the newest verified checkpoint was written by another
-        framework; whatever ``read`` raises (adapters raise ShapeMismatchError) propagates.
-        Nothing is deleted in any case.
+        Raises:
+            FrameworkMismatchError: the newest verified checkpoint was written by another framework.
+            Exception: whatever ``read`` raises (adapters raise ShapeMismatchError) propagates. Nothing
+                is deleted in any case.
         """
         ckpt = self.latest()
         if ckpt is None:
@@ -580,8 +642,13 @@ class BackgroundSaver:
     of a background write is re-raised by the next ``submit``, ``wait`` or ``close``.
     A process killed mid-write leaves the previous checkpoint valid (the store's atomic rename).
 
-    writer_nice: nice value of the writer thread on Linux (default 10, None: unchanged), so that on
-    a small node its CPU work uses idle cores and yields to training instead of slowing it.
+    Args:
+        store: the store the thread writes to.
+        writer_nice: nice value of the writer thread on Linux, 0..19 (default 10; None: unchanged), so
+            that on a small node its CPU work uses idle cores and yields to training.
+
+    Raises:
+        ValueError: ``writer_nice`` is not an integer 0..19 or None.
     """
 
     def __init__(self, store: CheckpointStore, *, writer_nice: int | None = 10) -> None:
@@ -600,8 +667,18 @@ class BackgroundSaver:
         self._thread.start()
 
     def submit(self, write: Callable[[Path], None], *, step: int, epoch: int, metadata: dict | None = None) -> None:
-        """Queue one save (same arguments as :meth:`CheckpointStore.save`); waits for the previous
-        one to finish first. Raises RuntimeError after :meth:`close`, or the previous write's error."""
+        """Queue one save; waits for the previous one to finish first.
+
+        Args:
+            write: as :meth:`CheckpointStore.save`.
+            step: as :meth:`CheckpointStore.save`.
+            epoch: as :meth:`CheckpointStore.save`.
+            metadata: as :meth:`CheckpointStore.save`.
+
+        Raises:
+            RuntimeError: called after :meth:`close`.
+            Exception: the previous background write's error.
+        """
         if self._closed:
             raise RuntimeError("BackgroundSaver.submit() called after close()")
         self._idle.wait()
@@ -611,10 +688,23 @@ class BackgroundSaver:
 
     def submit_prepared(self, tmp: Path, finish: Callable[[], None], *, step: int, epoch: int,
                         metadata: dict | None = None) -> None:
-        """Queue the commit of a two-phase save: the writer thread calls ``finish()`` (e.g. TF's
-        ``Checkpoint.sync()``, which waits for its own asynchronous write into ``tmp``), then
-        :meth:`CheckpointStore.commit` (a dict that ``finish`` returns is passed as ``written``). ``tmp`` comes from :meth:`CheckpointStore.begin`. Call
-        :meth:`wait` before starting the framework's write so that writes never overlap."""
+        """Queue a two-phase save's commit: the writer thread calls ``finish()``, then :meth:`CheckpointStore.commit`.
+
+        ``finish`` is e.g. TF's ``Checkpoint.sync()``, which waits for its own asynchronous write into
+        ``tmp``; a dict it returns is passed as ``written``. Call :meth:`wait` before starting the
+        framework's write so that writes never overlap.
+
+        Args:
+            tmp: the temporary directory from :meth:`CheckpointStore.begin`.
+            finish: called on the writer thread before the commit.
+            step: as :meth:`CheckpointStore.commit`.
+            epoch: as :meth:`CheckpointStore.commit`.
+            metadata: as :meth:`CheckpointStore.commit`.
+
+        Raises:
+            RuntimeError: called after :meth:`close`.
+            Exception: the previous background write's error.
+        """
         if self._closed:
             raise RuntimeError("BackgroundSaver.submit_prepared() called after close()")
         self._idle.wait()

@@ -120,6 +120,11 @@ class TFAdapter(StateAdapter):
     returns ``checkpoint.sync`` as the write function the driver's writer thread waits on; without
     ``background`` it writes synchronously. Format 2 adds ``tf_rng`` (TensorFlow's global
     ``tf.random.Generator``); format 1 checkpoints (without it) are still read.
+
+    Args:
+        trackables: the objects to checkpoint, by name (see :class:`TFCheckpointer`).
+        background: write with TensorFlow's async checkpoint.
+        step: returns the completed steps, stored in the step variable at each snapshot.
     """
 
     framework = "tensorflow"
@@ -148,9 +153,17 @@ class TFAdapter(StateAdapter):
         self._at_step_calls = 0
 
     def framework_version(self) -> str:
+        """``tensorflow <version>`` (see :meth:`StateAdapter.framework_version`)."""
         return f"tensorflow {tf.__version__}"
 
     def at_step(self, step: int) -> None:
+        """After the first traced step, warn once when a traced function uses stateful random ops (not resumable).
+
+        See :meth:`StateAdapter.at_step` and :func:`~spot_training.training.core.warn_not_exact`.
+
+        Args:
+            step: completed steps so far (unused; the call count tells the first step).
+        """
         # After the first step of the run (the second call: the first follows the restore) the
         # training step has been traced: look once for random ops whose state no checkpoint holds.
         self._at_step_calls += 1
@@ -167,6 +180,14 @@ class TFAdapter(StateAdapter):
                     logger=logging.getLogger("spot_training.training.tf_loop"))
 
     def check_metadata(self, ckpt: Checkpoint) -> None:
+        """Accept this adapter's checkpoints of format 1 (no ``tf_rng``) and the current format.
+
+        Args:
+            ckpt: the checkpoint to check.
+
+        Raises:
+            CheckpointError: another adapter or format wrote it.
+        """
         meta = ckpt.metadata
         if meta.get("adapter") != self.adapter or meta.get("adapter_format") not in self.accepted_formats:
             raise CheckpointError(
@@ -175,6 +196,17 @@ class TFAdapter(StateAdapter):
                 f"{self.adapter!r}, one of {self.accepted_formats}); use another checkpoint directory")
 
     def snapshot(self, directory: Path):
+        """Write the ``tf.train.Checkpoint`` into ``directory`` (asynchronously in background mode).
+
+        Args:
+            directory: the store's empty temporary directory.
+
+        Returns:
+            ``checkpoint.sync`` in background mode (the driver's writer thread waits on it), else None (written).
+
+        Raises:
+            CheckpointError: ``tf.random.set_global_generator()`` replaced the tracked global generator.
+        """
         if self.global_generator is not None and tf.random.get_global_generator() is not self.global_generator:
             raise CheckpointError("tf.random.set_global_generator() was called after TFCheckpointer was created: "
                                   "the new global generator is not checkpointed; set it before creating TFCheckpointer")
@@ -187,6 +219,16 @@ class TFAdapter(StateAdapter):
         return None
 
     def load(self, ckpt: Checkpoint) -> None:
+        """Read ``ckpt`` into the trackables and check that every existing object matched.
+
+        Args:
+            ckpt: the checkpoint to restore.
+
+        Raises:
+            ShapeMismatchError: a variable's shape differs or an object was not matched.
+            CheckpointError: the checkpoint does not fit these objects, or its step variable disagrees
+                with its manifest.
+        """
         checkpoint = self._legacy() if ckpt.metadata.get("adapter_format") == 1 else self.checkpoint
         prefix = str(ckpt.path / PREFIX)
         try:
@@ -210,19 +252,11 @@ class TFAdapter(StateAdapter):
 
 
 class TFCheckpointer(CheckpointDriver):
-    """Checkpoint, resume and notice handling for a custom TensorFlow loop:
-    :class:`~spot_training.training.core.CheckpointDriver` with a :class:`TFAdapter`.
+    """Checkpoint, resume and notice handling for a custom TensorFlow loop.
 
-    trackables: the objects to checkpoint, by name (``model=``, ``optimizer=``, a
-    ``tf.random.Generator``, a ``tf.data`` iterator, any ``tf.Variable``); names ``step``,
-    ``keras_rng`` and ``tf_rng`` are reserved. Build everything before :meth:`restore` (call the
-    model once, ``optimizer.build(model.trainable_variables)``: Keras 3 creates slots lazily and a
-    restore into missing slots is deferred, not checked).
-    Options as :class:`~spot_training.training.core.CheckpointDriver`: checkpoint_dir (deprecated name
-    ``directory``), every_steps (default ``$SPOT_TRAINING_CHECKPOINT_EVERY_STEPS`` or 50),
-    every_seconds, background (TensorFlow's async checkpoint + the driver's committing thread,
-    default True), keep, steps_per_epoch, notices (deprecated ``notice``), metadata, logger.
-    Raises CheckpointPathError (naming the path) when the directory is a file or not writable.
+    :class:`~spot_training.training.core.CheckpointDriver` with a :class:`TFAdapter`. Build everything
+    before :meth:`restore` (call the model once, ``optimizer.build(model.trainable_variables)``: Keras 3
+    creates slots lazily and a restore into missing slots is deferred, not checked).
 
     Random numbers inside the step: ``tf.random.get_global_generator()`` and any
     ``tf.random.Generator`` passed as a trackable resume exactly; so do Keras layers' SeedGenerators.
@@ -232,6 +266,25 @@ class TFCheckpointer(CheckpointDriver):
 
     Attributes: ``step`` (completed steps, Python int), ``step_variable`` (the int64 tf.Variable in
     the checkpoint), ``checkpoint`` (the ``tf.train.Checkpoint``), ``restored``.
+
+    Args:
+        checkpoint_dir: as :class:`~spot_training.training.core.CheckpointDriver` (deprecated name ``directory``).
+        every_steps: as the driver (default ``$SPOT_TRAINING_CHECKPOINT_EVERY_STEPS`` or 50).
+        every_seconds: as the driver.
+        background: TensorFlow's async checkpoint plus the driver's committing thread (default True).
+        keep: as the driver.
+        steps_per_epoch: as the driver.
+        notices: as the driver (deprecated name ``notice``).
+        metadata: as the driver.
+        logger: default ``logging.getLogger("spot_training.training.tf_loop")``.
+        **trackables: the objects to checkpoint, by name (``model=``, ``optimizer=``, a
+            ``tf.random.Generator``, a ``tf.data`` iterator, any ``tf.Variable``); ``step``,
+            ``keras_rng`` and ``tf_rng`` are reserved.
+
+    Raises:
+        CheckpointPathError: the directory is a file or not writable (naming the path).
+        ValueError: no trackable, a reserved name, or ``background`` not a bool.
+        TypeError: a deprecated and a current name given with different values.
     """
 
     storage_exit_code = CHECKPOINT_STORAGE_EXIT_CODE

@@ -245,8 +245,9 @@ class TorchAdapter(StateAdapter):
         every_seconds: distributed jobs only: rank 0's clock asks for a save this often (seconds),
             agreed by all ranks; None: off. (Single process: the driver's own schedule does it.)
 
-    Raises ValueError on a bad ``snapshot_mode``, an ``extra`` object without state_dict, or
-    ``$WORLD_SIZE`` > 1 (a ``torchrun`` launch) before ``torch.distributed`` is initialised.
+    Raises:
+        ValueError: a bad ``snapshot_mode``, an ``extra`` object without state_dict, or
+            ``$WORLD_SIZE`` > 1 (a ``torchrun`` launch) before ``torch.distributed`` is initialised.
     """
 
     framework = "pytorch"
@@ -306,6 +307,12 @@ class TorchAdapter(StateAdapter):
         self._optimizer_steps += 1
 
     def at_step(self, step: int) -> None:
+        """Note the optimizer-step count at the step boundary (see :meth:`StateAdapter.at_step`).
+
+        Args:
+            step: completed steps so far; a save after a step without ``optimizer.step()`` (gradient
+                accumulation) then keeps the gradients.
+        """
         self._optimizer_steps_at_boundary = self._optimizer_steps
 
     def _mid_accumulation(self) -> bool:
@@ -315,9 +322,16 @@ class TorchAdapter(StateAdapter):
 
     # ------------------------------------------------------------------ metadata
     def framework_version(self) -> str:
+        """``torch <version>`` (see :meth:`StateAdapter.framework_version`)."""
         return f"torch {torch.__version__}"
 
     def metadata(self) -> dict:
+        """The manifest's metadata: world size, snapshot mode, data position, optimizer class, early stop.
+
+        Returns:
+            ``{"world_size", "snapshot_mode", "batch_size"?, "examples"?, "optimizer"?, "early_stop"?}``
+            (the data-position keys once :meth:`TorchCheckpointer.batch_sampler` set them).
+        """
         meta = {"world_size": self.world_size, "snapshot_mode": self.mode or self.snapshot_mode, **self.data}
         if self.early_stop:
             meta["early_stop"] = True
@@ -328,7 +342,11 @@ class TorchAdapter(StateAdapter):
     def check_metadata(self, ckpt: Checkpoint) -> None:
         """The adapter's checks, then: the same optimizer class and the same per-rank batch size and
         dataset size as the checkpoint (recorded since these were added; older checkpoints pass), before
-        anything is read. Raises ShapeMismatchError naming the checkpoint and the difference."""
+        anything is read.
+
+        Raises:
+            ShapeMismatchError: naming the checkpoint and the difference.
+        """
         super().check_metadata(ckpt)
         saved, live = ckpt.metadata, self.metadata()
         labels = {"optimizer": "optimizer", "batch_size": "batch size per rank", "examples": "examples in the dataset"}
@@ -395,6 +413,18 @@ class TorchAdapter(StateAdapter):
         return self.mode
 
     def snapshot(self, directory: Path) -> Callable[[], dict]:
+        """Copy the model, optimizer, scheduler, scaler, extra and generator states to host memory.
+
+        See :meth:`StateAdapter.snapshot`. In ``device``/``pinned`` mode the copies run on a side CUDA stream
+        and the next ``optimizer.step()`` waits for them (a pre-hook); ``sync`` copies before returning.
+
+        Args:
+            directory: the store's empty temporary directory the returned writer fills.
+
+        Returns:
+            a function that writes the captured tensors and the index into ``directory`` and returns their
+            ``{relative path: {"size", "sha256"}}``.
+        """
         self.wait_for_snapshot()  # the previous snapshot's copies are done (the writer waited for them too)
         skeleton, tensors, step_only = self._collect()
         self._gathered_rng = None
@@ -471,6 +501,19 @@ class TorchAdapter(StateAdapter):
 
     # ------------------------------------------------------------------ restore
     def load(self, ckpt: Checkpoint) -> None:
+        """Read ``ckpt`` into the live model, optimizer, scheduler, scaler, extra objects and generators.
+
+        See :meth:`StateAdapter.load`: every shape is checked before anything changes.
+
+        Args:
+            ckpt: the checkpoint the driver chose to restore.
+
+        Raises:
+            ShapeMismatchError: a parameter or an optimizer state has another shape than in the checkpoint
+                (the model changed); names the path and the variable.
+            CheckpointError: the index is missing, unreadable or of another format, the tensor file is
+                truncated, or a tensor has an unsupported dtype.
+        """
         path = ckpt.path
         try:
             index = json.loads((path / INDEX_FILE).read_text(encoding="utf-8"))
@@ -562,6 +605,10 @@ class TorchAdapter(StateAdapter):
 
     # ------------------------------------------------------------------ distributed
     def before_save(self) -> None:
+        """Restart the seconds cadence and, in a distributed job, gather every rank's generator states to rank 0.
+
+        See :meth:`StateAdapter.before_save`; runs on every rank (``torch.distributed.all_gather_object``).
+        """
         self._last_save_time = time.monotonic()
         if self.distributed and self.rng:
             gathered: list[Any] = [None] * self.world_size
@@ -569,6 +616,17 @@ class TorchAdapter(StateAdapter):
             self._gathered_rng = gathered if self.is_writer else None
 
     def agree(self, stop: bool, checkpoint: bool) -> tuple[bool, bool]:
+        """Combine every rank's stop and checkpoint requests with an all-reduce (MAX), plus rank 0's seconds cadence.
+
+        See :meth:`StateAdapter.agree`. Single process: the arguments unchanged.
+
+        Args:
+            stop: this rank wants to stop (a notice arrived).
+            checkpoint: this rank wants a checkpoint at this step.
+
+        Returns:
+            ``(stop, checkpoint)`` agreed by all ranks (a collective: every rank must call it at every step).
+        """
         if not self.distributed:
             return stop, checkpoint
         due = (self.is_writer and self.every_seconds is not None
@@ -581,10 +639,12 @@ class TorchAdapter(StateAdapter):
         return stop_all, ckpt_all
 
     def barrier(self) -> None:
+        """Wait for every rank (``torch.distributed.barrier``); nothing in a single process."""
         if self.distributed:
             torch.distributed.barrier()
 
     def release(self) -> None:
+        """Wait for pending copies, free the host and device buffers and remove the optimizer hooks."""
         if self._stream is not None:
             self._stream.synchronize()
         self._copy_event = None
@@ -609,10 +669,14 @@ class StepSampler(torch.utils.data.Sampler):
         start: the first step, an int or a callable evaluated when iteration begins (a
             :class:`TorchCheckpointer` passes its restored step). Default 0.
         total_steps: stop after this step (exclusive); None: endless.
-        rank, world_size: shard each global batch of ``batch_size * world_size`` examples by rank
-            (default: from ``torch.distributed`` when initialised, else 0 and 1).
+        rank: this rank's shard of each global batch of ``batch_size * world_size`` examples
+            (default: from ``torch.distributed`` when initialised, else 0).
+        world_size: ranks sharing each global batch (default: from ``torch.distributed`` when
+            initialised, else 1).
 
-    Raises ValueError when ``batch_size * world_size > n`` (from batch_indices).
+    Raises:
+        ValueError: ``batch_size * world_size > n`` (from batch_indices), or ``rank`` outside ``[0,
+            world_size)``.
     """
 
     def __init__(self, n: int, batch_size: int, *, seed: int = 0, start: int | Callable[[], int] = 0,
@@ -681,7 +745,8 @@ def protect_loader_workers(loader: Any) -> Any:
     Other iterables, loaders without workers and loaders already protected are returned unchanged.
     Call it before the loader's first ``iter()`` (persistent workers keep the function they started with).
 
-    Returns ``loader``.
+    Returns:
+        ``loader``.
     """
     if (isinstance(loader, torch.utils.data.DataLoader) and loader.num_workers > 0
             and not isinstance(loader.worker_init_fn, IgnoreNoticeSignals)):
@@ -730,17 +795,36 @@ def worker_draws_random_numbers(loader: Any) -> str | None:
 class TorchCheckpointer:
     """Resumable PyTorch training: :class:`TorchAdapter` on :class:`spot_training.training.core.CheckpointDriver`.
 
-    Args: ``model``, ``optimizer``, ``scheduler``, ``scaler``, ``extra``, ``rng``, ``snapshot_mode``
-    as :class:`TorchAdapter`; ``checkpoint_dir``, ``every_steps``, ``every_seconds``,
-    ``background``, ``keep``, ``steps_per_epoch``, ``notices``, ``metadata``, ``logger`` as
-    :class:`~spot_training.training.core.CheckpointDriver` (the same option names as every front-end; defaults
-    from ``$SPOT_TRAINING_CHECKPOINT_DIR``, ``$SPOT_TRAINING_CHECKPOINT_EVERY_STEPS`` (50) and
-    ``$SPOT_TRAINING_CHECKPOINT_EVERY_SECONDS``). In a distributed job the seconds cadence follows
-    rank 0's clock and is agreed by all ranks.
+    The option names are those of every front-end (docs/training-pytorch.md). In a distributed job the
+    seconds cadence follows rank 0's clock and is agreed by all ranks.
 
-    Raises CheckpointPathError (the directory is a file, read-only, ...) at construction, and on
-    the first step of :meth:`steps` what :meth:`CheckpointDriver.restore` raises (another
-    framework's checkpoint, a changed model: ShapeMismatchError naming the path and the variable).
+    Args:
+        model: the ``nn.Module`` (plain, ``torch.compile``d, or wrapped in DistributedDataParallel).
+        optimizer: a ``torch.optim.Optimizer`` or None.
+        scheduler: an LR scheduler (anything with ``state_dict``/``load_state_dict``) or None.
+        scaler: a ``torch.amp.GradScaler`` or None.
+        extra: ``{name: object with state_dict/load_state_dict}`` checkpointed as well (default none).
+        checkpoint_dir: default ``$SPOT_TRAINING_CHECKPOINT_DIR`` or ``/dltraining/checkpoints``.
+        every_steps: save every this many completed steps (None: off); default
+            ``$SPOT_TRAINING_CHECKPOINT_EVERY_STEPS`` or 50.
+        every_seconds: also save when this many seconds passed since the last save (None: off); default
+            ``$SPOT_TRAINING_CHECKPOINT_EVERY_SECONDS`` or None.
+        background: write checkpoints on a background thread (default True).
+        keep: checkpoints kept, >= 2 (default 3).
+        steps_per_epoch: records each checkpoint's epoch (default None: epoch 0).
+        notices: a :class:`~spot_training.training.notice.NoticeHandler` (default: SIGTERM stops, SIGUSR1
+            requests a checkpoint).
+        snapshot_mode: ``"auto"`` (default), ``"device"``, ``"pinned"`` or ``"sync"`` (as :class:`TorchAdapter`).
+        rng: checkpoint the torch CPU and CUDA generator states (default True).
+        metadata: optional callable returning a JSON-serialisable dict stored in each manifest.
+        logger: default ``logging.getLogger("training.torch")``.
+
+    Raises:
+        SystemExit: a :class:`~spot_training.training.core.CheckpointError` no restart can fix, at
+            construction (the directory is a file, read-only, ...: 74 or 78, docs/contracts.md) or on the
+            first step of :meth:`steps` (another framework's checkpoint, a changed model).
+        ValueError: from :class:`TorchAdapter` (a bad ``snapshot_mode``, an ``extra`` object without
+            ``state_dict``, a ``torchrun`` launch before ``torch.distributed`` is initialised).
     """
 
     def __init__(self, model: torch.nn.Module, optimizer=None, scheduler=None, *, scaler=None,
@@ -787,16 +871,33 @@ class TorchCheckpointer:
 
     @property
     def directory(self) -> Path:
+        """The checkpoint directory (after defaults from the environment)."""
         return self.driver.directory
 
     @property
     def is_writer(self) -> bool:
+        """True on the rank that writes checkpoints (rank 0; every rank restores)."""
         return self.adapter.is_writer
 
     def batch_sampler(self, n: int, batch_size: int, *, seed: int = 0, rank: int | None = None,
                       world_size: int | None = None) -> StepSampler:
         """A :class:`StepSampler` that starts at this checkpointer's step when iteration begins
-        (pass it as ``DataLoader(..., batch_sampler=...)`` and the loader to :meth:`steps`)."""
+        (pass it as ``DataLoader(..., batch_sampler=...)`` and the loader to :meth:`steps`).
+
+        Args:
+            n: examples in the dataset.
+            batch_size: examples per step on this rank; recorded so that a resume with another batch size
+                or dataset size is refused.
+            seed: permutation seed (default 0).
+            rank: this rank (default: from ``torch.distributed`` when initialised, else 0).
+            world_size: ranks (default: from ``torch.distributed`` when initialised, else 1).
+
+        Returns:
+            the sampler, starting at :attr:`step` when its iteration begins.
+
+        Raises:
+            ValueError: ``rank`` outside ``[0, world_size)`` or ``batch_size * world_size > n``.
+        """
         self.adapter.data = {"batch_size": batch_size, "examples": n}  # a resume with others is refused
         return StepSampler(n, batch_size, seed=seed, start=lambda: self.driver.step, rank=rank, world_size=world_size)
 
@@ -809,6 +910,18 @@ class TorchCheckpointer:
         The loader's iterator is created after the restore with the torch CPU generator state
         put back afterwards: a ``DataLoader`` draws its workers' base seed from that generator
         when it starts iterating, which would otherwise shift every later draw of a resumed run.
+
+        Args:
+            total_steps: the global steps of the whole training (not the steps still to run).
+            loader: an iterable of batches (a ``DataLoader`` with :meth:`batch_sampler`), or None.
+
+        Yields:
+            the step (``loader`` None) or ``(step, batch)``.
+
+        Raises:
+            SystemExit: 0 after the notice's checkpoint; 74 or 78 for a checkpoint error no restart fixes.
+            RuntimeError: the loop asked for another step after :meth:`finish`.
+            ValueError: ``loader`` ran out of batches before ``total_steps``.
         """
         it = None
         with self._exit_on_checkpoint_error():
@@ -893,11 +1006,15 @@ class TorchCheckpointer:
         return self.driver.after_step()
 
     def finish(self) -> Checkpoint | None:
-        """End training now: the final checkpoint (waited for), then ``COMPLETED``, as after the last
-        step. Inside a ``for ... in ckpt.steps(...)`` loop (early stopping) the step in progress counts
-        as completed (call it after that step's ``optimizer.step()``), then leave the loop with ``break``;
-        the next run restores that checkpoint and yields no step. Returns the final checkpoint (None on
-        ranks that do not write)."""
+        """End training now: the final checkpoint (waited for), then ``COMPLETED``, as after the last step.
+
+        Inside a ``for ... in ckpt.steps(...)`` loop (early stopping) the step in progress counts as
+        completed (call it after that step's ``optimizer.step()``), then leave the loop with ``break``; the
+        next run restores that checkpoint and yields no step.
+
+        Returns:
+            the final checkpoint (None on ranks that do not write).
+        """
         if self._in_step:
             self.driver.step += 1  # the yielded step ran; after_step never will
             self._in_step = False

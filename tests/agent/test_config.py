@@ -129,7 +129,7 @@ def test_notice_poll_interval_is_read():
     ("training", _DELETE, "training: missing; expected a value (required key)"),
     ("volume.device_name", _DELETE, "volume.device_name: missing"),
     ("colour", "blue", 'colour: got "blue"; expected no such key'),
-    # issue 15: option injection into git, absurd sizes, system paths, checkpoints on the root disk
+    # Option injection into git, absurd sizes, system paths, checkpoints on the root disk
     ("training.code", {"type": "git", "url": "--upload-pack=touch /tmp/x", "ref": "v1"},
      'training.code.url: got "--upload-pack=touch /tmp/x"; expected a git URL'),
     ("training.code", {"type": "git", "url": "https://example.com/r.git", "ref": "--orphan"},
@@ -167,7 +167,7 @@ def test_all_problems_are_reported_together():
 
 
 def test_pytorch_runs_on_single_nodes_and_on_cluster_nodes():
-    # Issue 11: PyTorch clusters run on TorchElastic (spot_training/agent/torch_elastic.py).
+    # PyTorch clusters run on TorchElastic (spot_training/agent/torch_elastic.py).
     config = parse_config(_set("training.framework", "pytorch"))
     assert config.training.framework == "pytorch"
     for role in ("scheduler", "worker"):

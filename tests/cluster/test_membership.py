@@ -286,7 +286,7 @@ def test_agent_restarted_inside_a_running_generation_reports_its_process_lost(wo
 
 
 def test_a_worker_whose_imds_turns_403_leaves_through_a_checkpoint_and_is_handed_back(world, tmp_path):
-    """Issue 15 item 8 on cluster workers: IMDS answering 403 means no more interruption notices. The
+    """On cluster workers, IMDS answering 403 means no more interruption notices. The
     worker leaves like a noticed one (the coordinator checkpoints without it) instead of exiting 78."""
     from spot_training.agent.interruption import IMDS_FORBIDDEN
     from spot_training.agent.ps_node import NodeAgent

@@ -37,7 +37,18 @@ TRAINING_LOG_FIELDS = ("step", "generation", "num_workers", "loss", "learning_ra
 
 
 def parse_args(argv=None, *, description: str) -> argparse.Namespace:
-    """Arguments of both cluster trainers (``--help`` lists them). Exits 2 naming a bad value."""
+    """Arguments of both cluster trainers (``--help`` lists them).
+
+    Args:
+        argv: the arguments without the program name; default ``sys.argv[1:]``.
+        description: the trainer's description for ``--help``.
+
+    Returns:
+        the parsed namespace, ``save_every_steps`` filled from the environment when not given.
+
+    Raises:
+        SystemExit: 2, naming a bad value (argparse's ``error``).
+    """
     p = argparse.ArgumentParser(description=description)
     p.add_argument("--steps", type=int, default=300, help="total optimizer steps (default 300)")
     p.add_argument("--batch-size", type=int, default=64, help="global batch size when --per-worker-batch is not set")
@@ -85,19 +96,50 @@ def flat_digits(data_dir: Path | None) -> tuple[np.ndarray, np.ndarray, np.ndarr
 
 
 def global_batch_size(args: argparse.Namespace, num_workers: int) -> int:
-    """Examples per optimizer step across all workers."""
+    """Examples per optimizer step across all workers.
+
+    Args:
+        args: the namespace of :func:`parse_args` (``per_worker_batch``, ``batch_size``).
+        num_workers: workers in the current group.
+
+    Returns:
+        ``per_worker_batch * num_workers`` when ``--per-worker-batch`` is set, else ``batch_size``.
+    """
     return args.per_worker_batch * num_workers if args.per_worker_batch else args.batch_size
 
 
 def global_batch(step: int, *, batch_size: int, n: int, seed: int) -> np.ndarray:
-    """Indices (int64, (batch_size,)) of the global batch of ``step``."""
+    """Indices (int64, (batch_size,)) of the global batch of ``step``.
+
+    Args:
+        step: the 0-based global step.
+        batch_size: examples per global step.
+        n: examples in the dataset.
+        seed: permutation seed.
+
+    Returns:
+        int64 array of shape ``(batch_size,)`` (:func:`~spot_training.training.datasets.batch_indices`).
+
+    Raises:
+        ValueError: from :func:`~spot_training.training.datasets.batch_indices` (``batch_size > n``, ...).
+    """
     return batch_indices(step, batch_size=batch_size, n=n, seed=seed)
 
 
 def worker_shard(indices: np.ndarray, *, rank: int, num_workers: int) -> np.ndarray:
     """Worker ``rank``'s part of a global batch (``numpy.array_split``; sizes differ by at most one).
 
-    Raises ValueError unless 0 <= rank < num_workers <= len(indices)."""
+    Args:
+        indices: the global batch's example indices, shape ``(global_batch,)``.
+        rank: this worker, ``0 <= rank < num_workers``.
+        num_workers: workers sharing the batch, ``<= len(indices)``.
+
+    Returns:
+        this worker's indices, a view of shape ``(about len(indices) / num_workers,)``.
+
+    Raises:
+        ValueError: unless ``0 <= rank < num_workers <= len(indices)``.
+    """
     if not 0 <= rank < num_workers:
         raise ValueError(f"rank must be in 0..num_workers-1, got rank={rank}, num_workers={num_workers}")
     if num_workers > len(indices):
@@ -128,7 +170,13 @@ class StepLog:
 
     Rank 0 also appends the row to ``<log_dir>/training_log.csv`` (:data:`TRAINING_LOG_FIELDS`) and, with
     ``steps_total``, writes ``<log_dir>/progress.json`` once: the progress the node agent publishes
-    (docs/contracts.md), so ``spot-train status`` shows a cluster's step, loss and ETA."""
+    (docs/contracts.md), so ``spot-train status`` shows a cluster's step, loss and ETA.
+
+    Args:
+        log_dir: the directory (created if missing); default ``$SPOT_TRAINING_LOG_DIR``
+            (:func:`~spot_training.training.core.default_log_dir`).
+        steps_total: the job's total steps, written to ``progress.json`` by rank 0 (None: not written).
+    """
 
     def __init__(self, log_dir: Path | None, *, steps_total: int | None = None) -> None:
         directory = Path(log_dir) if log_dir else default_log_dir()
@@ -149,6 +197,15 @@ class StepLog:
         return handle, writer
 
     def write(self, *, step: int, rank: int, num_workers: int, loss: float, learning_rate: float) -> None:
+        """Append one row for a completed step (rank 0 also to the training log).
+
+        Args:
+            step: completed steps after this one.
+            rank: this process's rank.
+            num_workers: workers in the current group.
+            loss: the step's training loss.
+            learning_rate: the learning rate the step used.
+        """
         now = f"{time.time():.3f}"
         self._writer.writerow([step, generation(), rank, num_workers, f"{loss:.6f}", f"{learning_rate:.6g}", now])
         if rank != 0:
@@ -163,13 +220,22 @@ class StepLog:
         self._progress[1].writerow([step, generation(), num_workers, f"{loss:.6f}", f"{learning_rate:.6g}", now])
 
     def close(self) -> None:
+        """Close the step log (and rank 0's training log)."""
         self._file.close()
         if self._progress is not None:
             self._progress[0].close()
 
 
 def write_result(log_dir: Path | None, payload: dict) -> Path:
-    """Write ``<log_dir>/result.json`` atomically (final step, test accuracy, ...); returns the path."""
+    """Write ``<log_dir>/result.json`` atomically (final step, test accuracy, ...).
+
+    Args:
+        log_dir: the directory; default ``$SPOT_TRAINING_LOG_DIR``.
+        payload: a JSON-serializable dict (written with sorted keys).
+
+    Returns:
+        the path written.
+    """
     directory = Path(log_dir) if log_dir else default_log_dir()
     path = directory / "result.json"
     tmp = path.with_name(f".tmp-result-{os.getpid()}")
@@ -179,7 +245,12 @@ def write_result(log_dir: Path | None, payload: dict) -> Path:
 
 
 def pace(started: float, min_seconds: float) -> None:
-    """Sleep so that a step that began at ``started`` (perf_counter) lasts at least ``min_seconds``."""
+    """Sleep so that a step that began at ``started`` lasts at least ``min_seconds``.
+
+    Args:
+        started: the step's start, ``time.perf_counter()`` seconds.
+        min_seconds: the shortest step, seconds (0: no sleep).
+    """
     left = min_seconds - (time.perf_counter() - started)
     if left > 0:
         time.sleep(left)
@@ -192,6 +263,13 @@ def run_and_exit(main: Callable[[], int], *, hard_exit: bool) -> None:
     ``hard_exit``: flush the logs and stdio, then ``os._exit`` instead of ``sys.exit``: the trainers use
     it where interpreter shutdown blocks in the framework's teardown after everything durable is done
     (the reasons are in each trainer's ``run``). Never returns.
+
+    Args:
+        main: the trainer's entry point, returning its exit status.
+        hard_exit: see above.
+
+    Raises:
+        SystemExit: always (or the process ends in ``os._exit``).
     """
     try:
         code = main()

@@ -45,7 +45,15 @@ STOP_KEY = 1_000_003
 
 
 def build_mlp(hidden: int, classes: int = 10):
-    """64 -> ``hidden`` (ReLU) -> ``hidden`` (ReLU) -> ``classes`` Gluon MLP with known input sizes."""
+    """64 -> ``hidden`` (ReLU) -> ``hidden`` (ReLU) -> ``classes`` Gluon MLP with known input sizes.
+
+    Args:
+        hidden: units in each of the two hidden layers.
+        classes: output logits (default 10, the digits).
+
+    Returns:
+        an uninitialised ``mxnet.gluon.nn.HybridSequential`` taking inputs of shape ``(batch, 64)``.
+    """
     from mxnet.gluon import nn
 
     net = nn.HybridSequential()
@@ -55,6 +63,14 @@ def build_mlp(hidden: int, classes: int = 10):
 
 
 def main(argv=None) -> int:
+    """Train on the digits with a ``dist_sync`` kvstore (``local`` alone), resuming from the newest checkpoint.
+
+    Args:
+        argv: the arguments (:func:`~spot_training.training.distributed.common.parse_args`); default ``sys.argv[1:]``.
+
+    Returns:
+        the exit status (module docstring): 0 after the last step or an agreed stop's checkpoint.
+    """
     args = parse_args(argv, description="MXNet dist_sync trainer of a spot-training cluster")
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # before MXNet loads OpenMP; fastest for tiny models
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

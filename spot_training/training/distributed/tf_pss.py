@@ -39,6 +39,14 @@ MAX_IN_FLIGHT = 10
 
 
 def main(argv=None) -> int:
+    """Run the ParameterServerStrategy chief's training loop, resuming from the newest checkpoint.
+
+    Args:
+        argv: the arguments (:func:`~spot_training.training.distributed.common.parse_args`); default ``sys.argv[1:]``.
+
+    Returns:
+        the exit status (module docstring): 0 after the last step or a SIGTERM's checkpoint.
+    """
     args = parse_args(argv, description="TensorFlow ParameterServerStrategy chief of a spot-training cluster")
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

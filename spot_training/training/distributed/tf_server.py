@@ -18,6 +18,12 @@ import sys
 
 
 def main() -> int:
+    """Start this node's ``tf.distribute.Server`` for the ``TF_CONFIG`` task and serve until the process ends.
+
+    Returns:
+        78 when ``TF_CONFIG``'s task type is not ``ps`` or ``worker``; otherwise it does not return
+        (``server.join()``) until the process is signalled.
+    """
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     import tensorflow as tf

@@ -76,10 +76,22 @@ COLLECTIVE_TIMEOUT_S = 120
 
 
 def stream_indices(start: int, count: int, *, n: int, seed: int) -> np.ndarray:
-    """Example indices (int64, ``(count,)``) at positions ``start .. start+count-1`` of the endless
-    stream of epoch permutations (epoch ``e`` = :func:`epoch_permutation` ``(e, n=n, seed=seed)``).
+    """Example indices at positions ``start .. start+count-1`` of the endless stream of epoch permutations.
 
-    Raises ValueError for a negative ``start``/``count`` or ``n`` < 1."""
+    Epoch ``e`` of the stream is :func:`epoch_permutation` ``(e, n=n, seed=seed)``.
+
+    Args:
+        start: the first stream position (examples consumed so far), >= 0.
+        count: how many indices, >= 0.
+        n: examples in the dataset, >= 1.
+        seed: permutation seed.
+
+    Returns:
+        int64 array of shape ``(count,)``.
+
+    Raises:
+        ValueError: a negative ``start`` or ``count``, or ``n`` < 1.
+    """
     if start < 0 or count < 0:
         raise ValueError(f"start and count must be >= 0. Received: start={start}, count={count}")
     if n < 1:
@@ -94,9 +106,27 @@ def stream_indices(start: int, count: int, *, n: int, seed: int) -> np.ndarray:
 
 
 def rank_indices(samples: int, *, global_batch: int, rank: int, world_size: int, n: int, seed: int) -> np.ndarray:
-    """Rank ``rank`` of ``world_size``'s example indices of the step that starts after ``samples``
-    consumed examples: its :func:`~spot_training.training.distributed.common.worker_shard` of the global batch
-    ``stream_indices(samples, global_batch)``. ValueError when the batch cannot be split that way."""
+    """One rank's example indices of the step that starts after ``samples`` consumed examples.
+
+    Its :func:`~spot_training.training.distributed.common.worker_shard` of the global batch
+    ``stream_indices(samples, global_batch)``.
+
+    Args:
+        samples: examples consumed by all ranks together before this step.
+        global_batch: examples per step over all ranks.
+        rank: this rank, ``0 <= rank < world_size``.
+        world_size: ranks in the group.
+        n: examples in the dataset.
+        seed: permutation seed.
+
+    Returns:
+        int64 array of about ``global_batch / world_size`` indices (``numpy.array_split``: shard sizes
+        differ by at most one).
+
+    Raises:
+        ValueError: ``rank`` outside ``0..world_size-1``, ``world_size > global_batch``, or the
+            arguments of :func:`stream_indices` out of range.
+    """
     return worker_shard(stream_indices(samples, global_batch, n=n, seed=seed), rank=rank, num_workers=world_size)
 
 
@@ -113,22 +143,45 @@ class DataPosition:
     def begin_group(self, step: int, world_size: int) -> None:
         """Call at the first step a (re)started worker group runs: a world size other than the one
         that wrote the checkpoint restarts the learning-rate warm-up at ``step`` (the global batch
-        changed under ``--per-worker-batch``); a fresh start (``world_size`` 0) keeps step 0."""
+        changed under ``--per-worker-batch``); a fresh start (``world_size`` 0) keeps step 0.
+
+        Args:
+            step: the global step the group starts at.
+            world_size: ranks in the new group.
+        """
         if self.world_size not in (0, world_size):
             self.warmup_start = step
         self.world_size = world_size
 
     def state_dict(self) -> dict:
+        """``{"samples", "world_size", "warmup_start"}`` (ints) for the checkpoint."""
         return {"samples": self.samples, "world_size": self.world_size, "warmup_start": self.warmup_start}
 
     def load_state_dict(self, state: dict) -> None:
+        """Restore from :meth:`state_dict`'s output.
+
+        Args:
+            state: the dict :meth:`state_dict` returned.
+
+        Raises:
+            KeyError: a key is missing.
+            ValueError: a value is not an integer.
+        """
         self.samples = int(state["samples"])
         self.world_size = int(state["world_size"])
         self.warmup_start = int(state["warmup_start"])
 
 
 def build_mlp(hidden: int, classes: int = 10):
-    """64 -> ``hidden`` (ReLU) -> ``hidden`` (ReLU) -> ``classes`` (no BatchNorm: nothing rank-local)."""
+    """64 -> ``hidden`` (ReLU) -> ``hidden`` (ReLU) -> ``classes`` (no BatchNorm: nothing rank-local).
+
+    Args:
+        hidden: units in each of the two hidden layers.
+        classes: output logits (default 10, the digits).
+
+    Returns:
+        a ``torch.nn.Sequential`` taking float inputs of shape ``(batch, 64)``.
+    """
     from torch import nn
 
     return nn.Sequential(nn.Linear(64, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, classes))

@@ -55,7 +55,17 @@ LOG_NAME = TRAINING_LOG_FILE
 def build_net(*, channels: int = 16, blocks: int = 2, classes: int = 10, width: int | None = None):
     """A ResNet-style CNN for 1x8x8 inputs (NCHW): conv-BN-ReLU stem, ``blocks`` residual blocks of
     ``channels`` (two 3x3 conv-BN with identity shortcut), global average pooling, a dense layer of
-    ``width`` units if given, and a ``classes``-way dense output. Defaults: about 10 K parameters."""
+    ``width`` units if given, and a ``classes``-way dense output. Defaults: about 10 K parameters.
+
+    Args:
+        channels: convolution channels of the stem and every block (default 16).
+        blocks: residual blocks (default 2).
+        classes: output logits (default 10).
+        width: units of a hidden dense layer before the output (None or 0: none).
+
+    Returns:
+        an uninitialised ``gluon.nn.HybridSequential`` taking ``(N, 1, 8, 8)`` inputs.
+    """
     from mxnet.gluon import nn
 
     class ResidualBlock(nn.HybridBlock):
@@ -85,6 +95,17 @@ def build_net(*, channels: int = 16, blocks: int = 2, classes: int = 10, width: 
 
 
 def parse_args(argv=None) -> argparse.Namespace:
+    """Parse and check the example's command line (``--help`` lists the options).
+
+    Args:
+        argv: the arguments without the program name; default ``sys.argv[1:]``.
+
+    Returns:
+        the parsed namespace.
+
+    Raises:
+        SystemExit: 2, naming a bad value.
+    """
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     length = parser.add_mutually_exclusive_group()
     length.add_argument("--steps", type=int, help="total optimizer steps (default: --epochs worth)")
@@ -107,7 +128,11 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 class CsvLog:
-    """Append-only CSV training log, one flushed line per step (a resumed run appends to it)."""
+    """Append-only CSV training log, one flushed line per step (a resumed run appends to it).
+
+    Args:
+        path: the CSV file (its directory is created; the header is written when the file is new or empty).
+    """
 
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -118,9 +143,18 @@ class CsvLog:
             self._writer.writerow(LOG_FIELDS)
 
     def write(self, step: int, epoch: int, loss: float, accuracy: float) -> None:
+        """Append one flushed row.
+
+        Args:
+            step: completed steps.
+            epoch: the step's epoch.
+            loss: the step's training loss.
+            accuracy: the step's training accuracy, 0..1.
+        """
         self._writer.writerow([step, epoch, f"{loss:.6f}", f"{accuracy:.6f}", f"{time.time():.3f}"])
 
     def close(self) -> None:
+        """Close the log file."""
         self._file.close()
 
 
@@ -131,6 +165,18 @@ def main(argv=None) -> int:
 
 
 def train(argv=None) -> int:
+    """Train the ResNet on the digits, resuming from the newest checkpoint (see the module docstring).
+
+    Args:
+        argv: the arguments (:func:`parse_args`); default ``sys.argv[1:]``.
+
+    Returns:
+        0 after the last step.
+
+    Raises:
+        SystemExit: 0 after a stop notice's checkpoint; 2 for bad options.
+        CheckpointError: a checkpoint no restart can fix (:func:`main` turns it into 74 or 78).
+    """
     args = parse_args(argv)
     os.environ["OMP_NUM_THREADS"] = str(args.threads)  # before MXNet loads its OpenMP runtime
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -51,7 +51,18 @@ def build_model(*, channels: int = 16, blocks: int = 2, classes: int = 10, dropo
                 input_shape=(8, 8, 1)):
     """A ResNet-style CNN for NHWC inputs (BatchNorm momentum 0.9, so a run of a few hundred steps evaluates well): conv-BN-ReLU stem, ``blocks`` residual blocks of
     ``channels`` (two 3x3 conv-BN with identity shortcut), global average pooling, Dropout(``dropout``),
-    a ``classes``-way dense output (logits). Defaults: about 10 K parameters."""
+    a ``classes``-way dense output (logits). Defaults: about 10 K parameters.
+
+    Args:
+        channels: convolution channels of the stem and every block (default 16).
+        blocks: residual blocks (default 2).
+        classes: output logits (default 10).
+        dropout: Dropout rate before the output, 0..1 (0: no Dropout layer; default 0.1).
+        input_shape: one example's shape, NHWC without the batch (default ``(8, 8, 1)``).
+
+    Returns:
+        an uncompiled ``keras.Model`` named ``resnet_digits``.
+    """
     import keras
     from keras import layers
 
@@ -72,6 +83,17 @@ def build_model(*, channels: int = 16, blocks: int = 2, classes: int = 10, dropo
 
 
 def parse_args(argv=None) -> argparse.Namespace:
+    """Parse and check the example's command line (``--help`` lists the options).
+
+    Args:
+        argv: the arguments without the program name; default ``sys.argv[1:]``.
+
+    Returns:
+        the parsed namespace.
+
+    Raises:
+        SystemExit: 2, naming a bad value.
+    """
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--epochs", type=int, default=5)
     parser.add_argument("--batch-size", type=int, default=32)
@@ -99,6 +121,18 @@ def main(argv=None) -> int:
 
 
 def train(argv=None) -> int:
+    """Train the ResNet on the digits with :class:`ResumableFit` (module docstring).
+
+    Args:
+        argv: the arguments (:func:`parse_args`); default ``sys.argv[1:]``.
+
+    Returns:
+        0 after the last epoch.
+
+    Raises:
+        SystemExit: 0 after a stop notice's checkpoint; 2 for bad options.
+        CheckpointError: a checkpoint no restart can fix (:func:`main` turns it into 74 or 78).
+    """
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # Before TensorFlow: SIGTERM during the ~3 s import or model build must not kill us half-way.

@@ -113,6 +113,14 @@ def prepare_cifar10(out: Path, *, url: str = CIFAR10_URL, timeout: float = 30.0)
     A plain ``urllib`` download: the frameworks' own fetchers (``keras.datasets.cifar10``,
     ``mxnet.gluon.data.vision.CIFAR10``) would pull a whole framework into a data-preparation step.
 
+    Args:
+        out: the dataset root; ``out/cifar10/`` is created.
+        url: the archive's address (default :data:`CIFAR10_URL`, the CIFAR-10 python version).
+        timeout: seconds the download's connection may wait (default 30).
+
+    Returns:
+        ``{"train": path, "test": path}`` of the written ``.npz`` files.
+
     Raises:
         ConnectionError: the archive cannot be fetched within ``timeout`` seconds (no network).
     """

@@ -36,7 +36,12 @@ TRAIN_EXAMPLES = 1437
 
 
 class SoftmaxAdapter(StateAdapter):
-    """``W`` (64, 10) and ``b`` (10,) float64, written raw."""
+    """``W`` (64, 10) and ``b`` (10,) float64, written raw.
+
+    Args:
+        w: the weights, float64 of shape ``(64, 10)``, updated in place on restore.
+        b: the biases, float64 of shape ``(10,)``, updated in place on restore.
+    """
 
     framework = "numpy"
     adapter = "sweep-softmax"
@@ -45,13 +50,30 @@ class SoftmaxAdapter(StateAdapter):
         self.w, self.b = w, b
 
     def framework_version(self) -> str:
+        """``numpy <version>`` (see :meth:`StateAdapter.framework_version`)."""
         return f"numpy {np.__version__}"
 
     def snapshot(self, directory: Path):
+        """Copy ``W`` and ``b``; the returned function writes ``w.raw`` and ``b.raw`` into ``directory``.
+
+        Args:
+            directory: the store's empty temporary directory.
+
+        Returns:
+            the writer, which returns the two files' manifest entries.
+        """
         w, b = self.w.copy(), self.b.copy()
         return lambda: {"w.raw": write_file(directory / "w.raw", [w]), "b.raw": write_file(directory / "b.raw", [b])}
 
     def load(self, ckpt) -> None:
+        """Read ``w.raw`` and ``b.raw`` into ``W`` and ``b``.
+
+        Args:
+            ckpt: the checkpoint to restore.
+
+        Raises:
+            ShapeMismatchError: the files hold another number of values than the model.
+        """
         w = np.fromfile(ckpt.path / "w.raw", dtype=np.float64)
         b = np.fromfile(ckpt.path / "b.raw", dtype=np.float64)
         if w.size != self.w.size or b.size != self.b.size:
@@ -61,7 +83,11 @@ class SoftmaxAdapter(StateAdapter):
 
 
 def train(argv: list[str] | None = None) -> int:
-    """Train (see the module docstring); returns 0. Raises SystemExit(2) for bad options."""
+    """Train (see the module docstring); returns 0.
+
+    Raises:
+        SystemExit: 2 for bad options.
+    """
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lr", type=float, default=0.5, help="learning rate (default 0.5)")
     parser.add_argument("--l2", type=float, default=0.0, help="L2 penalty on W (default 0)")

@@ -66,7 +66,18 @@ def build_model(*, channels: int = 16, blocks: int = 2, classes: int = 10, dropo
     """A ResNet-style CNN for (N, 1, 8, 8) inputs: conv-BN-ReLU stem, ``blocks`` residual blocks of
     ``channels`` (two 3x3 conv-BN with identity shortcut), global average pooling, Dropout(``dropout``),
     a hidden dense layer of ``width`` units if > 0, a ``classes``-way linear output (logits).
-    Defaults: about 10 K parameters."""
+    Defaults: about 10 K parameters.
+
+    Args:
+        channels: convolution channels of the stem and every block (default 16).
+        blocks: residual blocks (default 2).
+        classes: output logits (default 10).
+        dropout: Dropout probability before the head, 0..1 (default 0.1).
+        width: units of a hidden dense layer before the output (0: none, the default).
+
+    Returns:
+        a ``torch.nn.Sequential`` taking ``(N, 1, 8, 8)`` float inputs.
+    """
     from torch import nn
 
     class ResidualBlock(nn.Module):
@@ -94,8 +105,17 @@ def build_model(*, channels: int = 16, blocks: int = 2, classes: int = 10, dropo
 
 
 def augment(x, flip_prob: float):
-    """Shift each image by up to one pixel (zero padding) and flip it horizontally with
-    probability ``flip_prob``; draws from torch's global generator (x: (N, 1, 8, 8))."""
+    """Shift each image by up to one pixel (zero padding) and flip it horizontally with probability ``flip_prob``.
+
+    Draws from torch's global generator (so the checkpointed generator state makes a resume exact).
+
+    Args:
+        x: images, a float tensor of shape ``(N, 1, 8, 8)``.
+        flip_prob: probability of a horizontal flip per image, 0..1.
+
+    Returns:
+        the augmented images, shape ``(N, 1, 8, 8)``.
+    """
     import torch
 
     n, _, h, w = x.shape
@@ -110,6 +130,17 @@ def augment(x, flip_prob: float):
 
 
 def parse_args(argv=None) -> argparse.Namespace:
+    """Parse and check the example's command line (``--help`` lists the options).
+
+    Args:
+        argv: the arguments without the program name; default ``sys.argv[1:]``.
+
+    Returns:
+        the parsed namespace.
+
+    Raises:
+        SystemExit: 2, naming a bad value.
+    """
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     length = parser.add_mutually_exclusive_group()
     length.add_argument("--steps", type=int, help="total optimizer steps (default: --epochs worth)")
@@ -141,8 +172,17 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def state_arrays(model, optimizer) -> dict[str, np.ndarray]:
-    """The model's state dict (unwrapped: no ``module.``/``_orig_mod.`` prefix) and every optimizer
-    state tensor as numpy arrays keyed ``model:<name>`` and ``optimizer:<param>:<slot>``."""
+    """The model's and the optimizer's state as numpy arrays, for comparing runs.
+
+    The model's state dict is unwrapped (no ``module.``/``_orig_mod.`` prefix).
+
+    Args:
+        model: the ``nn.Module`` (plain, compiled or DistributedDataParallel).
+        optimizer: its ``torch.optim.Optimizer``.
+
+    Returns:
+        ``{"model:<name>": array, "optimizer:<param>:<slot>": array}`` (copies on the CPU).
+    """
     from spot_training.training.torch_adapter import unwrap_module
 
     out = {f"model:{k}": v.detach().cpu().numpy() for k, v in unwrap_module(model).state_dict().items()}

@@ -9,7 +9,7 @@ ResourceProperties (all strings, as CloudFormation passes them):
     TagValue: tag value (default: ``StackName``).
     DeploymentTagValue: when given, only volumes and snapshots that also carry
         ``spot-training:deployment`` = this value are deleted (this deployment's; data retained from an
-        earlier deployment of the same stack name stays; issue 15 item 1). Default: none (stack tag only).
+        earlier deployment of the same stack name stays). Default: none (stack tag only).
     RetainData: ``"true"`` keeps every volume and snapshot; ``"false"`` (default) deletes them on Delete.
 
 Create and Update do nothing but return a ``PhysicalResourceId``. Delete, unless ``RetainData`` is
@@ -54,7 +54,21 @@ DETACHING_INSTANCE_STATES = frozenset({"shutting-down", "terminated", "stopping"
 
 
 def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
-    """Provider-framework ``onEvent`` entry point (see the module docstring for the contract)."""
+    """Provider-framework ``onEvent`` entry point (see the module docstring for the contract).
+
+    Args:
+        event: the CloudFormation custom-resource event (``RequestType``, ``ResourceProperties``,
+            ``PhysicalResourceId``).
+        context: the Lambda context (its remaining time bounds the waits); may be None in tests.
+
+    Returns:
+        ``{"PhysicalResourceId", "Data"?}`` (see the module docstring).
+
+    Raises:
+        ValueError: an unknown ``RequestType`` or a bad property.
+        RuntimeError: a volume is attached to a running instance, or did not detach in time.
+        botocore.exceptions.ClientError: any other EC2 error.
+    """
     request_type = event.get("RequestType")
     if request_type not in ("Create", "Update", "Delete"):
         raise ValueError(f"RequestType must be Create, Update or Delete, got {request_type!r}")
