@@ -106,7 +106,8 @@ demo: setup
 	$(BIN)/spot-train local drill --work-dir out/demo
 
 # make bench-NAME runs bench/bench_NAME.py (one rule for all: each prints a LAST LINE of JSON).
-# bench-boot: boot -> first training step of a local node, trainer's environment cold (built) and warm (reused).
+# bench-boot: boot -> first training step of a local node by phase (agent start, volume, dataset, environment, trainer import,
+# restore, first step), trainer's environment cold (built) and warm (reused); docs/operations.md has the figures.
 # bench-move: the bytes a move across AZs copies, with and without a periodic snapshot (local EBS block model).
 # bench-sweep: a sweep of 4, 8, 16 children on local AWS Batch: wall time, submit -> first step, lost steps per reclaim.
 $(addprefix bench-,$(BENCHES)): bench-%: setup

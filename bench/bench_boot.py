@@ -16,9 +16,14 @@ agent's environment step), ``pip_runs`` (pip processes the environment step ran:
 warm path), and ``phases_s``: seconds from node start at which each boot phase ended, read from the
 agent's own log lines: ``agent_start`` (its first line), ``volume`` ("data volume mounted"),
 ``dataset`` ("dataset ready": synced cold, present warm), ``environment`` ("environment built/reused"),
-``trainer_start`` ("training started"), ``first_step`` (the trainer's first row: its framework import
-and checkpoint restore, which the agent cannot see apart). Prints a table, then the figures as JSON
-on the last line. The goal is that the warm path installs and downloads nothing.
+``trainer_start`` ("training started"), then from the trainer's own log lines (``logging`` with
+``asctime``, as the example trainers configure it): ``trainer_import`` (the training core's "looking for
+a checkpoint": framework imported, data loaded, model built), ``restore`` ("restored ..." or "no
+checkpoint ..."), and ``first_step`` (the trainer's first training-log row). ``phase_durations_s``
+gives each phase's own length (the time since the phase before; ``agent_start`` counts from node
+start, so it holds the user data). ``agent_start_to_first_step_s`` is measured against the goal:
+resume within :data:`GOAL_S` seconds of the agent starting on a warm environment. Prints a table,
+then the figures as JSON on the last line. The warm path should install and download nothing.
 """
 
 from __future__ import annotations
@@ -47,7 +52,15 @@ TRAINER = FRAMEWORKS[DEFAULT_FRAMEWORK].training_command[1]
 #: Boot phases and the agent log message that ends each (see the module docstring).
 PHASE_MESSAGES = (("volume", ("data volume mounted",)), ("dataset", ("dataset ready",)),
                   ("environment", ("environment built", "environment reused")), ("trainer_start", ("training started",)))
+#: Trainer phases and the training core's log message (its start) that ends each.
+TRAINER_PHASES = (("trainer_import", ("looking for a checkpoint under",)),
+                  ("restore", ("restored ", "no checkpoint under ")))
+PHASES = ("agent_start", "volume", "dataset", "environment", "trainer_start", "trainer_import", "restore", "first_step")
+#: The goal: the first step within this many seconds of the agent starting, on a warm environment.
+GOAL_S = 60.0
 _USER_DATA_S = re.compile(r"local-init: user data exited with status 0 after ([0-9.]+) s")
+#: A trainer log line: ``logging`` format ``%(asctime)s %(levelname)s %(name)s: %(message)s`` (local time).
+_TRAINER_LINE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) \w+ spot_training\.training[\w.]*: (.*)$")
 
 
 def _wait_first_step(node: LocalNode, after_step: float, timeout_s: float = 600.0) -> float:
@@ -58,12 +71,25 @@ def _wait_first_step(node: LocalNode, after_step: float, timeout_s: float = 600.
         if rows and rows[-1]["step"] > after_step:
             return time.time() - node.launched_at
         if not node.alive:
-            raise RuntimeError(f"node {node.instance_id} ended before training; see {node.log_path}")
+            # The work directory is removed on the way out: show the node's last lines now.
+            tail = "\n".join(node.log_path.read_text(errors="replace").splitlines()[-40:])
+            raise RuntimeError(f"node {node.instance_id} ended before training; its log ends:\n{tail}")
         time.sleep(0.1)
     raise RuntimeError(f"no training step within {timeout_s} s; see {node.log_path}")
 
 
-def _phases(lines: list[dict], launched_at: float, boot_to_step_s: float) -> dict:
+def _trainer_times(text: str) -> list[tuple[float, str]]:
+    """``(epoch seconds, message)`` of the trainer's ``spot_training.training`` log lines in ``text``."""
+    out = []
+    for line in text.splitlines():
+        match = _TRAINER_LINE.match(line)
+        if match:
+            when = datetime.datetime.strptime(match.group(1), "%Y-%m-%d %H:%M:%S,%f")  # local time, as logging writes it
+            out.append((when.timestamp(), match.group(2)))
+    return out
+
+
+def _phases(lines: list[dict], launched_at: float, boot_to_step_s: float, trainer: list[tuple[float, str]] = ()) -> dict:
     """Seconds from node start at which each phase ended (None: not seen in the log)."""
     def at(entry: dict) -> float:
         when = datetime.datetime.strptime(entry["time"], "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=datetime.timezone.utc)
@@ -74,8 +100,21 @@ def _phases(lines: list[dict], launched_at: float, boot_to_step_s: float) -> dic
     for phase, messages in PHASE_MESSAGES:
         found = next((e for e in timed if e.get("message") in messages), None)
         phases[phase] = at(found) if found else None
+    for phase, starts in TRAINER_PHASES:
+        found = next((when for when, message in trainer if message.startswith(starts)), None)
+        phases[phase] = round(found - launched_at, 2) if found is not None else None
     phases["first_step"] = round(boot_to_step_s, 2)
     return phases
+
+
+def _durations(phases: dict) -> dict:
+    """Each phase's own seconds: its end minus the end of the last phase seen before it."""
+    out, before = {}, 0.0
+    for name in PHASES:
+        end = phases.get(name)
+        out[name] = round(end - before, 2) if end is not None else None
+        before = end if end is not None else before
+    return out
 
 
 def _node_figures(node: LocalNode, boot_to_step_s: float) -> dict:
@@ -89,15 +128,32 @@ def _node_figures(node: LocalNode, boot_to_step_s: float) -> dict:
                 pass
     env_lines = [e for e in lines if str(e.get("message", "")).startswith("environment ")]
     user_data = _USER_DATA_S.search(text)
-    return {
+    figures = {
         "instance_id": node.instance_id,
         "boot_to_first_step_s": round(boot_to_step_s, 2),
         "user_data_s": float(user_data.group(1)) if user_data else None,
         "environment": env_lines[-1]["message"] if env_lines else None,
         "environment_s": env_lines[-1].get("seconds") if env_lines else None,
         "pip_runs": env_lines[-1].get("pip_attempts") if env_lines else None,
-        "phases_s": _phases(lines, node.launched_at, boot_to_step_s),
+        "phases_s": _phases(lines, node.launched_at, boot_to_step_s, _trainer_times(text)),
     }
+    figures["phase_durations_s"] = _durations(figures["phases_s"])
+    start = figures["phases_s"]["agent_start"]
+    figures["agent_start_to_first_step_s"] = round(boot_to_step_s - start, 2) if start is not None else None
+    return figures
+
+
+def _version() -> str:
+    """The project's version (pyproject.toml) and the commit it was measured at."""
+    import subprocess
+    import tomllib
+
+    version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+    git = ["git", "-C", str(REPO)]
+    commit = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run([*git, "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                           text=True).stdout.strip()
+    return f"{version}+{commit}{'.dirty' if dirty else ''}" if commit else version
 
 
 def main() -> int:
@@ -132,11 +188,15 @@ def main() -> int:
         print(f"{name:6} {f['boot_to_first_step_s']:>19} {f['user_data_s']!s:>12} {f['environment']!s:>20} "
               f"{f['environment_s']!s:>7} {f['pip_runs']!s:>8}")
         print("       phases (s from node start): " + ", ".join(f"{k} {v}" for k, v in f["phases_s"].items()))
+        print("       phase lengths (s):          " + ", ".join(f"{k} {v}" for k, v in f["phase_durations_s"].items()))
+        print(f"       agent start -> first step: {f['agent_start_to_first_step_s']} s (goal on warm: <= {GOAL_S:g} s)")
     result = {
-        "benchmark": "boot", "date": datetime.date.today().isoformat(),
+        "benchmark": "boot", "date": datetime.date.today().isoformat(), "version": _version(),
         "cold": cold_figures, "warm": warm_figures,
         "warm_installs_nothing": warm_figures["environment"] == "environment reused" and warm_figures["pip_runs"] == 0,
-        "phases": ["agent_start", "volume", "dataset", "environment", "trainer_start", "first_step"],
+        "phases": list(PHASES), "goal_s": GOAL_S,
+        "warm_meets_goal": warm_figures["agent_start_to_first_step_s"] is not None
+        and warm_figures["agent_start_to_first_step_s"] <= GOAL_S,
     }
     print(json.dumps(result))
     return 0

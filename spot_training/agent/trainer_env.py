@@ -22,8 +22,9 @@ The venv keeps its real path (the ``.build-...`` directory) for ever, so the abs
 into console scripts stay valid; only the link is swapped in.
 
 ``inherit_site_packages``: the environment also sees the base interpreter's own ``site-packages``
-(through a ``.pth`` file listing them, which works for a base interpreter that is itself a venv, where
-``venv --system-site-packages`` would see only the system Python's). For AMIs that ship a framework and
+(through a ``.pth`` file that adds each with ``site.addsitedir``, so their own ``.pth`` files count
+too; this works for a base interpreter that is itself a venv, where ``venv --system-site-packages``
+would see only the system Python's). For AMIs that ship a framework and
 need a few extra requirements on top, and for local mode, whose frameworks live in the project's venv.
 
 Runs as a separate process, as the training user (``python -m spot_training.agent.trainer_env ensure ...``),
@@ -63,6 +64,18 @@ DEFAULT_ATTEMPTS = 3
 BACKOFF_S = 5.0
 #: Exit status of ``ensure`` when pip failed on every attempt (sysexits EX_UNAVAILABLE).
 EXIT_INSTALL_FAILED = 69
+#: Exit status of ``ensure`` when pip's output says a requirement itself is wrong (sysexits EX_CONFIG):
+#: not retried, since every attempt and every replacement node would fail alike.
+EXIT_REQUIREMENT = 78
+
+#: In pip's output: the install failed talking to the index (pip already retried each request; the
+#: final "No matching distribution" then says nothing about the requirement).
+_PIP_NETWORK = ("retrying (retry(", "newconnectionerror", "temporary failure in name resolution", "max retries exceeded",
+                "connecttimeout", "readtimeout", "read timed out", "connection reset", "connection broken",
+                "protocolerror", "incompleteread", "http error 5", "http error 429")
+#: In pip's output, without any of :data:`_PIP_NETWORK`: the requirement or the index setting is wrong.
+_PIP_PERMANENT = ("no matching distribution found", "invalid requirement", "resolutionimpossible",
+                  "http error 401", "http error 403", "http error 404")
 
 _PROBE = ("import json, platform, site, sys; print(json.dumps({'version': sys.version, "
           "'implementation': sys.implementation.name, 'machine': platform.machine(), "
@@ -73,6 +86,21 @@ _PROBE = ("import json, platform, site, sys; print(json.dumps({'version': sys.ve
 
 class EnvironmentBuildError(RuntimeError):
     """Building the environment failed (the message has pip's last lines)."""
+
+
+class RequirementError(EnvironmentBuildError):
+    """pip's output says a requirement (or the index's answer to it) is wrong: no retry can fix it."""
+
+
+def pip_failure_is_permanent(output: str) -> bool:
+    """Whether a failed ``pip install``'s output (stdout + stderr) names a wrong requirement or a refused
+    index (:data:`_PIP_PERMANENT`: no matching distribution, invalid requirement, ResolutionImpossible,
+    HTTP 401/403/404) and no network failure (:data:`_PIP_NETWORK`, after which pip's own retries also end
+    in "No matching distribution found"). Anything else (a cut download, a hash mismatch) is retried."""
+    text = output.lower()
+    if any(marker in text for marker in _PIP_NETWORK):
+        return False
+    return any(marker in text for marker in _PIP_PERMANENT)
 
 
 def probe(python: str) -> dict:
@@ -146,7 +174,10 @@ def _make_venv(python: str, build: Path, interpreter: dict, inherit: bool, log: 
     if inherit:
         probe_env = probe(str(env_python(build)))
         target = Path(probe_env["site_packages"][0])
-        (target / INHERIT_PTH).write_text("".join(f"{p}\n" for p in interpreter["site_packages"]))
+        # site.addsitedir, not a bare path line: the base's own .pth files (editable installs, a site
+        # directory added by a .pth of its own) are then processed as the base interpreter processes them.
+        (target / INHERIT_PTH).write_text("".join(f"import site; site.addsitedir({p!r})\n"
+                                                  for p in interpreter["site_packages"]))
 
 
 def _pip_install(build: Path, requirements: Sequence[str], attempts: int, backoff_s: float,
@@ -159,6 +190,9 @@ def _pip_install(build: Path, requirements: Sequence[str], attempts: int, backof
             return attempt
         tail = (done.stdout + done.stderr).strip()[-1500:]
         log(f"pip install failed (attempt {attempt} of {attempts}): {tail}")
+        if pip_failure_is_permanent(done.stdout + done.stderr):
+            raise RequirementError(f"pip install {' '.join(requirements)} failed and retrying will not help (a "
+                                   f"requirement no index has, or the index refused it): {tail}")
         if attempt == attempts:
             raise EnvironmentBuildError(f"pip install {' '.join(requirements)} failed {attempts} times; last "
                                         f"output: {tail}")
@@ -189,6 +223,8 @@ def ensure(python: str, root: Path, requirements: Sequence[str], *, inherit_site
     Raises:
         EnvironmentBuildError: the interpreter cannot be run, venv fails, or pip fails every attempt
             (nothing half built is left under the key).
+        RequirementError: pip's output says a requirement is wrong (:func:`pip_failure_is_permanent`):
+            raised after that one attempt.
     """
     started = clock()
     interpreter = probe(python)
@@ -222,8 +258,9 @@ def ensure(python: str, root: Path, requirements: Sequence[str], *, inherit_site
 def main(argv: list[str] | None = None) -> int:
     """``python -m spot_training.agent.trainer_env ensure --python P --root DIR [--requirement R ...]
     [--inherit-site-packages] [--attempts N]``: print progress on stderr and the :func:`ensure` result
-    as the last line of stdout (JSON). Exit 0, or :data:`EXIT_INSTALL_FAILED` (69) with the reason on
-    stderr and ``{"error": ...}`` on stdout."""
+    as the last line of stdout (JSON). Exit 0; :data:`EXIT_REQUIREMENT` (78) when pip says a requirement
+    is wrong (:class:`RequirementError`, after one attempt); else :data:`EXIT_INSTALL_FAILED` (69) when
+    every attempt failed. On failure the reason is on stderr and ``{"error": ..., "permanent": ...}`` on stdout."""
     parser = argparse.ArgumentParser(prog="python -m spot_training.agent.trainer_env")
     sub = parser.add_subparsers(dest="command", required=True)
     cmd = sub.add_parser("ensure", help="reuse or build the trainer's virtual environment")
@@ -240,8 +277,9 @@ def main(argv: list[str] | None = None) -> int:
                         log=lambda line: print(line, file=sys.stderr, flush=True))
     except (EnvironmentBuildError, OSError) as exc:
         print(f"trainer_env: {exc}", file=sys.stderr)
-        print(json.dumps({"error": str(exc)}))
-        return EXIT_INSTALL_FAILED
+        permanent = isinstance(exc, RequirementError)
+        print(json.dumps({"error": str(exc), "permanent": permanent}))
+        return EXIT_REQUIREMENT if permanent else EXIT_INSTALL_FAILED
     print(json.dumps(result))
     return 0
 

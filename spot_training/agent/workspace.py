@@ -20,16 +20,19 @@ import json
 import logging
 import os
 import pwd
+import random
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Callable, Mapping
 
 from spot_training.agent import trainer_env
 from spot_training.agent.config import AgentConfig
-from spot_training.agent.errors import AgentError, ConfigError, ExitCode, TemporaryError
+from spot_training.agent.errors import AgentError, ConfigError, ExitCode
 from spot_training.agent.process_group import user_ids, user_kwargs
+from spot_training.agent.retry import Deadline, RetryPolicy, call_with_retry
 from spot_training.agent.safepath import UnsafePathError, open_directory
 from spot_training.contract import (
     CHECKPOINT_REQUEST_FILE,
@@ -114,8 +117,9 @@ class Workspace:
         ``<mount_point>/workspace`` at the pinned ref.
 
         Raises:
-            ConfigError: the asset directory is missing or the ref does not exist.
-            TemporaryError: ``git clone``/``fetch`` fails.
+            ConfigError: the asset directory is missing, the ref does not exist, or git says the URL
+                is wrong or not readable.
+            TemporaryError: ``git clone``/``fetch`` still fails after bounded retries (:func:`_git_remote`).
         """
         code = self.training.code
         if code.type == "asset":
@@ -145,6 +149,8 @@ class Workspace:
 
         Raises:
             EnvironmentBuildFailed: (exit 75) the build failed (pip's last lines in the message).
+            ConfigError: (exit 78, final) pip said a requirement is wrong
+                (:func:`trainer_env.pip_failure_is_permanent`).
             VolumeNotMountedError: the storage is gone.
         """
         if self._environment_ready:
@@ -186,6 +192,9 @@ class Workspace:
             result = json.loads(lines[-1]) if lines else {}
         except ValueError:
             result = {}
+        if done.returncode == trainer_env.EXIT_REQUIREMENT:
+            # A requirement no index has (or the index refused): every node would fail alike, so final.
+            raise ConfigError(f"training.venv.requirements {list(venv.requirements)}: {result.get('error') or done.stderr.strip()[-1500:]}")
         if done.returncode != 0 or "python" not in result:
             reason = result.get("error") or done.stderr.strip()[-1500:] or f"exit status {done.returncode}"
             raise EnvironmentBuildFailed(f"building the trainer's environment under {root} failed: {reason}")
@@ -284,6 +293,44 @@ class Workspace:
 
 
 _GIT_OPTIONS = ("-c", "core.hooksPath=/dev/null")
+#: git's messages (lower case) for failures no retry fixes: a wrong URL, or no access to it. Everything
+#: else (DNS, refused or cut connections, HTTP 5xx/429, "early EOF") is retried.
+_GIT_PERMANENT = ("repository not found", "' not found", "does not exist", "does not appear to be a git repository",
+                  "authentication failed", "could not read username", "could not read password",
+                  "permission denied (publickey)", "host key verification failed",
+                  "returned error: 401", "returned error: 403", "returned error: 404")
+#: ``git clone``/``fetch`` attempts: full-jitter backoff from 2 s up to 30 s, within :data:`GIT_DEADLINE_S`.
+GIT_RETRY = RetryPolicy(max_attempts=5, base_delay=2.0, max_delay=30.0)
+GIT_DEADLINE_S = 300.0
+
+
+class _GitFailed(Exception):
+    """A git network command failed in a way that may clear with time (retryable)."""
+
+
+def _git_remote(args: list[str], *, what: str, url: str, cwd: Path | None, env: Mapping[str, str],
+                account: pwd.struct_passwd | None, before: Callable[[], None] = lambda: None,
+                sleep: Callable[[float], None] = time.sleep, rng: Callable[[], float] = random.random) -> None:
+    """Run a git command that talks to ``url`` (clone, fetch), retried with bounded, jittered backoff.
+
+    Raises:
+        ConfigError: git's message says the URL is wrong or the node has no access (:data:`_GIT_PERMANENT`):
+            a replacement node would fail alike (exit 78).
+        TemporaryError: it still failed after :data:`GIT_RETRY`'s attempts or :data:`GIT_DEADLINE_S` (exit 75).
+    """
+    def attempt() -> None:
+        before()
+        done = _git(args, cwd=cwd, env=env, account=account)
+        if done.returncode == 0:
+            return
+        message = done.stderr.strip()[-500:]
+        if any(pattern in message.lower() for pattern in _GIT_PERMANENT):
+            raise ConfigError(f"training.code.url: {what} of {url} failed and retrying will not help: {message}; "
+                              "check the URL and that this node may read it")
+        raise _GitFailed(f"{what} of {url} failed: {message}")
+
+    call_with_retry(attempt, what=f"{what} of {url}", policy=GIT_RETRY, deadline=Deadline(GIT_DEADLINE_S, what),
+                    retryable=lambda e: isinstance(e, _GitFailed), sleep=sleep, rng=rng, log=log)
 
 
 def _git(args: list[str], *, cwd: Path | None, env: Mapping[str, str],
@@ -296,7 +343,8 @@ def _git(args: list[str], *, cwd: Path | None, env: Mapping[str, str],
 
 
 def _git_checkout(url: str, ref: str, dest: Path, *, env: Mapping[str, str],
-                  account: pwd.struct_passwd | None = None) -> None:
+                  account: pwd.struct_passwd | None = None, sleep: Callable[[float], None] = time.sleep,
+                  rng: Callable[[], float] = random.random) -> None:
     """Make ``dest`` a checkout of ``url`` at ``ref`` (detached). Idempotent: an existing checkout at
     that ref is left alone; one at another ref is fetched and switched. A clone goes to a sibling
     directory first and is renamed into place, so a crash never leaves a half clone at ``dest``.
@@ -320,17 +368,16 @@ def _git_checkout(url: str, ref: str, dest: Path, *, env: Mapping[str, str],
         if head and head == want:
             log.info("training code already checked out", extra={"ref": ref, "commit": head, "path": str(dest)})
             return
-        fetched = _git(["fetch", "--tags", "--force", "origin"], cwd=dest, env=env, account=account)
-        if fetched.returncode != 0:
-            raise TemporaryError(f"git fetch of {url} failed: {fetched.stderr.strip()[-500:]}")
+        _git_remote(["fetch", "--tags", "--force", "origin"], what="git fetch", url=url, cwd=dest, env=env,
+                    account=account, sleep=sleep, rng=rng)
         target = dest
     else:
-        if partial.exists():
-            shutil.rmtree(partial)  # our own unfinished clone from a crashed run (rmtree never follows links)
-        cloned = _git(["clone", "--quiet", "--no-checkout", "--", url, str(partial)], cwd=None, env=env,
-                      account=account)
-        if cloned.returncode != 0:
-            raise TemporaryError(f"git clone of {url} failed: {cloned.stderr.strip()[-500:]}")
+        def clean() -> None:
+            if partial.exists():
+                shutil.rmtree(partial)  # our own unfinished clone (a crashed run, a failed attempt); never follows links
+
+        _git_remote(["clone", "--quiet", "--no-checkout", "--", url, str(partial)], what="git clone", url=url, cwd=None,
+                    env=env, account=account, before=clean, sleep=sleep, rng=rng)
         target = partial
     checked = _git(["checkout", "--quiet", "--detach", "--force", ref], cwd=target, env=env, account=account)
     if checked.returncode != 0:

@@ -17,9 +17,17 @@ spot vCPU quota     ``servicequotas:GetServiceQuota`` ``ec2`` L-3819A6DF (G and 
                     L-7212CCBC (P), L-34B43A08 (Standard) against target x largest vCPUs   Instance quotas"
 AMI                 ``ssm:GetParameter`` of ``ami_ssm_parameter`` (or                      "Finding the ID of a DLAMI"
                     ``ec2:DescribeImages`` of ``image_id``)
+AMI image           ``ec2:DescribeImages`` of the AMI the fleet will launch: available,    EC2 User Guide, "AMI
+                    Linux, root device EBS, architecture among each type's                 characteristics"; DLAMI
+                    ``SupportedArchitectures``; a Deep Learning AMI's documented Python    release notes
+                    and botocore (:data:`DLAMI_RELEASES`) against what the agent needs
 capacity            ``ec2:GetSpotPlacementScores`` per Availability Zone                   EC2 User Guide, "Spot
                                                                                            placement score"
 ==================  =====================================================================  ==========================
+
+What only a booted node can tell (``mkfs.xfs``, ``python3 -m venv``, ``mount.efs``, the AWS CLI on a
+non-DLAMI image, the installed botocore) the ``ami-image`` check names as not checked; the agent checks
+it at start (spot_training/agent/ami_check.py, exit 78 naming each missing piece).
 
 A check that AWS (or the endpoint, e.g. a moto server that does not implement the API) cannot
 answer is ``unknown``, never ``pass``. Exit codes of :func:`main`: 0 every check passed (warnings
@@ -90,12 +98,15 @@ class Check:
         status: ``pass``, ``warn``, ``fail`` or ``unknown`` (could not be answered).
         detail: what was found.
         fix: what to do (a CLI command where one exists); empty on ``pass``.
+        image_id: the AMI id the ``ami`` check found (None for every other check).
     """
 
     name: str
     status: str
     detail: str
     fix: str = ""
+    #: The AMI the ``ami`` check resolved (not printed; :func:`run_checks` checks that image next).
+    image_id: str | None = dataclasses.field(default=None, repr=False, compare=False)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,6 +119,8 @@ class Target:
     ami_ssm_parameter: str | None
     image_id: str | None
     availability_zones: tuple[str, ...] | None
+    #: ``volume_initialization_rate_mibps`` (single node): the agent then needs botocore >= 1.38.10.
+    initialization_rate_mibps: int | None = None
 
 
 def _error_code(exc: Exception) -> str:
@@ -266,7 +279,7 @@ def check_ami(ssm: Any, ec2: Any, *, ami_ssm_parameter: str | None, image_id: st
             else:
                 return _cannot_answer("ami", f"image {image_id}", exc)
         if images:
-            return Check("ami", PASS, f"image {image_id} exists")
+            return Check("ami", PASS, f"image {image_id} exists", image_id=image_id)
         return Check("ami", FAIL, f"image {image_id} does not exist in this region", "set -c image_id to an AMI of this region")
     try:
         value = ssm.get_parameter(Name=ami_ssm_parameter)["Parameter"]["Value"]
@@ -276,7 +289,146 @@ def check_ami(ssm: Any, ec2: Any, *, ami_ssm_parameter: str | None, image_id: st
                          "list the DLAMI parameters: aws ssm get-parameters-by-path --path /aws/service/deeplearning/ami/x86_64/ "
                          "--recursive --query 'Parameters[].Name', then set -c ami_ssm_parameter=...")
         return _cannot_answer("ami", f"SSM parameter {ami_ssm_parameter}", exc)
-    return Check("ami", PASS, f"{ami_ssm_parameter} -> {value}")
+    return Check("ami", PASS, f"{ami_ssm_parameter} -> {value}", image_id=value)
+
+
+@dataclasses.dataclass(frozen=True)
+class DlamiRelease:
+    """What one Deep Learning AMI release's notes document ("Major package versions" and "Package changes").
+
+    Attributes:
+        name_prefix: the AMI name without its date suffix (``DescribeImages`` ``Name`` starts with it).
+        release: the release the figures come from (its date, as in the AMI name).
+        architecture: ``compute_architecture`` (``x86_64`` or ``arm64``, as DescribeImages spells it).
+        operating_system: ``operating_system``.
+        python: ``python_location``'s version (``3.10``).
+        botocore: botocore in that release's package list (later releases update it).
+        source: the release notes page.
+    """
+
+    name_prefix: str
+    release: str
+    architecture: str
+    operating_system: str
+    python: str
+    botocore: str
+    source: str
+
+
+#: Deep Learning AMIs whose release notes were read on 2026-11-28 (AWS DLAMI Developer Guide, "Release
+#: notes for DLAMIs"). A name not listed here is not judged by name: its Python and botocore are
+#: checked by the agent at boot.
+DLAMI_RELEASES: tuple[DlamiRelease, ...] = (
+    DlamiRelease("Deep Learning Base OSS Nvidia Driver GPU AMI (Ubuntu 22.04)", "20260130", "x86_64",
+                 "Ubuntu 22.04.5 LTS", "3.10", "1.42.38",
+                 "https://docs.aws.amazon.com/dlami/latest/devguide/aws-deep-learning-ami-gpubaseoss-ul2204-2026-02-03.html"),
+    DlamiRelease("Deep Learning ARM64 Base OSS Nvidia Driver GPU AMI (Ubuntu 22.04)", "20261006", "arm64",
+                 "Ubuntu 22.04.5 LTS", "3.10", "1.43.108",
+                 "https://docs.aws.amazon.com/dlami/latest/devguide/aws-deep-learning-ami-gpubaseossarm64-ul2204-2026-10-08.html"),
+    DlamiRelease("Deep Learning ARM64 Base OSS Nvidia Driver GPU AMI (Ubuntu 24.04)", "20260929", "arm64",
+                 "Ubuntu 24.04.5 LTS", "3.12", "1.43.104",
+                 "https://docs.aws.amazon.com/dlami/latest/devguide/aws-deep-learning-ami-gpubaseossarm64-ul2404-2026-09-30.html"),
+)
+
+#: What the node code needs: Python 3.10 (tests/test_python310.py); botocore 1.38.10 for CreateVolume's
+#: ``VolumeInitializationRate`` (spot_training.agent.ami_check, which checks the installed one at boot).
+MIN_PYTHON = (3, 10)
+MIN_BOTOCORE_FOR_INITIALIZATION_RATE = (1, 38, 10)
+#: Checked by the agent at start, not here: only a booted node can tell.
+NOT_CHECKED_WITHOUT_BOOT = ("mkfs.xfs", "python3 -m venv (python3-venv)", "mount.efs when EFS is used",
+                            "the installed botocore and AWS CLI")
+
+
+def _version(text: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in text.split(".") if p.isdigit())
+
+
+def dlami_release(name: str) -> DlamiRelease | None:
+    """The :data:`DLAMI_RELEASES` entry whose ``name_prefix`` starts ``name`` (longest first), else None."""
+    matches = [r for r in DLAMI_RELEASES if name.startswith(r.name_prefix)]
+    return max(matches, key=lambda r: len(r.name_prefix)) if matches else None
+
+
+def instance_architectures(ec2: Any, instance_types: Sequence[str]) -> dict[str, tuple[str, ...]]:
+    """``ProcessorInfo.SupportedArchitectures`` of each type the region offers (``ec2:DescribeInstanceTypes``);
+    types it does not offer are left out (the ``instance-type`` check fails them)."""
+    out: dict[str, tuple[str, ...]] = {}
+    for t in instance_types:
+        try:
+            info = ec2.describe_instance_types(InstanceTypes=[t])["InstanceTypes"][0]
+        except Exception as exc:  # noqa: BLE001
+            if _error_code(exc) in ("InvalidInstanceType", "InvalidParameterValue"):
+                continue
+            raise
+        out[t] = tuple(info.get("ProcessorInfo", {}).get("SupportedArchitectures", ()))
+    return out
+
+
+def check_ami_image(ec2: Any, image_id: str, instance_types: Sequence[str], *,
+                    initialization_rate_mibps: int | None = None) -> Check:
+    """Check the AMI the fleet will launch against the instance types and what the agent needs.
+
+    ``ec2:DescribeImages``: the image is ``available``, Linux (no ``Platform: windows``), its root device
+    is EBS, and its ``Architecture`` is among each type's ``SupportedArchitectures`` (else the fleet's
+    launches fail). A Deep Learning AMI listed in :data:`DLAMI_RELEASES` is also checked for Python >=
+    3.10 and, with ``initialization_rate_mibps``, botocore >= 1.38.10 as its release notes give them;
+    :data:`NOT_CHECKED_WITHOUT_BOOT` is named in the detail (the agent checks it at start).
+
+    Args:
+        ec2: boto3 EC2 client.
+        image_id: ``ami-...`` (``image_id`` or the value of ``ami_ssm_parameter``).
+        instance_types: the fleet's types.
+        initialization_rate_mibps: ``volume_initialization_rate_mibps`` (None: botocore's version does not matter).
+
+    Returns:
+        ``Check("ami-image", ...)``: ``fail`` for a wrong image, ``warn`` for an AMI not in the table,
+        ``pass`` otherwise; ``unknown`` when DescribeImages/DescribeInstanceTypes could not be answered.
+    """
+    name = "ami-image"
+    not_checked = "not checkable without booting (the agent checks at start, exit 78): " + ", ".join(NOT_CHECKED_WITHOUT_BOOT)
+    try:
+        images = ec2.describe_images(ImageIds=[image_id])["Images"]
+        architectures = instance_architectures(ec2, instance_types)
+    except Exception as exc:  # noqa: BLE001
+        if _error_code(exc).startswith("InvalidAMIID"):
+            images, architectures = [], {}
+        else:
+            return _cannot_answer(name, f"image {image_id}", exc)
+    if not images:
+        return Check(name, FAIL, f"image {image_id} does not exist in this region (or is not shared with this account)",
+                     "set -c image_id / ami_ssm_parameter to an AMI of this region")
+    image = images[0]
+    label = f"{image_id} ({image.get('Name', 'no name')})"
+    problems = []
+    if image.get("State", "available") != "available":
+        problems.append(f"its state is {image.get('State')!r}, not 'available'")
+    if str(image.get("Platform", "")).lower() == "windows":
+        problems.append("it is a Windows image; the nodes run Linux (systemd, bash user data)")
+    if image.get("RootDeviceType") == "instance-store":  # AWS: "ebs" or "instance-store"
+        problems.append(f"its root device is {image.get('RootDeviceType')!r}; the launch template needs an EBS-backed AMI")
+    arch = image.get("Architecture")
+    wrong = sorted(t for t, archs in architectures.items() if archs and arch not in archs)
+    if wrong:
+        problems.append(f"its architecture {arch} is not supported by {', '.join(wrong)} "
+                        f"({', '.join(f'{t}: ' + '/'.join(architectures[t]) for t in wrong)})")
+    release = dlami_release(str(image.get("Name", "")))
+    if release is not None:
+        if _version(release.python) < MIN_PYTHON:
+            problems.append(f"its Python {release.python} is older than {'.'.join(map(str, MIN_PYTHON))} ({release.source})")
+        if initialization_rate_mibps is not None and _version(release.botocore) < MIN_BOTOCORE_FOR_INITIALIZATION_RATE:
+            problems.append(f"its botocore {release.botocore} is older than 1.38.10, which volume_initialization_rate_mibps "
+                            f"needs ({release.source})")
+    if problems:
+        return Check(name, FAIL, f"image {label}: " + "; ".join(problems),
+                     "choose an AMI that fits (a Deep Learning Base AMI of the types' architecture), or types that fit the AMI")
+    if release is None:
+        return Check(name, WARN, f"image {label}: {arch}, EBS root, Linux; not a Deep Learning AMI listed in "
+                     f"spot_training.infra.preflight.DLAMI_RELEASES, so Python, botocore and the AWS CLI are "
+                     f"{not_checked.split(': ', 1)[0]}; also {not_checked.split(': ', 1)[1]}",
+                     "make sure the AMI has Python >= 3.10, the AWS CLI, xfsprogs and python3-venv")
+    return Check(name, PASS, f"image {label}: {arch}, EBS root, Linux; release notes of {release.name_prefix} "
+                 f"{release.release}: {release.operating_system}, Python {release.python}, botocore {release.botocore} "
+                 f"({release.source}); {not_checked}")
 
 
 def check_capacity(ec2: Any, *, region: str, instance_types: Sequence[str], target_capacity: int,
@@ -334,7 +486,11 @@ def run_checks(target: Target, client: Callable[[str], Any]) -> list[Check]:
     checks += type_checks
     if vcpus:
         checks += check_spot_quotas(client("service-quotas"), vcpus, target.target_capacity, target.region)
-    checks.append(check_ami(client("ssm"), ec2, ami_ssm_parameter=target.ami_ssm_parameter, image_id=target.image_id))
+    ami = check_ami(client("ssm"), ec2, ami_ssm_parameter=target.ami_ssm_parameter, image_id=target.image_id)
+    checks.append(ami)
+    if ami.image_id:
+        checks.append(check_ami_image(ec2, ami.image_id, target.instance_types,
+                                      initialization_rate_mibps=target.initialization_rate_mibps))
     checks.append(check_capacity(ec2, region=target.region, instance_types=target.instance_types,
                                  target_capacity=target.target_capacity, availability_zones=target.availability_zones))
     return checks
@@ -409,7 +565,7 @@ def target_from_context(context: Mapping[str, Any], *, stack: str, region: str) 
     names = {k.name for k in CONTEXT_KEYS}
     s = StackSettings.from_mapping({k: v for k, v in context.items() if k in names})
     return Target(region, s.instance_types, s.target_capacity, None if s.image_id else s.ami_ssm_parameter,
-                  s.image_id, s.availability_zones)
+                  s.image_id, s.availability_zones, s.volume_initialization_rate_mibps)
 
 
 def default_client_factory(region: str, endpoint_url: str | None = None) -> Callable[[str], Any]:

@@ -359,16 +359,31 @@ exit 1
 """
 
 
+#: Exit status a boot step's function returns for a failure no retry fixes (sysexits EX_CONFIG): the
+#: step still uses its attempts (IAM changes reach every endpoint only after a while, so a fresh
+#: stack's first AccessDenied may clear), then reports the boot failure as ``final``.
+BOOT_STEP_PERMANENT = 78
+#: What ``aws s3 cp`` prints for a URL or a permission that is wrong, not a network that is down
+#: (AWS CLI: "An error occurred (403) when calling the HeadObject operation: Forbidden").
+_S3_PERMANENT_PATTERNS = ("*AccessDenied*", "*Forbidden*", '*"(403)"*', '*"(404)"*', "*NoSuchBucket*", "*NoSuchKey*")
+
+
 def _step_function() -> list[str]:
     return [
-        "# Each step is retried (bounded); a step that fails every attempt reports and shuts down.",
+        "# Each step is retried (bounded); a step that fails every attempt reports and shuts down,",
+        f"# as a final failure when its last attempt returned {BOOT_STEP_PERMANENT} (a wrong setting or permission).",
         "step() {",
         '  local name="$1"; shift',
-        "  local attempt=1",
+        "  local attempt=1 status",
         "  while true; do",
-        '    if "$@"; then echo "spot-training boot: step $name ok (attempt $attempt)"; return 0; fi',
+        '    "$@"; status=$?',
+        '    if [ "$status" -eq 0 ]; then echo "spot-training boot: step $name ok (attempt $attempt)"; return 0; fi',
         f'    if [ "$attempt" -ge {BOOT_STEP_ATTEMPTS} ]; then',
-        f'      "$BOOT_FAILED" "$name" "failed {BOOT_STEP_ATTEMPTS} attempts"',
+        f'      if [ "$status" -eq {BOOT_STEP_PERMANENT} ]; then',
+        f'        "$BOOT_FAILED" "$name" "failed {BOOT_STEP_ATTEMPTS} attempts; retrying will not help (a wrong setting or permission)" final',
+        "      else",
+        f'        "$BOOT_FAILED" "$name" "failed {BOOT_STEP_ATTEMPTS} attempts"',
+        "      fi",
         "      exit 1",
         "    fi",
         f'    echo "spot-training boot: step $name failed (attempt $attempt of {BOOT_STEP_ATTEMPTS}); retrying" >&2',
@@ -395,7 +410,7 @@ def boot_script(
     1. write :func:`boot_failed_script` (nothing can fail before it exists);
     2. write the node config (:func:`config_block`);
     3. steps, each retried :data:`BOOT_STEP_ATTEMPTS` times and logged: ``fetch-agent`` (``aws s3 cp``
-       of ``asset_url``), ``unpack-agent``, ``agent-boto3`` (only when the AMI's Python lacks boto3 or its botocore is older
+       of ``asset_url``; access denied or not found is reported ``final`` once the attempts are used), ``unpack-agent``, ``agent-boto3`` (only when the AMI's Python lacks boto3 or its botocore is older
        than 1.38.10),
        ``start-agent`` (write the unit, ``systemctl enable --now``).
 
@@ -441,7 +456,12 @@ def boot_script(
         # With EFS: amazon-efs-utils, retried with backoff for a bounded time, then a counted boot failure.
         *(efs_utils_install_commands() if efs else []),
         *_step_function(),
-        f"fetch_agent() {{ aws s3 cp {_q(asset_url)} \"{archive}\" --only-show-errors; }}",
+        "fetch_agent() {",
+        f"  local out; out=$(aws s3 cp {_q(asset_url)} \"{archive}\" --only-show-errors 2>&1) && return 0",
+        '  echo "$out" >&2',
+        f"  case \"$out\" in {'|'.join(_S3_PERMANENT_PATTERNS)}) return {BOOT_STEP_PERMANENT} ;; esac",
+        "  return 1",
+        "}",
         # The standard library unzips; the AMI need not have `unzip`.
         f'unpack_agent() {{ rm -rf "$CODE" && install -d -m 0755 "$CODE" && "$AGENT_PYTHON" -m zipfile -e "{archive}" "$CODE"; }}',
         "agent_boto3() {",

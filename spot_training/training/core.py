@@ -619,6 +619,9 @@ class CheckpointDriver:
             if self.host_rng and rng_file.is_file():
                 _restore_host_rng(json.loads(rng_file.read_text(encoding="utf-8")))
 
+        # Boot phases (bench/bench_boot.py): this line ends the framework import and model build,
+        # the "restored"/"no checkpoint" line below ends the restore.
+        self.log.info("looking for a checkpoint under %s", self.directory)
         ckpt = self.store.restore(read)
         self.adapter.after_restore(ckpt)
         self.restored = ckpt
@@ -626,6 +629,8 @@ class CheckpointDriver:
         self.last_saved_step = ckpt.step if ckpt is not None else None
         if ckpt is not None:
             self.log.info("restored %s: step %d, epoch %d", ckpt.path, ckpt.step, ckpt.epoch)
+        else:
+            self.log.info("no checkpoint under %s: starting at step 0", self.directory)
         self.adapter.at_step(self.step)
         return self.step
 

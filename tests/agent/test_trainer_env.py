@@ -12,6 +12,7 @@ import pytest
 
 from spot_training.agent import trainer_env
 from spot_training.agent.config import parse_config
+from spot_training.agent.errors import ConfigError
 from spot_training.agent.supervisor import EnvironmentBuildFailed, Outcome, Supervisor
 from spot_training.local.wheels import PROBE_DISTRIBUTION, write_probe_wheel
 
@@ -26,6 +27,16 @@ def offline_pip(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("PIP_NO_INDEX", "1")
     monkeypatch.setenv("PIP_FIND_LINKS", str(wheels))
     return wheels
+
+
+#: A requirement whose wheel is in the wheel directory but corrupt: pip fails the same way at every
+#: attempt without saying the requirement is wrong, so the attempts are bounded, not cut short (a
+#: requirement no index has is final at once: tests/agent/test_boot_retries.py).
+CORRUPT = "spot-training-corrupt==1.0"
+
+
+def _corrupt_wheel(wheels: Path) -> None:
+    (wheels / "spot_training_corrupt-1.0-py3-none-any.whl").write_bytes(b"not a zip file")
 
 
 def _probe_prefix(python: str) -> str:
@@ -79,8 +90,9 @@ def test_broken_requirement_fails_after_bounded_attempts_and_leaves_nothing(tmp_
     root = tmp_path / "envs"
     lines: list[str] = []
     slept: list[float] = []
-    with pytest.raises(trainer_env.EnvironmentBuildError, match=r"no-such-package-xyz.* failed 2 times"):
-        trainer_env.ensure(sys.executable, root, ["no-such-package-xyz==1.0"], attempts=2, backoff_s=1.5,
+    _corrupt_wheel(offline_pip)
+    with pytest.raises(trainer_env.EnvironmentBuildError, match=r"spot-training-corrupt.* failed 2 times"):
+        trainer_env.ensure(sys.executable, root, [CORRUPT], attempts=2, backoff_s=1.5,
                            log=lines.append, sleep=slept.append)
     assert slept == [1.5]
     assert sum("pip install failed" in line for line in lines) == 2
@@ -103,10 +115,11 @@ def test_inherit_site_packages_sees_the_base_interpreters_packages(tmp_path: Pat
 @pytest.mark.integration
 def test_command_line_prints_json_and_exits_69_on_failure(tmp_path: Path, offline_pip: Path) -> None:
     argv = [sys.executable, "-m", "spot_training.agent.trainer_env", "ensure", "--python", sys.executable, "--root",
-            str(tmp_path / "envs"), "--requirement", "no-such-package-xyz", "--attempts", "1"]
+            str(tmp_path / "envs"), "--requirement", CORRUPT, "--attempts", "1"]
+    _corrupt_wheel(offline_pip)
     done = subprocess.run(argv, capture_output=True, text=True, cwd=REPO)
     assert done.returncode == trainer_env.EXIT_INSTALL_FAILED == 69
-    assert "no-such-package-xyz" in json.loads(done.stdout.splitlines()[-1])["error"]
+    assert "spot-training-corrupt" in json.loads(done.stdout.splitlines()[-1])["error"]
 
 
 def _config(tmp_path: Path, command: list[str], venv: dict | None) -> dict:
@@ -153,12 +166,23 @@ def test_supervisor_without_venv_runs_training_python_as_it_is(tmp_path: Path) -
 
 @pytest.mark.integration
 def test_supervisor_reports_a_failed_build(tmp_path: Path, offline_pip: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _corrupt_wheel(offline_pip)
+    config = parse_config(_config(tmp_path, ["{python}", "-c", "pass"],
+                                  {"requirements": [CORRUPT], "root": str(tmp_path / "mnt" / "envs")}))
+    supervisor = Supervisor(config, is_mounted=lambda: True, run_as_current_user_if_missing=True,
+                            venv_attempts=2, venv_backoff_s=0.1)
+    with pytest.raises(EnvironmentBuildFailed, match=r"spot-training-corrupt"):
+        supervisor.prepare_environment()
+
+
+@pytest.mark.integration
+def test_supervisor_reports_a_requirement_no_index_has_as_a_final_config_error(tmp_path: Path, offline_pip: Path) -> None:
     config = parse_config(_config(tmp_path, ["{python}", "-c", "pass"],
                                   {"requirements": ["no-such-package-xyz"], "root": str(tmp_path / "mnt" / "envs")}))
     supervisor = Supervisor(config, is_mounted=lambda: True, run_as_current_user_if_missing=True,
-                            venv_attempts=2, venv_backoff_s=0.1)
-    with pytest.raises(EnvironmentBuildFailed, match=r"no-such-package-xyz"):
-        supervisor.prepare_environment()
+                            venv_attempts=3, venv_backoff_s=30.0)
+    with pytest.raises(ConfigError, match=r"training.venv.requirements \['no-such-package-xyz'\]: .*retrying will not help"):
+        supervisor.prepare_environment()  # at once: no 30 s backoff
 
 
 def test_a_symlinked_environment_root_is_refused(tmp_path: Path) -> None:
@@ -186,3 +210,20 @@ def test_config_rejects_bad_venv_sections() -> None:
         base["training"]["venv"] = venv
         with pytest.raises(ConfigError, match=problem):
             parse_config(base)
+
+
+@pytest.mark.integration
+def test_inherited_site_directories_have_their_own_pth_files_processed(tmp_path: Path) -> None:
+    """A base whose packages come through a .pth of its site-packages (an editable install, a layered venv)
+    is seen whole by the environment, as the base interpreter sees it."""
+    site_dir, extra = tmp_path / "base-site", tmp_path / "extra"
+    site_dir.mkdir()
+    extra.mkdir()
+    (extra / "spot_training_pth_probe.py").write_text("VALUE = 7\n")
+    (site_dir / "layer.pth").write_text(f"{extra}\n")
+    interpreter = {**trainer_env.probe(sys.executable), "site_packages": [str(site_dir)]}
+    build = tmp_path / "env"
+    trainer_env._make_venv(sys.executable, build, interpreter, True, lambda line: None)
+    out = subprocess.run([str(trainer_env.env_python(build)), "-c", "import spot_training_pth_probe as m; print(m.VALUE)"],
+                         capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.strip() == "7", out.stderr

@@ -105,7 +105,13 @@ def _account_ready(world: World) -> None:
     iam = world.client("iam")
     for role, service in preflight.SERVICE_LINKED_ROLES:
         iam.create_role(RoleName=role, Path=f"/aws-service-role/{service}/", AssumeRolePolicyDocument="{}")
-    world.client("ssm").put_parameter(Name=AMI_PARAMETER, Value="ami-0123456789abcdef0", Type="String")
+    # The parameter names an image that exists (preflight's ami-image check describes it): an x86_64 image
+    # with a Deep Learning AMI's name, made from an instance (moto's RegisterImage keeps no architecture).
+    ec2 = world.client("ec2")
+    instance = ec2.run_instances(ImageId="ami-12345678", MinCount=1, MaxCount=1)["Instances"][0]["InstanceId"]
+    image_id = ec2.create_image(InstanceId=instance, Name="Deep Learning Base OSS Nvidia Driver GPU AMI (Ubuntu 22.04) 20261120")["ImageId"]
+    ec2.terminate_instances(InstanceIds=[instance])
+    world.client("ssm").put_parameter(Name=AMI_PARAMETER, Value=image_id, Type="String")
 
 
 def _drill(world: World, tmp_path: Path) -> AwsDrill:

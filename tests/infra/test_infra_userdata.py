@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -223,3 +224,42 @@ def test_agent_boto3_step_upgrades_an_amis_too_old_botocore(tmp_path: Path, boto
     assert done.returncode == 0, done.stderr
     ran = calls.read_text().splitlines() if calls.exists() else []
     assert ran == ([f"-m pip install --quiet {BOTO3_REQUIREMENT}"] if installs else [])
+
+
+@pytest.mark.parametrize(("aws_error", "final"), [
+    ("fatal error: An error occurred (403) when calling the HeadObject operation: Forbidden", True),
+    ("fatal error: An error occurred (404) when calling the HeadObject operation: Key \"a.zip\" does not exist", True),
+    ('fatal error: Could not connect to the endpoint URL: "https://assets.s3.amazonaws.com/a.zip"', False),
+])
+def test_fetch_agent_uses_its_attempts_then_reports_a_denied_or_missing_asset_as_final(
+        tmp_path: Path, aws_error: str, final: bool) -> None:
+    """A wrong asset URL or a denied read still gets the step's attempts (a fresh role's permissions reach
+    S3 after a while), then ends the boot as final; a network failure stays a counted failure."""
+    from spot_training.infra.asset import BOTO3_REQUIREMENT
+    from spot_training.infra.userdata import BOOT_STEP_ATTEMPTS, boot_script
+
+    lines = boot_script(asset_url="s3://assets/a.zip", region="us-east-1", stack_name="S",
+                        volume_tags={"spot-training:stack": "S"}, config_json="{}", boto3_requirement=BOTO3_REQUIREMENT)
+
+    def function(name: str) -> str:
+        start = lines.index(f"{name}() {{")
+        return "\n".join(lines[start:lines.index("}", start) + 1])
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    calls = tmp_path / "calls.log"
+    (bin_dir / "aws").write_text(f"#!/bin/bash\necho aws >> {calls}\necho '{aws_error}' >&2\nexit 1\n")
+    (bin_dir / "sleep").write_text("#!/bin/bash\nexit 0\n")
+    boot_failed = tmp_path / "boot-failed"
+    boot_failed.write_text(f"#!/bin/bash\necho boot-failed \"$@\" >> {calls}\n")
+    for path in (*bin_dir.iterdir(), boot_failed):
+        path.chmod(0o755)
+    script = "\n".join([f'ST_ROOT="{tmp_path}"', f'BOOT_FAILED="{boot_failed}"', function("step"),
+                        function("fetch_agent"), "step fetch-agent fetch_agent", "echo not-reached"])
+    done = subprocess.run(["bash", "-uo", "pipefail", "-c", script], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"})
+    assert done.returncode == 1 and "not-reached" not in done.stdout
+    logged = calls.read_text().splitlines()
+    assert logged.count("aws") == BOOT_STEP_ATTEMPTS
+    assert logged[-1].startswith("boot-failed fetch-agent ") and logged[-1].endswith(" final") is final, logged
+    assert aws_error in done.stderr

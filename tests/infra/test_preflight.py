@@ -51,16 +51,91 @@ def test_account_with_roles_and_ami_exits_3_because_moto_cannot_answer_quota_and
     for role, service in preflight.SERVICE_LINKED_ROLES:
         iam.create_role(RoleName=role, Path=f"/aws-service-role/{service}/", AssumeRolePolicyDocument=json.dumps({
             "Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Principal": {"Service": service}, "Action": "sts:AssumeRole"}]}))
+    image_id = _dlami(moto_server.endpoint_url)
     ssm = boto3.client("ssm", region_name=REGION, endpoint_url=moto_server.endpoint_url)
     # moto refuses names under /aws/, so the test points ami_ssm_parameter at a parameter of its own.
-    ssm.put_parameter(Name="/spot-training-test/ami-id", Value="ami-0123456789abcdef0", Type="String")
+    ssm.put_parameter(Name="/spot-training-test/ami-id", Value=image_id, Type="String")
     code, checks = _run(capsys, moto_server.endpoint_url, "-c", "ami_ssm_parameter=/spot-training-test/ami-id")
     assert code == preflight.EXIT_UNKNOWN
     assert {name: c["status"] for name, c in checks.items() if c["status"] != "unknown"} == {
         "service-linked-role:AWSServiceRoleForEC2SpotFleet": "pass", "service-linked-role:AWSServiceRoleForEC2Spot": "pass",
-        "instance-type:g6.xlarge": "pass", "instance-type:g5.xlarge": "pass", "instance-type:g4dn.xlarge": "pass", "ami": "pass"}
-    assert "ami-0123456789abcdef0" in checks["ami"]["detail"]
+        "instance-type:g6.xlarge": "pass", "instance-type:g5.xlarge": "pass", "instance-type:g4dn.xlarge": "pass", "ami": "pass",
+        "ami-image": "pass"}
+    assert image_id in checks["ami"]["detail"]
+    # The image the parameter names is checked too, and what only a boot can tell is said.
+    assert "Python 3.10" in checks["ami-image"]["detail"] and "not checkable without booting" in checks["ami-image"]["detail"]
+    assert "mkfs.xfs" in checks["ami-image"]["detail"]
     assert "did not answer" in checks["capacity"]["fix"]
+
+
+def _dlami(endpoint: str, name: str = "Deep Learning Base OSS Nvidia Driver GPU AMI (Ubuntu 22.04) 20261120") -> str:
+    """An x86_64 Linux image named ``name``, made in the moto server (CreateImage of an instance: moto's
+    RegisterImage keeps no architecture)."""
+    ec2 = boto3.client("ec2", region_name=REGION, endpoint_url=endpoint)
+    instance = ec2.run_instances(ImageId="ami-12345678", MinCount=1, MaxCount=1)["Instances"][0]["InstanceId"]
+    return ec2.create_image(InstanceId=instance, Name=name)["ImageId"]
+
+
+def test_an_image_that_does_not_exist_fails_preflight(moto_server, capsys) -> None:
+    code, checks = _run(capsys, moto_server.endpoint_url, "-c", "image_id=ami-0000000000000dead")
+    assert code == preflight.EXIT_FAILED
+    assert checks["ami"]["status"] == "fail" and "does not exist" in checks["ami"]["detail"]
+
+
+def test_an_image_that_is_not_a_listed_dlami_is_a_warning_naming_what_the_boot_checks(moto_server, capsys) -> None:
+    image_id = _dlami(moto_server.endpoint_url, name="my-team-ubuntu-22.04-20261120")
+    _, checks = _run(capsys, moto_server.endpoint_url, "-c", f"image_id={image_id}")
+    check = checks["ami-image"]
+    assert check["status"] == "warn", check
+    assert "not a Deep Learning AMI listed" in check["detail"] and "python3-venv" in check["fix"]
+
+
+@pytest.mark.parametrize(("image", "problem"), [
+    ({"Architecture": "arm64"}, "architecture arm64 is not supported by g5.xlarge (g5.xlarge: x86_64)"),
+    ({"RootDeviceType": "instance-store"}, "root device is 'instance-store'"),
+    ({"Platform": "windows"}, "Windows image"),
+    ({"State": "deregistered"}, "state is 'deregistered'"),
+])
+def test_an_image_the_fleet_cannot_boot_fails(image: dict, problem: str) -> None:
+    # DescribeImages / DescribeInstanceTypes shapes as the EC2 API Reference documents them (moto's
+    # RegisterImage keeps neither architecture nor root device type).
+    ec2 = _client("ec2")
+    described = {"ImageId": "ami-1", "Name": "Deep Learning Base OSS Nvidia Driver GPU AMI (Ubuntu 22.04) 20261120",
+                 "Architecture": "x86_64", "RootDeviceType": "ebs", "State": "available", **image}
+    with Stubber(ec2) as stub:
+        stub.add_response("describe_images", {"Images": [described]}, {"ImageIds": ["ami-1"]})
+        stub.add_response("describe_instance_types", {"InstanceTypes": [
+            {"InstanceType": "g5.xlarge", "ProcessorInfo": {"SupportedArchitectures": ["x86_64"]}}]},
+            {"InstanceTypes": ["g5.xlarge"]})
+        check = preflight.check_ami_image(ec2, "ami-1", ["g5.xlarge"])
+    assert check.status == "fail" and problem in check.detail, check
+
+
+def test_dlami_release_table_matches_names_by_their_longest_prefix_and_judges_botocore() -> None:
+    arm = preflight.dlami_release("Deep Learning ARM64 Base OSS Nvidia Driver GPU AMI (Ubuntu 24.04) 20261120")
+    assert (arm.architecture, arm.python) == ("arm64", "3.12")
+    assert preflight.dlami_release("Deep Learning Base OSS Nvidia Driver GPU AMI (Ubuntu 22.04) 20261120").architecture == "x86_64"
+    assert preflight.dlami_release("my-own-ami") is None
+    for release in preflight.DLAMI_RELEASES:
+        assert release.source.startswith("https://docs.aws.amazon.com/dlami/")
+        assert preflight._version(release.botocore) >= preflight.MIN_BOTOCORE_FOR_INITIALIZATION_RATE
+
+
+def test_an_old_dlami_botocore_fails_only_with_an_initialization_rate(monkeypatch) -> None:
+    old = preflight.DlamiRelease("Deep Learning Test AMI", "20250101", "x86_64", "Ubuntu 22.04", "3.10", "1.34.46", "https://example")
+    monkeypatch.setattr(preflight, "DLAMI_RELEASES", (old,))
+    ec2 = _client("ec2")
+    image = {"ImageId": "ami-1", "Name": "Deep Learning Test AMI 20250101", "Architecture": "x86_64", "RootDeviceType": "ebs",
+             "State": "available"}
+    for rate, status in ((None, "pass"), (300, "fail")):
+        with Stubber(ec2) as stub:
+            stub.add_response("describe_images", {"Images": [image]}, {"ImageIds": ["ami-1"]})
+            stub.add_response("describe_instance_types", {"InstanceTypes": [
+                {"InstanceType": "g5.xlarge", "ProcessorInfo": {"SupportedArchitectures": ["x86_64"]}}]},
+                {"InstanceTypes": ["g5.xlarge"]})
+            check = preflight.check_ami_image(ec2, "ami-1", ["g5.xlarge"], initialization_rate_mibps=rate)
+        assert check.status == status, check
+    assert "botocore 1.34.46 is older than 1.38.10" in check.detail
 
 
 def test_type_the_region_does_not_offer_fails_and_p3_is_warned_about(moto_server, capsys) -> None:

@@ -1,6 +1,8 @@
 """A boot that cannot succeed, in local mode: the real user data, the real agent, the AWS CLI against moto.
 
-The stack asks for a requirement that the nodes' (offline) wheel directory does not have. Each node's
+The stack asks for a requirement whose wheel in the nodes' (offline) wheel directory is corrupt: pip
+fails the same way at every attempt without saying the requirement is wrong (a requirement no index
+has is a final config error at the first node: tests/agent/test_boot_retries.py). Each node's
 agent fails to build the trainer's environment, runs the user data's boot-failure script, which reports
 (console, instance tag), counts the failed boot on the data volume and shuts the node down; the runner
 terminates the instance (terminate shutdown behaviour) and, acting for the fleet, launches a replacement.
@@ -20,7 +22,7 @@ from spot_training.local.drill import bootstrap_and_deploy
 from spot_training.local.moto_server import MotoServer
 from spot_training.local.nodes import NodeRunner
 
-BROKEN = "no-such-package-xyz==1.0"
+BROKEN = "spot-training-corrupt==1.0"
 
 
 @pytest.mark.slow
@@ -38,6 +40,7 @@ def test_broken_requirement_reports_shuts_down_is_replaced_and_the_bound_holds(t
         stack = stack_resources(aws, "SpotTraining")
         runner = NodeRunner(aws=aws, endpoint_url=server.endpoint_url, volumes_dir=server.volumes_dir, stack=stack,
                             work_dir=tmp_path, on_event=events.append)
+        (runner.wheel_dir / "spot_training_corrupt-1.0-py3-none-any.whl").write_bytes(b"not a zip file")
         assert len(runner.sync()) == 1
         zones = sorted(stack.subnets)
         deadline = time.time() + 900

@@ -115,7 +115,7 @@ def test_every_cluster_node_runs_its_own_roles_user_data_with_the_shared_efs(ec2
 def test_a_cluster_worker_whose_boot_step_fails_reports_and_shuts_down(ec2, moto_server, tmp_path, image_id,
                                                                        monkeypatch):
     # The stack's real boot script, with an agent asset that is not there: fetch-agent fails every
-    # attempt (backoff 5 + 10 + 15 s), the boot-failure script reports and shuts the node down.
+    # attempt (backoff 5 + 10 + 15 s), the boot-failure script reports it as final and shuts the node down.
     monkeypatch.setenv("SPOT_TRAINING_TEST_LOOPBACK", "1")
     clients(moto_server.endpoint_url).s3.create_bucket(Bucket="assets")
     lines = boot_script(asset_url="s3://assets/missing.zip", region="us-east-1", stack_name="DistributedTraining",
@@ -130,6 +130,8 @@ def test_a_cluster_worker_whose_boot_step_fails_reports_and_shuts_down(ec2, moto
         assert "step fetch-agent failed (attempt 3 of 4)" in log and "step start-agent ok" not in log
         console = (node.node_dir / "console.log").read_text()
         assert "spot-training: boot failed at step 'fetch-agent'" in console and "shutting down" in console
+        # The asset is not there (S3 answers 404): every replacement would fail alike, so the report is final.
+        assert "retrying will not help" in console and "mode final" in console
         assert node.shutdown_requested
         tags = {t["Key"]: t["Value"] for t in ec2.describe_tags(
             Filters=[{"Name": "resource-id", "Values": [instances["worker"]]}])["Tags"]}
