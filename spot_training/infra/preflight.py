@@ -350,8 +350,19 @@ def dlami_release(name: str) -> DlamiRelease | None:
 
 
 def instance_architectures(ec2: Any, instance_types: Sequence[str]) -> dict[str, tuple[str, ...]]:
-    """``ProcessorInfo.SupportedArchitectures`` of each type the region offers (``ec2:DescribeInstanceTypes``);
-    types it does not offer are left out (the ``instance-type`` check fails them)."""
+    """``ProcessorInfo.SupportedArchitectures`` of each type the region offers (``ec2:DescribeInstanceTypes``).
+
+    Args:
+        ec2: a boto3 EC2 client of the target region.
+        instance_types: instance type names, e.g. ``["g5.xlarge"]``.
+
+    Returns:
+        ``{type: ("x86_64",)}`` for each type the region offers; types it does not offer are left out
+        (the ``instance-type`` check fails them).
+
+    Raises:
+        botocore.exceptions.ClientError: any error but an unknown instance type.
+    """
     out: dict[str, tuple[str, ...]] = {}
     for t in instance_types:
         try:
