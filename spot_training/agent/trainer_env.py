@@ -22,7 +22,7 @@ The venv keeps its real path (the ``.build-...`` directory) for ever, so the abs
 into console scripts stay valid; only the link is swapped in.
 
 ``inherit_site_packages``: the environment also sees the base interpreter's own ``site-packages``
-(through a ``.pth`` file listing them, which works for a base interpreter that is itself a venv, where
+(through a ``.pth`` file that adds them with ``site.addsitedir``, which works for a base interpreter that is itself a venv, where
 ``venv --system-site-packages`` would see only the system Python's). For AMIs that ship a framework and
 need a few extra requirements on top, and for local mode, whose frameworks live in the project's venv.
 
@@ -52,7 +52,7 @@ from typing import Callable, Sequence
 
 #: File written into a build as its last step; its JSON names the key and the requirements.
 COMPLETE_FILE = "COMPLETE"
-#: ``.pth`` file that adds the base interpreter's site-packages (``inherit_site_packages``).
+#: ``.pth`` file that adds the base interpreter's site-packages with their own ``.pth`` files (``inherit_site_packages``).
 INHERIT_PTH = "spot_training_inherit.pth"
 #: A build directory without a link, older than this (seconds), is left over from a dead node.
 STALE_BUILD_S = 6 * 3600
@@ -132,7 +132,11 @@ def _make_venv(python: str, build: Path, interpreter: dict, inherit: bool, log: 
     if inherit:
         probe_env = probe(str(env_python(build)))
         target = Path(probe_env["site_packages"][0])
-        (target / INHERIT_PTH).write_text("".join(f"{p}\n" for p in interpreter["site_packages"]))
+        # site.addsitedir, not a plain path line: it also runs the .pth files in those directories
+        # (editable installs, a base interpreter that is itself an overlay of another environment),
+        # which a path line alone leaves unread.
+        (target / INHERIT_PTH).write_text("".join(f"import site; site.addsitedir({str(p)!r})\n"
+                                                  for p in interpreter["site_packages"]))
 
 
 def _pip_install(build: Path, requirements: Sequence[str], attempts: int, backoff_s: float,
