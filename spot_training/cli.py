@@ -107,7 +107,8 @@ class ProgressDisplay:
             return
         line = self.describe(event)
         if line:
-            self._line(f"[{event.get('t', 0):7.1f}s] {line}")
+            job = f"{event['job']}: " if event.get("job") else ""  # the jobs drill: whose event it is
+            self._line(f"[{event.get('t', 0):7.1f}s] {job}{line}")
 
     def _line(self, text: str) -> None:
         if self._bar_shown:
@@ -275,6 +276,24 @@ def cmd_cluster_drill(args: argparse.Namespace) -> int:
     return 0 if report["passed"] else 1
 
 
+def cmd_jobs_drill(args: argparse.Namespace) -> int:
+    """``spot-train local drill --jobs N``: N training jobs in one stack (spot_training.local.jobs_drill)."""
+    from spot_training.local.jobs_drill import JobsDrillOptions, format_jobs_report, run_jobs_drill
+
+    options = JobsDrillOptions(
+        work_dir=args.work_dir if args.work_dir is not None else JobsDrillOptions.work_dir,
+        stack=args.stack if args.stack is not None else JobsDrillOptions.stack, jobs=args.jobs,
+        interruptions=args.interruptions, steps=args.steps, seed=args.seed, baseline=not args.no_baseline,
+        timeout_s=args.timeout if args.timeout is not None else JobsDrillOptions.timeout_s)
+    report = _run_reported(options, run_jobs_drill)
+    if isinstance(report, int):
+        return report
+    sys.stdout.write(format_jobs_report(report))
+    print(f"report: {Path(report['work_dir']) / 'report.json'}; each job's status and cost: "
+          f"{Path(report['work_dir']) / 'results' / '<job id>'}/status.txt, cost.txt")
+    return 0 if report["passed"] else 1
+
+
 #: What local mode imports or runs beyond the library: module -> what it is for.
 LOCAL_MODE_MODULES = {"moto": "the moto server that emulates AWS", "flask": "moto's server",
                       "awscli": "the AWS CLI the nodes' user data runs"}
@@ -314,6 +333,8 @@ def cmd_drill(args: argparse.Namespace) -> int:
         from spot_training.local.sweep_drill import cmd_sweep_drill
 
         return cmd_sweep_drill(args)
+    if args.jobs is not None:
+        return cmd_jobs_drill(args)
     from spot_training.local.drill import DrillOptions, run_drill
 
     args.work_dir = args.work_dir if args.work_dir is not None else DEFAULT_DRILL_DIR
@@ -654,8 +675,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                        help="the framework: deployed with -c framework=... (with --cluster -c cluster_framework=...), "
                             "its example runs on the nodes (default tensorflow, with --cluster mxnet; --cluster takes "
                             "mxnet or pytorch; pytorch trains with .venv-torch)")
-    drill.add_argument("--steps", type=int, default=800, help="--cluster: total optimizer steps (default 800)")
+    drill.add_argument("--steps", type=int, default=800, help="--cluster, --jobs: total optimizer steps (of each job; default 800)")
     drill.add_argument("--workers", type=int, default=2, help="--cluster: workers at the start; one more joins (default 2)")
+    drill.add_argument("--jobs", type=int, default=None, metavar="N",
+                       help="the jobs drill: N training jobs (2..4) in one stack, each interrupted --interruptions "
+                            "times on its own volume and trained --steps steps; status and cost read back per job")
     drill.set_defaults(handler=cmd_drill)
 
     for name, handler, text in (("up", cmd_up, "start the moto server, cdk bootstrap and cdk deploy; leave it up"),

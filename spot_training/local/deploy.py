@@ -154,6 +154,9 @@ class CdkCli:
         work_dir: the cloud assembly goes to ``<work_dir>/cdk.out``, the CLI's state to
             ``<work_dir>/home``, each command's output to ``<work_dir>/logs/cdk-<command>.log``.
         app_dir: directory holding ``app.py`` and ``cdk.json`` (default: this repository).
+        app_command: the app the CLI synthesizes (``--app``, run in ``app_dir``); default
+            ``<this python> app.py``. ``spot-train local drill --jobs`` passes
+            ``<this python> -m spot_training.local.jobs_app``.
         timeout_s: seconds each command may take (default 600).
         on_line: called with each line the CLI prints (for a live display); default: none.
 
@@ -167,6 +170,7 @@ class CdkCli:
         *,
         work_dir: str | os.PathLike[str],
         app_dir: str | os.PathLike[str] = REPO_ROOT,
+        app_command: str | None = None,
         timeout_s: float = DEFAULT_CLI_TIMEOUT_S,
         on_line: Callable[[str], None] | None = None,
     ) -> None:
@@ -174,6 +178,7 @@ class CdkCli:
             raise CdkCliError(f"the CDK CLI is missing at {CDK_BIN}; run `make setup` (npm ci) first")
         self.work_dir = Path(work_dir)
         self.app_dir = Path(app_dir)
+        self.app_command = app_command or f"{sys.executable} app.py"
         self.timeout_s = timeout_s
         self.on_line = on_line
         (self.work_dir / "home").mkdir(parents=True, exist_ok=True)
@@ -192,7 +197,7 @@ class CdkCli:
         # environment needs none; run in the work dir, where no cdk.json names one).
         cwd = self.app_dir
         if app == "synth":
-            app_args = ["--app", f"{sys.executable} app.py", "--output", str(self.output_dir)]
+            app_args = ["--app", self.app_command, "--output", str(self.output_dir)]
         elif app == "assembly":
             app_args = ["--app", str(self.output_dir)]
         else:
@@ -320,7 +325,8 @@ class DeployedStack:
     """What local mode needs from a deployed stack, read with boto3 (moto returns no Outputs).
 
     Attributes:
-        name: the stack name.
+        name: the stack name, or with ``stack_resources(..., job=...)`` the job id: the ``spot-training:stack``
+            tag value of the job's resources (the node runner tags replacements with it).
         fleet_request_id: ``sfr-...``.
         launch_template_id: ``lt-...`` of the fleet.
         data_volume_id: ``vol-...`` as created by the stack.
@@ -336,18 +342,22 @@ class DeployedStack:
     resources: dict[str, tuple[str, str]]
 
 
-def stack_resources(aws: Clients, stack: str) -> DeployedStack:
+def stack_resources(aws: Clients, stack: str, *, job: str | None = None) -> DeployedStack:
     """Read the deployed ``stack``'s resources with boto3.
 
     Args:
-        aws: the local AWS clients.
-        stack: the stack name.
+        aws: clients of the moto server.
+        stack: the CloudFormation stack name.
+        job: one ``TrainingJob`` of a stack that holds several: its job id (the ``spot-training:stack``
+            tag value of its fleet request and data volume); the result's ``name`` is the job id, which
+            the node runner tags replacement instances with. Default: the stack's one fleet and volume.
 
     Returns:
         the fleet, its launch template, the data volume, the subnets per AZ and every resource.
 
     Raises:
-        RuntimeError: the stack is not ``CREATE_COMPLETE`` or lacks a fleet, launch template or volume.
+        RuntimeError: the stack is not ``CREATE_COMPLETE`` or lacks a fleet, launch template or volume
+            (of ``job``: names the job ids the stack's fleets carry).
     """
     status = aws.cloudformation.describe_stacks(StackName=stack)["Stacks"][0]["StackStatus"]
     if status not in ("CREATE_COMPLETE", "UPDATE_COMPLETE"):
@@ -361,7 +371,8 @@ def stack_resources(aws: Clients, stack: str) -> DeployedStack:
     def one(resource_type: str) -> str:
         found = [physical for kind, physical in resources.values() if kind == resource_type]
         if len(found) != 1:
-            raise RuntimeError(f"stack {stack} has {len(found)} {resource_type} resources, expected 1: {found}")
+            several = " (a stack of several TrainingJobs: name one with job=<job id>)" if len(found) > 1 else ""
+            raise RuntimeError(f"stack {stack} has {len(found)} {resource_type} resources, expected 1: {found}{several}")
         return found[0]
 
     vpc_id = one("AWS::EC2::VPC")
@@ -369,11 +380,47 @@ def stack_resources(aws: Clients, stack: str) -> DeployedStack:
         s["AvailabilityZone"]: s["SubnetId"]
         for s in aws.ec2.describe_subnets(Filters=[{"Name": "vpc-id", "Values": [vpc_id]}])["Subnets"]
     }
+    if job is None:
+        fleet_id, template_id, volume_id = one("AWS::EC2::SpotFleet"), one("AWS::EC2::LaunchTemplate"), one("AWS::EC2::Volume")
+    else:
+        fleet_id, template_id, volume_id = _job_parts(aws, stack, job, resources)
     return DeployedStack(
-        name=stack,
-        fleet_request_id=one("AWS::EC2::SpotFleet"),
-        launch_template_id=one("AWS::EC2::LaunchTemplate"),
-        data_volume_id=one("AWS::EC2::Volume"),
+        name=job or stack,
+        fleet_request_id=fleet_id,
+        launch_template_id=template_id,
+        data_volume_id=volume_id,
         subnets=dict(sorted(subnets.items())),
         resources=resources,
     )
+
+
+def _job_parts(aws: Clients, stack: str, job: str, resources: dict[str, tuple[str, str]]) -> tuple[str, str, str]:
+    """``(fleet request id, launch template id, data volume id)`` of job ``job`` among ``stack``'s
+    ``resources``: the fleet request and the volume tagged with the job id, and the launch template
+    that fleet's resource refers to in the deployed template (moto's DescribeSpotFleetRequests leaves
+    ``LaunchTemplateConfigs`` out). Raises RuntimeError naming what is missing."""
+    from spot_training.local.cfn_compat import references
+
+    def of(resource_type: str) -> dict[str, str]:
+        return {physical: logical for logical, (kind, physical) in resources.items() if kind == resource_type}
+
+    def tag(item: dict[str, Any]) -> str | None:
+        return {t["Key"]: t["Value"] for t in item.get("Tags", [])}.get(STACK_TAG_KEY)
+
+    # An empty id list would describe every fleet request (volume) of the account, not none.
+    fleet_ids, volume_ids = list(of("AWS::EC2::SpotFleet")), list(of("AWS::EC2::Volume"))
+    configs = aws.ec2.describe_spot_fleet_requests(SpotFleetRequestIds=fleet_ids)["SpotFleetRequestConfigs"] if fleet_ids else []
+    fleets = [c["SpotFleetRequestId"] for c in configs if tag(c) == job]
+    volumes = [v["VolumeId"] for v in (aws.ec2.describe_volumes(VolumeIds=volume_ids)["Volumes"] if volume_ids else [])
+               if tag(v) == job]
+    if len(fleets) != 1 or len(volumes) != 1:
+        raise RuntimeError(f"stack {stack}: job {job!r} has {len(fleets)} fleet requests and {len(volumes)} data volumes, "
+                           f"expected 1 each; the job ids of its fleets: {sorted(str(tag(c)) for c in configs)}")
+    body = aws.cloudformation.get_template(StackName=stack)["TemplateBody"]
+    template = json.loads(body) if isinstance(body, str) else body
+    fleet_resource = template["Resources"][of("AWS::EC2::SpotFleet")[fleets[0]]]
+    launch_templates = {logical: physical for physical, logical in of("AWS::EC2::LaunchTemplate").items()}
+    used = references(fleet_resource.get("Properties", {}), set(launch_templates))
+    if len(used) != 1:
+        raise RuntimeError(f"stack {stack}: job {job!r}'s fleet refers to {len(used)} launch templates, expected 1")
+    return fleets[0], launch_templates[used.pop()], volumes[0]

@@ -113,6 +113,23 @@ def test_inherit_site_packages_sees_the_base_interpreters_packages(tmp_path: Pat
 
 
 @pytest.mark.integration
+def test_inherit_site_packages_runs_the_pth_files_of_the_base_site_packages(tmp_path: Path) -> None:
+    # A base whose site-packages holds a .pth file (an editable install, or a venv layered over another
+    # one, as the development venvs are): what that file adds must be seen too, not only the directory.
+    site_dir, nested = tmp_path / "base-site", tmp_path / "nested"
+    (nested / "nested_only_module").mkdir(parents=True)
+    (nested / "nested_only_module" / "__init__.py").write_text("WHERE = 'nested'\n")
+    site_dir.mkdir()
+    (site_dir / "layer.pth").write_text(f"{nested}\n")
+    interpreter = {**trainer_env.probe(sys.executable), "site_packages": [str(site_dir)]}
+    trainer_env._make_venv(sys.executable, tmp_path / "env", interpreter, True, log=lambda line: None)
+    out = subprocess.run([str(trainer_env.env_python(tmp_path / "env")), "-c",
+                          "import nested_only_module as m; print(m.WHERE)"], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "nested"
+
+
+@pytest.mark.integration
 def test_command_line_prints_json_and_exits_69_on_failure(tmp_path: Path, offline_pip: Path) -> None:
     argv = [sys.executable, "-m", "spot_training.agent.trainer_env", "ensure", "--python", sys.executable, "--root",
             str(tmp_path / "envs"), "--requirement", CORRUPT, "--attempts", "1"]
