@@ -144,7 +144,16 @@ class JobsDrillOptions:
         return 0.5 / (index + 1)
 
     def trainer_args(self, index: int, root: str = MOUNT_POINT, *, step_delay_s: float | None = None) -> list[str]:
-        """Job ``index``'s trainer arguments after the interpreter (the final weights go under ``root``)."""
+        """Job ``index``'s trainer arguments after the interpreter.
+
+        Args:
+            index: the job's 0-based position in :attr:`job_ids`.
+            root: the directory the final weights go under (default: the node's mount point).
+            step_delay_s: seconds of sleep per step; default: the options' ``step_delay_s``.
+
+        Returns:
+            the argument list, e.g. ``["-m", TRAINER_MODULE, "--lr", "0.5", ...]``.
+        """
         delay = self.step_delay_s if step_delay_s is None else step_delay_s
         return ["-m", TRAINER_MODULE, "--lr", str(self.learning_rate(index)), "--steps", str(self.steps),
                 "--seed", str(self.seed), "--step-delay-s", str(delay), "--save-every-steps", str(self.save_every_steps),
@@ -157,8 +166,15 @@ class JobsDrillOptions:
         return [round(self.steps * (i + 1) / (n + 2)) for i in range(n)]
 
     def moves(self, job_index: int, interruption: int) -> bool:
-        """Whether job ``job_index``'s replacement after ``interruption`` (0-based) goes to the other AZ:
-        alternately, job A first staying and job B first moving."""
+        """Whether a job's replacement goes to the other AZ: alternately, job A first staying and job B first moving.
+
+        Args:
+            job_index: the job's 0-based position in :attr:`job_ids`.
+            interruption: the interruption's 0-based index.
+
+        Returns:
+            True when the replacement moves to the other Availability Zone.
+        """
         return (job_index + interruption) % 2 == 1
 
 
@@ -184,9 +200,19 @@ def reads_only_its_own(job: dict[str, Any]) -> bool:
 
 
 def passed(report: dict[str, Any], options: JobsDrillOptions) -> bool:
-    """Whether the drill shows what it must: every job completed with no lost step after at least
-    ``interruptions`` interruptions, equal to its uninterrupted twin (with ``baseline``), every agent
-    exited 0, no volume shared, each job read back alone, nothing orphaned."""
+    """Whether the drill shows what it must.
+
+    Every job completed with no lost step after at least ``interruptions`` interruptions, equal to its
+    uninterrupted twin (with ``baseline``), every agent exited 0, no volume shared, each job read back
+    alone, nothing orphaned.
+
+    Args:
+        report: the drill's report (:func:`run_jobs_drill`).
+        options: the options it ran with.
+
+    Returns:
+        True when every check holds.
+    """
     jobs = report["jobs"]
     return bool(
         report["error"] is None and len(jobs) == options.jobs and report["volumes_shared"] == []
@@ -350,9 +376,14 @@ def read_back_job(endpoint_url: str, stack: str, job_id: str, options: JobsDrill
 
 def run_jobs_drill(options: JobsDrillOptions, *,
                    on_event: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
-    """Run the jobs drill (see the module docstring); returns the report, also written to ``report.json``.
+    """Run the jobs drill (see the module docstring).
 
-    ``on_event`` gets every event as a dict with an ``event`` key; a job's events carry ``job`` (its id).
+    Args:
+        options: what to run (validated first).
+        on_event: gets every event as a dict with an ``event`` key; a job's events carry ``job`` (its id).
+
+    Returns:
+        the report, also written to ``report.json`` in the work directory.
 
     Raises:
         ValueError: bad options (nothing started).
