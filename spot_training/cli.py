@@ -3,6 +3,7 @@
     spot-train local drill [--work-dir out/demo] [--interruptions 3] [--az-moves 1] [--random-az]
                            [--epochs 30] [--seed 0] [--no-baseline] [--timeout 900]
                            [--framework tensorflow|mxnet|pytorch]
+    spot-train local drill --training-command "python my_train.py --epochs 2" [--code-dir DIR] [--interruptions 1]
     spot-train local drill --cluster [--framework mxnet|pytorch] [--steps 800] [--workers 2] [--timeout 480]
     spot-train local up    [--work-dir out/local]     # moto server + cdk bootstrap + cdk deploy; stays up
     spot-train local down  [--work-dir out/local]     # cdk destroy, orphan check, server stopped by PID
@@ -185,10 +186,15 @@ def format_report(report: dict[str, Any]) -> str:
             "wall_s"]
     if "framework" in report:  # reports before --framework have none
         keys.insert(1, "framework")
+    if report.get("training_command"):  # your own script: what is measured for the example means nothing
+        keys = [k for k in keys if k not in ("steps_executed", "lost_steps", "test_accuracy", "baseline_test_accuracy",
+                                             "matches_uninterrupted_baseline")]
+        keys[2:2] = ["training_command", "code_dir", "agent_exit_status"]
     rows = [(key, fmt(report.get(key))) for key in keys]
     rows += [(f"phase {name} (s)", fmt(value)) for name, value in report.get("phases_s", {}).items()]
     if report.get("error"):
         rows.append(("error", str(report["error"])))
+    rows += [("checked", check) for check in report.get("checks") or []]
     width = max(len(k) for k, _ in rows)
     lines = ["", "Drill report", "-" * (width + 40)]
     lines += [f"{key.ljust(width)}  {value}" for key, value in rows]
@@ -308,10 +314,19 @@ def cmd_drill(args: argparse.Namespace) -> int:
     args.work_dir = args.work_dir if args.work_dir is not None else DEFAULT_DRILL_DIR
     args.stack = args.stack if args.stack is not None else "SpotTraining"
     args.timeout = args.timeout if args.timeout is not None else 900.0
-    options = DrillOptions(work_dir=args.work_dir, interruptions=args.interruptions, az_moves=args.az_moves,
+    own = args.training_command is not None
+    if args.code_dir is not None and not own:
+        print("spot-train: error: --code-dir is used only with --training-command", file=sys.stderr)
+        return 2
+    # Your own script: one interruption (with an AZ move) by default, and no baseline (nothing to compare).
+    interruptions = args.interruptions if args.interruptions is not None else (1 if own else 3)
+    az_moves = args.az_moves if args.az_moves is not None else min(1, interruptions)
+    options = DrillOptions(work_dir=args.work_dir, interruptions=interruptions, az_moves=az_moves,
                            random_az=args.random_az, epochs=args.epochs, seed=args.seed,
-                           baseline=not args.no_baseline, timeout_s=args.timeout, stack=args.stack,
-                           framework=args.framework if args.framework is not None else DrillOptions.framework)
+                           baseline=not (args.no_baseline or own), timeout_s=args.timeout, stack=args.stack,
+                           framework=args.framework if args.framework is not None else DrillOptions.framework,
+                           training_command=args.training_command,
+                           code_dir=(args.code_dir if args.code_dir is not None else Path.cwd()) if own else None)
     report = _run_reported(options, run_drill)
     if isinstance(report, int):
         return report
@@ -583,8 +598,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     drill.add_argument("--work-dir", type=Path, default=None,
                        help="output and state (default out/demo, with --cluster out/cluster-drill, with --sweep out/sweep-drill; emptied first)")
     drill.add_argument("--stack", default=None, help="stack name (default SpotTraining, with --cluster DistributedTraining)")
-    drill.add_argument("--interruptions", type=int, default=3, help="spot interruptions to inject (default 3)")
-    drill.add_argument("--az-moves", type=int, default=1, help="interruptions whose replacement lands in another AZ (default 1)")
+    drill.add_argument("--interruptions", type=int, default=None,
+                       help="spot interruptions to inject (default 3; with --training-command 1, and 0 for a script "
+                            "that does not checkpoint with spot_training.training)")
+    drill.add_argument("--az-moves", type=int, default=None, help="interruptions whose replacement lands in another AZ (default 1)")
     drill.add_argument("--random-az", action="store_true", help="pick each replacement's AZ at random (seeded)")
     drill.add_argument("--epochs", type=int, default=30, help="training epochs over the digits (default 30 = 1,320 steps)")
     drill.add_argument("--seed", type=int, default=0, help="trainer and AZ seed (default 0)")
@@ -594,6 +611,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                        help="the framework: deployed with -c framework=... (with --cluster -c cluster_framework=...), "
                             "its example runs on the nodes (default tensorflow, with --cluster mxnet; --cluster takes "
                             "mxnet or pytorch; pytorch trains with .venv-torch)")
+    drill.add_argument("--training-command", default=None, metavar="COMMAND",
+                       help="train your own script instead of the example, e.g. \"python my_train.py --epochs 2\" "
+                            "(a leading python is the node's training interpreter); its directory is shipped as the "
+                            "stack's code asset (-c code_dir); checked: the contract's completion through the "
+                            "interruptions (docs/localmode.md, \"Your own script\")")
+    drill.add_argument("--code-dir", type=Path, default=None,
+                       help="with --training-command: the directory holding your script (default: the current directory)")
     drill.add_argument("--steps", type=int, default=800, help="--cluster: total optimizer steps (default 800)")
     drill.add_argument("--workers", type=int, default=2, help="--cluster: workers at the start; one more joins (default 2)")
     drill.set_defaults(handler=cmd_drill)
