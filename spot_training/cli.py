@@ -368,13 +368,27 @@ def cmd_up(args: argparse.Namespace) -> int:
         display({"event": "phase", "phase": "deploy", "message": f"cdk deploy {args.stack}"})
         cdk.deploy(args.stack, context=context)
         stack = stack_resources(clients(server.endpoint_url), args.stack)
+        state["fleet_request_id"] = stack.fleet_request_id
+        state_path.write_text(json.dumps(state, indent=2))
+        display({"event": "phase", "phase": "nodes", "message": "starting the nodes the fleet asks for (node keeper)"})
+        keeper = start_keeper(state_path, work)
+        state["keeper_pid"] = keeper.pid
+        state_path.write_text(json.dumps(state, indent=2))
+        for event in wait_for_nodes(work, keeper):
+            display(event)
+    except KeyboardInterrupt:  # Ctrl-C while coming up: stop what this command started, by PID
+        _stop_pid(state.get("keeper_pid"), str(state_path), timeout_s=KEEPER_STOP_TIMEOUT_S)
+        server.stop()
+        state_path.unlink(missing_ok=True)
+        print("\nspot-train: interrupted; the node keeper and the moto server were stopped "
+              f"(the local AWS's data stays in {work})", file=sys.stderr)
+        return 130
     except Exception as error:  # noqa: BLE001 - reported; the server stays up for `down`/inspection
         print(f"spot-train: error: {error}", file=sys.stderr)
         return 1
-    state["fleet_request_id"] = stack.fleet_request_id
-    state_path.write_text(json.dumps(state, indent=2))
     print(f"up: moto server {server.endpoint_url} (pid {server.pid}), stack {args.stack} deployed, "
-          f"fleet {stack.fleet_request_id}\n"
+          f"fleet {stack.fleet_request_id}; nodes run under the node keeper (pid {state['keeper_pid']}, "
+          f"{work / 'nodes'}) until `local down`\n"
           f"use it:  export AWS_ENDPOINT_URL={server.endpoint_url} AWS_ACCESS_KEY_ID=testing "
           f"AWS_SECRET_ACCESS_KEY=testing AWS_DEFAULT_REGION=us-east-1\n"
           f"stop it: spot-train local down --work-dir {args.work_dir}")
@@ -390,6 +404,8 @@ def cmd_down(args: argparse.Namespace) -> int:
         return 1
     state = json.loads(state_path.read_text())
     orphans: list[str] | None = None
+    # The nodes first: the keeper stops each node it started by PID (agents checkpoint their trainers).
+    _stop_pid(state.get("keeper_pid"), str(state_path), timeout_s=KEEPER_STOP_TIMEOUT_S)
     if _pid_alive(state["pid"]):
         cdk = CdkCli(state["endpoint_url"], work_dir=Path(state["work_dir"]))
         try:
@@ -410,6 +426,69 @@ def cmd_down(args: argparse.Namespace) -> int:
     print(f"down: stack {state['stack']} destroyed, moto server (pid {state['pid']}) stopped; "
           f"orphans: {orphans if orphans is not None else 'unknown (server was not running)'}")
     return 0 if orphans == [] else 1
+
+
+#: Seconds ``local down`` waits for the node keeper to stop its nodes (each agent gets 60 s).
+KEEPER_STOP_TIMEOUT_S = 150.0
+
+
+def start_keeper(state_path: Path, work: Path) -> Any:
+    """Start ``python -m spot_training.local.keeper`` for ``state_path`` in a session of its own (stopped
+    by PID), output to ``<work>/keeper.log``; returns the ``subprocess.Popen``."""
+    import subprocess
+
+    with open(work / "keeper.log", "ab") as log:
+        return subprocess.Popen([sys.executable, "-m", "spot_training.local.keeper", "--state", str(state_path.resolve())],
+                                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+
+
+def wait_for_nodes(work: Path, keeper: Any, timeout_s: float = 120.0) -> list[dict[str, Any]]:
+    """The keeper's events up to its first ``node-started`` (or an error), waiting up to ``timeout_s``.
+
+    Raises:
+        RuntimeError: the keeper ended, reported an error, or started no node in time.
+    """
+    from spot_training.local.keeper import EVENTS_FILE
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        path = work / EVENTS_FILE
+        events = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+        for event in events:
+            if event["event"] == "error":
+                raise RuntimeError(f"the node keeper: {event['message']}; see {work / 'keeper.log'}")
+        if any(e["event"] == "node-started" for e in events):
+            return [{**e, "t": 0.0} for e in events if e["event"] == "node-started"]
+        if keeper.poll() is not None:
+            raise RuntimeError(f"the node keeper exited {keeper.returncode}; see {work / 'keeper.log'}")
+        time.sleep(0.5)
+    raise RuntimeError(f"the node keeper started no node within {timeout_s:g} s; see {work / 'keeper.log'}")
+
+
+def _stop_pid(pid: Any, mentions: str, *, timeout_s: float = 30.0) -> None:
+    """SIGTERM process group ``pid`` (then SIGKILL after ``timeout_s``) if it is alive and its command
+    line mentions ``mentions`` (ours, not a reused PID)."""
+    if not _pid_alive(pid):
+        return
+    try:
+        if mentions not in Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"):
+            return
+        os.killpg(pid, signal.SIGTERM)
+    except (OSError, ProcessLookupError):
+        return
+    deadline = time.monotonic() + timeout_s
+    while _pid_alive(pid) and time.monotonic() < deadline:
+        try:  # our own child (Ctrl-C in `up`): reap it, else it stays a zombie that looks alive
+            if os.waitpid(pid, os.WNOHANG)[0] == pid:
+                return
+        except ChildProcessError:
+            pass
+        time.sleep(0.2)
+    if _pid_alive(pid):
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 def _deployed_target(args: argparse.Namespace) -> tuple[dict[str, Any], str] | None:
