@@ -5,8 +5,9 @@
                            [--framework tensorflow|mxnet|pytorch]
     spot-train local drill --training-command "python my_train.py --epochs 2" [--code-dir DIR] [--interruptions 1]
     spot-train local drill --cluster [--framework mxnet|pytorch] [--steps 800] [--workers 2] [--timeout 480]
-    spot-train local up    [--work-dir out/local]     # moto server + cdk bootstrap + cdk deploy; stays up
-    spot-train local down  [--work-dir out/local]     # cdk destroy, orphan check, server stopped by PID
+    spot-train local up    [--work-dir out/local]     # moto server + cdk bootstrap + cdk deploy + the fleet's
+                                                      # nodes (node keeper, spot_training/local/keeper.py); stays up
+    spot-train local down  [--work-dir out/local]     # nodes stopped, cdk destroy, orphan check, server stopped by PID
     spot-train status      [--stack S] [--job ID] [--region R] [--profile P] [--endpoint-url URL] [--work-dir DIR]
                            [--json] [--watch [--interval 10]]
     spot-train logs        [--stack S] ... [--instance ID] [--follow] [--json]
@@ -701,8 +702,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     drill.add_argument("--workers", type=int, default=2, help="--cluster: workers at the start; one more joins (default 2)")
     drill.set_defaults(handler=cmd_drill)
 
-    for name, handler, text in (("up", cmd_up, "start the moto server, cdk bootstrap and cdk deploy; leave it up"),
-                                ("down", cmd_down, "cdk destroy, check for orphans, stop the moto server")):
+    for name, handler, text in (("up", cmd_up, "start the moto server, cdk bootstrap, cdk deploy and the fleet's nodes; "
+                                                "leave them up (training runs until it completes or `local down`)"),
+                                ("down", cmd_down, "stop the nodes, cdk destroy, check for orphans, stop the moto server")):
         command = local_sub.add_parser(name, help=text)
         command.add_argument("--work-dir", type=Path, default=DEFAULT_UP_DIR, help="state directory (default out/local)")
         command.add_argument("--stack", default="SpotTraining", help="stack name (default SpotTraining)")
