@@ -438,6 +438,9 @@ def start_keeper(state_path: Path, work: Path) -> Any:
     by PID), output to ``<work>/keeper.log``; returns the ``subprocess.Popen``."""
     import subprocess
 
+    from spot_training.local.keeper import EVENTS_FILE
+
+    (work / EVENTS_FILE).unlink(missing_ok=True)  # an earlier up's events must not count as this one's nodes
     with open(work / "keeper.log", "ab") as log:
         return subprocess.Popen([sys.executable, "-m", "spot_training.local.keeper", "--state", str(state_path.resolve())],
                                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)

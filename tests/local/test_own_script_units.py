@@ -105,3 +105,29 @@ def test_stop_pid_stops_only_a_process_that_is_ours(tmp_path: Path) -> None:
         if process.poll() is None:
             process.kill()
         process.wait()
+
+
+class _Keeper:
+    def __init__(self, returncode: int | None) -> None:
+        self.returncode = returncode
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+
+def test_local_up_waits_for_the_keepers_first_node_or_says_why_not(tmp_path: Path) -> None:
+    from spot_training.local.keeper import EVENTS_FILE
+
+    events = tmp_path / EVENTS_FILE
+    with pytest.raises(RuntimeError, match="the node keeper exited 1; see .*keeper.log"):
+        cli.wait_for_nodes(tmp_path, _Keeper(1), timeout_s=5)
+    with pytest.raises(RuntimeError, match="started no node within 1 s"):
+        cli.wait_for_nodes(tmp_path, _Keeper(None), timeout_s=1)
+    events.write_text(json.dumps({"event": "error", "message": "reading stack S failed: gone"}) + "\n")
+    with pytest.raises(RuntimeError, match="reading stack S failed: gone"):
+        cli.wait_for_nodes(tmp_path, _Keeper(None), timeout_s=5)
+    events.write_text("".join(json.dumps(e) + "\n" for e in (
+        {"event": "keeper-started"}, {"event": "node-started", "instance_id": "i-1", "availability_zone": "us-east-1a",
+                                      "pid": 7})))
+    [started] = cli.wait_for_nodes(tmp_path, _Keeper(None), timeout_s=5)
+    assert started["instance_id"] == "i-1" and cli.ProgressDisplay.describe(started).startswith("node i-1")
