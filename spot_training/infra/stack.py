@@ -251,7 +251,12 @@ class SpotTrainingStack(SettingsStack):
             cdk.CfnOutput(self, "AccessPointId", value=self.file_system.access_point_id)
 
     def _vpc(self, settings: StackSettings) -> ec2.IVpc:
-        return new_vpc(self, settings.vpc_id, flow_logs=settings.vpc_flow_logs, private_subnets=settings.private_subnets)
+        vpc = new_vpc(self, settings.vpc_id, flow_logs=settings.vpc_flow_logs, private_subnets=settings.private_subnets)
+        if settings.private_subnets and settings.code_git_token_secret:
+            # The agent reads the git token from Secrets Manager; isolated subnets reach it only through an endpoint.
+            vpc.add_interface_endpoint("SecretsManagerEndpoint", private_dns_enabled=True,
+                                       service=ec2.InterfaceVpcEndpointAwsService.SECRETS_MANAGER)
+        return vpc
 
 
 #: StackSettings field -> TrainingJob prop, for the props whose default the constructs own.

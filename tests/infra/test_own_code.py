@@ -34,8 +34,10 @@ def code_dir_synth(tmp_path_factory: pytest.TempPathFactory) -> tuple[Synth, Pat
 
 @pytest.fixture(scope="module")
 def private_git_synth(tmp_path_factory: pytest.TempPathFactory) -> Synth:
-    settings = StackSettings.from_mapping({"code_git_url": "https://github.com/example/private.git", "code_git_ref": "v1",
-                                           "code_git_token_secret": SECRET, "dataset_uri": "none"})
+    # A git server inside the VPC, reached from isolated subnets: the secret needs its endpoint then.
+    settings = StackSettings.from_mapping({"code_git_url": "https://git.internal.example/private.git", "code_git_ref": "v1",
+                                           "code_git_token_secret": SECRET, "dataset_uri": "none",
+                                           "private_subnets": "true"})
     return synth_stack(tmp_path_factory.mktemp("cdk-private-git"), settings)
 
 
@@ -75,7 +77,9 @@ def test_private_git_token_secret_is_read_by_the_node_role_only(private_git_synt
     synth = private_git_synth
     assert synth.nag_errors == []
     code = _config(synth)["training"]["code"]
-    assert code == {"type": "git", "url": "https://github.com/example/private.git", "ref": "v1", "token_secret": SECRET}
+    assert code == {"type": "git", "url": "https://git.internal.example/private.git", "ref": "v1", "token_secret": SECRET}
+    services = [json.dumps(e["Properties"]["ServiceName"]) for e in synth.resources("AWS::EC2::VPCEndpoint").values()]
+    assert sum(".secretsmanager" in s for s in services) == 1, services
     reads = [s for s in _node_statements(synth) if "secretsmanager:GetSecretValue" in json.dumps(s["Action"])]
     assert len(reads) == 1
     resource = render_intrinsics(reads[0]["Resource"])
