@@ -3,9 +3,11 @@
     spot-train local drill [--work-dir out/demo] [--interruptions 3] [--az-moves 1] [--random-az]
                            [--epochs 30] [--seed 0] [--no-baseline] [--timeout 900]
                            [--framework tensorflow|mxnet|pytorch]
+    spot-train local drill --training-command "python my_train.py --epochs 2" [--code-dir DIR] [--interruptions 1]
     spot-train local drill --cluster [--framework mxnet|pytorch] [--steps 800] [--workers 2] [--timeout 480]
-    spot-train local up    [--work-dir out/local]     # moto server + cdk bootstrap + cdk deploy; stays up
-    spot-train local down  [--work-dir out/local]     # cdk destroy, orphan check, server stopped by PID
+    spot-train local up    [--work-dir out/local]     # moto server + cdk bootstrap + cdk deploy + the fleet's
+                                                      # nodes (node keeper, spot_training/local/keeper.py); stays up
+    spot-train local down  [--work-dir out/local]     # nodes stopped, cdk destroy, orphan check, server stopped by PID
     spot-train status      [--stack S] [--job ID] [--region R] [--profile P] [--endpoint-url URL] [--work-dir DIR]
                            [--json] [--watch [--interval 10]]
     spot-train logs        [--stack S] ... [--instance ID] [--follow] [--json]
@@ -186,10 +188,15 @@ def format_report(report: dict[str, Any]) -> str:
             "wall_s"]
     if "framework" in report:  # reports before --framework have none
         keys.insert(1, "framework")
+    if report.get("training_command"):  # your own script: what is measured for the example means nothing
+        keys = [k for k in keys if k not in ("steps_executed", "lost_steps", "test_accuracy", "baseline_test_accuracy",
+                                             "matches_uninterrupted_baseline")]
+        keys[2:2] = ["training_command", "code_dir", "agent_exit_status"]
     rows = [(key, fmt(report.get(key))) for key in keys]
     rows += [(f"phase {name} (s)", fmt(value)) for name, value in report.get("phases_s", {}).items()]
     if report.get("error"):
         rows.append(("error", str(report["error"])))
+    rows += [("checked", check) for check in report.get("checks") or []]
     width = max(len(k) for k, _ in rows)
     lines = ["", "Drill report", "-" * (width + 40)]
     lines += [f"{key.ljust(width)}  {value}" for key, value in rows]
@@ -340,10 +347,19 @@ def cmd_drill(args: argparse.Namespace) -> int:
     args.work_dir = args.work_dir if args.work_dir is not None else DEFAULT_DRILL_DIR
     args.stack = args.stack if args.stack is not None else "SpotTraining"
     args.timeout = args.timeout if args.timeout is not None else 900.0
-    options = DrillOptions(work_dir=args.work_dir, interruptions=args.interruptions, az_moves=args.az_moves,
+    own = args.training_command is not None
+    if args.code_dir is not None and not own:
+        print("spot-train: error: --code-dir is used only with --training-command", file=sys.stderr)
+        return 2
+    # Your own script: one interruption (with an AZ move) by default, and no baseline (nothing to compare).
+    interruptions = args.interruptions if args.interruptions is not None else (1 if own else 3)
+    az_moves = args.az_moves if args.az_moves is not None else min(1, interruptions)
+    options = DrillOptions(work_dir=args.work_dir, interruptions=interruptions, az_moves=az_moves,
                            random_az=args.random_az, epochs=args.epochs, seed=args.seed,
-                           baseline=not args.no_baseline, timeout_s=args.timeout, stack=args.stack,
-                           framework=args.framework if args.framework is not None else DrillOptions.framework)
+                           baseline=not (args.no_baseline or own), timeout_s=args.timeout, stack=args.stack,
+                           framework=args.framework if args.framework is not None else DrillOptions.framework,
+                           training_command=args.training_command,
+                           code_dir=(args.code_dir if args.code_dir is not None else Path.cwd()) if own else None)
     report = _run_reported(options, run_drill)
     if isinstance(report, int):
         return report
@@ -397,13 +413,27 @@ def cmd_up(args: argparse.Namespace) -> int:
         display({"event": "phase", "phase": "deploy", "message": f"cdk deploy {args.stack}"})
         cdk.deploy(args.stack, context=context)
         stack = stack_resources(clients(server.endpoint_url), args.stack)
+        state["fleet_request_id"] = stack.fleet_request_id
+        state_path.write_text(json.dumps(state, indent=2))
+        display({"event": "phase", "phase": "nodes", "message": "starting the nodes the fleet asks for (node keeper)"})
+        keeper = start_keeper(state_path, work)
+        state["keeper_pid"] = keeper.pid
+        state_path.write_text(json.dumps(state, indent=2))
+        for event in wait_for_nodes(work, keeper):
+            display(event)
+    except KeyboardInterrupt:  # Ctrl-C while coming up: stop what this command started, by PID
+        _stop_pid(state.get("keeper_pid"), str(state_path), timeout_s=KEEPER_STOP_TIMEOUT_S)
+        server.stop()
+        state_path.unlink(missing_ok=True)
+        print("\nspot-train: interrupted; the node keeper and the moto server were stopped "
+              f"(the local AWS's data stays in {work})", file=sys.stderr)
+        return 130
     except Exception as error:  # noqa: BLE001 - reported; the server stays up for `down`/inspection
         print(f"spot-train: error: {error}", file=sys.stderr)
         return 1
-    state["fleet_request_id"] = stack.fleet_request_id
-    state_path.write_text(json.dumps(state, indent=2))
     print(f"up: moto server {server.endpoint_url} (pid {server.pid}), stack {args.stack} deployed, "
-          f"fleet {stack.fleet_request_id}\n"
+          f"fleet {stack.fleet_request_id}; nodes run under the node keeper (pid {state['keeper_pid']}, "
+          f"{work / 'nodes'}) until `local down`\n"
           f"use it:  export AWS_ENDPOINT_URL={server.endpoint_url} AWS_ACCESS_KEY_ID=testing "
           f"AWS_SECRET_ACCESS_KEY=testing AWS_DEFAULT_REGION=us-east-1\n"
           f"stop it: spot-train local down --work-dir {args.work_dir}")
@@ -427,6 +457,8 @@ def cmd_down(args: argparse.Namespace) -> int:
         return 1
     state = json.loads(state_path.read_text())
     orphans: list[str] | None = None
+    # The nodes first: the keeper stops each node it started by PID (agents checkpoint their trainers).
+    _stop_pid(state.get("keeper_pid"), str(state_path), timeout_s=KEEPER_STOP_TIMEOUT_S)
     if _pid_alive(state["pid"]):
         cdk = CdkCli(state["endpoint_url"], work_dir=Path(state["work_dir"]))
         try:
@@ -447,6 +479,72 @@ def cmd_down(args: argparse.Namespace) -> int:
     print(f"down: stack {state['stack']} destroyed, moto server (pid {state['pid']}) stopped; "
           f"orphans: {orphans if orphans is not None else 'unknown (server was not running)'}")
     return 0 if orphans == [] else 1
+
+
+#: Seconds ``local down`` waits for the node keeper to stop its nodes (each agent gets 60 s).
+KEEPER_STOP_TIMEOUT_S = 150.0
+
+
+def start_keeper(state_path: Path, work: Path) -> Any:
+    """Start ``python -m spot_training.local.keeper`` for ``state_path`` in a session of its own (stopped
+    by PID), output to ``<work>/keeper.log``; returns the ``subprocess.Popen``."""
+    import subprocess
+
+    from spot_training.local.keeper import EVENTS_FILE
+
+    (work / EVENTS_FILE).unlink(missing_ok=True)  # an earlier up's events must not count as this one's nodes
+    with open(work / "keeper.log", "ab") as log:
+        return subprocess.Popen([sys.executable, "-m", "spot_training.local.keeper", "--state", str(state_path.resolve())],
+                                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+
+
+def wait_for_nodes(work: Path, keeper: Any, timeout_s: float = 120.0) -> list[dict[str, Any]]:
+    """The keeper's events up to its first ``node-started`` (or an error), waiting up to ``timeout_s``.
+
+    Raises:
+        RuntimeError: the keeper ended, reported an error, or started no node in time.
+    """
+    from spot_training.local.keeper import EVENTS_FILE
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        path = work / EVENTS_FILE
+        events = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+        for event in events:
+            if event["event"] == "error":
+                raise RuntimeError(f"the node keeper: {event['message']}; see {work / 'keeper.log'}")
+        if any(e["event"] == "node-started" for e in events):
+            return [{**e, "t": 0.0} for e in events if e["event"] == "node-started"]
+        if keeper.poll() is not None:
+            raise RuntimeError(f"the node keeper exited {keeper.returncode}; see {work / 'keeper.log'}")
+        time.sleep(0.5)
+    raise RuntimeError(f"the node keeper started no node within {timeout_s:g} s; see {work / 'keeper.log'}")
+
+
+def _stop_pid(pid: Any, mentions: str, *, timeout_s: float = 30.0) -> None:
+    """SIGTERM process group ``pid`` (then SIGKILL after ``timeout_s``) if it is alive and its command
+    line mentions ``mentions`` (ours, not a reused PID)."""
+    if not _pid_alive(pid):
+        return
+    try:
+        if mentions not in Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"):
+            return
+        os.killpg(pid, signal.SIGTERM)
+    except (OSError, ProcessLookupError):
+        return
+    deadline = time.monotonic() + timeout_s
+    while _pid_alive(pid) and time.monotonic() < deadline:
+        try:  # our own child (Ctrl-C in `up`): reap it, else it stays a zombie that looks alive
+            if os.waitpid(pid, os.WNOHANG)[0] == pid:
+                return
+        except ChildProcessError:
+            pass
+        time.sleep(0.2)
+    if _pid_alive(pid):
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 def _deployed_target(args: argparse.Namespace) -> tuple[dict[str, Any], str] | None:
@@ -664,8 +762,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     drill.add_argument("--work-dir", type=Path, default=None,
                        help="output and state (default out/demo, with --cluster out/cluster-drill, with --sweep out/sweep-drill; emptied first)")
     drill.add_argument("--stack", default=None, help="stack name (default SpotTraining, with --cluster DistributedTraining)")
-    drill.add_argument("--interruptions", type=int, default=3, help="spot interruptions to inject (default 3)")
-    drill.add_argument("--az-moves", type=int, default=1, help="interruptions whose replacement lands in another AZ (default 1)")
+    drill.add_argument("--interruptions", type=int, default=None,
+                       help="spot interruptions to inject (default 3; with --training-command 1, and 0 for a script "
+                            "that does not checkpoint with spot_training.training)")
+    drill.add_argument("--az-moves", type=int, default=None, help="interruptions whose replacement lands in another AZ (default 1)")
     drill.add_argument("--random-az", action="store_true", help="pick each replacement's AZ at random (seeded)")
     drill.add_argument("--epochs", type=int, default=30, help="training epochs over the digits (default 30 = 1,320 steps)")
     drill.add_argument("--seed", type=int, default=0, help="trainer and AZ seed (default 0)")
@@ -675,6 +775,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                        help="the framework: deployed with -c framework=... (with --cluster -c cluster_framework=...), "
                             "its example runs on the nodes (default tensorflow, with --cluster mxnet; --cluster takes "
                             "mxnet or pytorch; pytorch trains with .venv-torch)")
+    drill.add_argument("--training-command", default=None, metavar="COMMAND",
+                       help="train your own script instead of the example, e.g. \"python my_train.py --epochs 2\" "
+                            "(a leading python is the node's training interpreter); its directory is shipped as the "
+                            "stack's code asset (-c code_dir); checked: the contract's completion through the "
+                            "interruptions (docs/localmode.md, \"Your own script\")")
+    drill.add_argument("--code-dir", type=Path, default=None,
+                       help="with --training-command: the directory holding your script (default: the current directory)")
     drill.add_argument("--steps", type=int, default=800, help="--cluster, --jobs: total optimizer steps (of each job; default 800)")
     drill.add_argument("--workers", type=int, default=2, help="--cluster: workers at the start; one more joins (default 2)")
     drill.add_argument("--jobs", type=int, default=None, metavar="N",
@@ -682,8 +789,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                             "times on its own volume and trained --steps steps; status and cost read back per job")
     drill.set_defaults(handler=cmd_drill)
 
-    for name, handler, text in (("up", cmd_up, "start the moto server, cdk bootstrap and cdk deploy; leave it up"),
-                                ("down", cmd_down, "cdk destroy, check for orphans, stop the moto server")):
+    for name, handler, text in (("up", cmd_up, "start the moto server, cdk bootstrap, cdk deploy and the fleet's nodes; "
+                                                "leave them up (training runs until it completes or `local down`)"),
+                                ("down", cmd_down, "stop the nodes, cdk destroy, check for orphans, stop the moto server")):
         command = local_sub.add_parser(name, help=text)
         command.add_argument("--work-dir", type=Path, default=DEFAULT_UP_DIR, help="state directory (default out/local)")
         command.add_argument("--stack", default="SpotTraining", help="stack name (default SpotTraining)")

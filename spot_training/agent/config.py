@@ -134,12 +134,14 @@ class EfsConfig:
 class CodeConfig:
     """Where the training code comes from: ``type="asset"`` with ``path`` (already unpacked on disk),
     or ``type="git"`` with ``url`` and a pinned ``ref`` (commit or tag), cloned into
-    ``<volume.mount_point>/workspace``."""
+    ``<volume.mount_point>/workspace``; ``token_secret``: the Secrets Manager secret (name or ARN)
+    holding the token of a private HTTPS repository (spot_training.agent.workspace hands it to git)."""
 
     type: str
     path: Path | None = None
     url: str | None = None
     ref: str | None = None
+    token_secret: str | None = None
 
 
 @dataclass(frozen=True)
@@ -639,15 +641,19 @@ def _code(v: "_Validator", training: Mapping[str, Any]) -> CodeConfig | None:
         path = v.abs_path(section, "path", "training.code")
         return CodeConfig(type="asset", path=path) if path is not None else None
     if kind == "git":
-        v.keys(section, "training.code", required=("type", "url", "ref"), optional=())
+        v.keys(section, "training.code", required=("type", "url", "ref"), optional=("token_secret",))
         # Neither may start with '-': git would read it as an option (--upload-pack=<command>).
         url = v.string(section, "url", "training.code", pattern=re.compile(r"^[^-\s]\S*$"),
                        allowed="a git URL (https://..., ssh://..., git@host:path) not starting with '-'")
         ref = v.string(section, "ref", "training.code", pattern=re.compile(r"^[^-\s~^:?*\[\\][^\s~^:?*\[\\]*$"),
                        allowed="a pinned commit or tag (no spaces or git revision operators, not starting with '-')")
+        secret = None
+        if section.get("token_secret") is not None:
+            secret = v.string(section, "token_secret", "training.code", pattern=re.compile(r"^[A-Za-z0-9/_+=.@:-]{1,2048}$"),
+                              allowed="a Secrets Manager secret name or ARN")
         if url is None or ref is None:
             return None
-        return CodeConfig(type="git", url=url, ref=ref)
+        return CodeConfig(type="git", url=url, ref=ref, token_secret=secret)
     return None
 
 

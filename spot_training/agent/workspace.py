@@ -129,7 +129,11 @@ class Workspace:
             return code.path
         self.require_mounted()
         dest = self.config.volume.mount_point / WORKSPACE_DIR
-        _git_checkout(code.url, code.ref, dest, env=self._git_env(), account=self.account())
+        env = self._git_env()
+        if code.token_secret:
+            username, token = read_git_token(code.token_secret, region=self.config.region)
+            env.update(git_credential_env(username, token))
+        _git_checkout(code.url, code.ref, dest, env=env, account=self.account())
         return dest
 
     # ---- the trainer's virtual environment ------------------------------------------------------
@@ -332,14 +336,90 @@ def _git_remote(args: list[str], *, what: str, url: str, cwd: Path | None, env: 
     call_with_retry(attempt, what=f"{what} of {url}", policy=GIT_RETRY, deadline=Deadline(GIT_DEADLINE_S, what),
                     retryable=lambda e: isinstance(e, _GitFailed), sleep=sleep, rng=rng, log=log)
 
+#: The environment variables that carry a private repository's credential to git's helper (only git's
+#: environment has them; never the trainer's, never argv, never a file).
+GIT_USERNAME_ENV, GIT_TOKEN_ENV = "SPOT_TRAINING_GIT_USERNAME", "SPOT_TRAINING_GIT_TOKEN"
+#: The username sent with a bare token: what GitHub documents for installation and fine-grained tokens
+#: over HTTPS (any non-empty name works for a personal access token; GitLab accepts any with a token).
+DEFAULT_GIT_USERNAME = "x-access-token"
+#: A credential helper as a shell snippet (git-config(1), credential.helper: "If the helper string begins
+#: with !, it is considered a shell snippet"), answering git's ``get`` request from the environment.
+_CREDENTIAL_HELPER = ('!f() { test "$1" = get && printf \'username=%s\\npassword=%s\\n\' '
+                      f'"${GIT_USERNAME_ENV}" "${GIT_TOKEN_ENV}"; }}; f')
+
+
+def git_credential_env(username: str, token: str) -> dict[str, str]:
+    """Environment variables that make git answer an HTTPS authentication challenge with
+    ``username``/``token`` and nothing else.
+
+    git >= 2.31 reads configuration from ``GIT_CONFIG_COUNT``/``GIT_CONFIG_KEY_<n>``/``GIT_CONFIG_VALUE_<n>``
+    (git-config(1), ENVIRONMENT): the first entry (an empty ``credential.helper``) clears the helpers of
+    the system and user configuration, the second is :data:`_CREDENTIAL_HELPER`, which prints the two
+    values from :data:`GIT_USERNAME_ENV`/:data:`GIT_TOKEN_ENV`. The token is thus only in git's own
+    environment (readable by its user and root), never in argv, ``.git/config``, a file or a log line.
+    """
+    return {"GIT_CONFIG_COUNT": "2", "GIT_CONFIG_KEY_0": "credential.helper", "GIT_CONFIG_VALUE_0": "",
+            "GIT_CONFIG_KEY_1": "credential.helper", "GIT_CONFIG_VALUE_1": _CREDENTIAL_HELPER,
+            GIT_USERNAME_ENV: username, GIT_TOKEN_ENV: token}
+
+
+def read_git_token(secret_id: str, *, region: str, client: object | None = None) -> tuple[str, str]:
+    """``(username, token)`` from the Secrets Manager secret ``secret_id`` (name or ARN): a SecretString
+    that is the token itself (username :data:`DEFAULT_GIT_USERNAME`), or JSON ``{"username", "password"}``
+    (``"token"`` is taken for ``"password"``; ``username`` is optional).
+
+    Args:
+        secret_id: ``training.code.token_secret``.
+        region: the node's region.
+        client: a boto3 Secrets Manager client (default: one with the agent's retry settings).
+
+    Raises:
+        ConfigError: the secret does not exist, may not be read, or holds no token (exit 78: a
+            replacement would fail alike). TemporaryError: AWS could not be reached (exit 75).
+    """
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    from spot_training.agent.retry import client_config, error_code, is_retryable
+
+    if client is None:
+        import boto3
+
+        client = boto3.client("secretsmanager", region_name=region, config=client_config())
+    try:
+        text = client.get_secret_value(SecretId=secret_id).get("SecretString")  # type: ignore[attr-defined]
+    except (ClientError, BotoCoreError) as exc:
+        if is_retryable(exc):
+            raise TemporaryError(f"reading the git token secret {secret_id!r} failed: {exc}") from exc
+        raise ConfigError(f"training.code.token_secret: the secret {secret_id!r} cannot be read ({error_code(exc) or exc}); "
+                          "expected an existing secret the node role may read (code_git_token_secret)") from exc
+    username, token = DEFAULT_GIT_USERNAME, (text or "").strip()
+    if token.startswith("{"):
+        try:
+            fields = json.loads(token)
+        except ValueError:
+            fields = None
+        if not isinstance(fields, dict):
+            raise ConfigError(f"training.code.token_secret: the secret {secret_id!r} starts with '{{' but is no JSON "
+                              "object; expected the token, or {\"username\": ..., \"password\": ...}")
+        username = str(fields.get("username") or DEFAULT_GIT_USERNAME)
+        token = str(fields.get("password") or fields.get("token") or "")
+    if not token or "\n" in token or "\n" in username:
+        raise ConfigError(f"training.code.token_secret: the secret {secret_id!r} holds no usable token (empty, or "
+                          "more than one line); expected the token, or {\"username\": ..., \"password\": ...}")
+    return username, token
+
 
 def _git(args: list[str], *, cwd: Path | None, env: Mapping[str, str],
          account: pwd.struct_passwd | None = None) -> subprocess.CompletedProcess:
     """Run git (``-C cwd`` when given) as ``account`` (None: the current user), hooks disabled."""
     kwargs = user_kwargs(user_ids(account))
     where = ["-C", str(cwd)] if cwd is not None else []
-    return subprocess.run(["git", *_GIT_OPTIONS, *where, *args], env=dict(env), capture_output=True, text=True,
+    done = subprocess.run(["git", *_GIT_OPTIONS, *where, *args], env=dict(env), capture_output=True, text=True,
                           timeout=600, stdin=subprocess.DEVNULL, **kwargs)
+    token = env.get(GIT_TOKEN_ENV)
+    if token:  # git never prints a password; should a remote echo it, it still goes in no message or log
+        done.stdout, done.stderr = done.stdout.replace(token, "***"), done.stderr.replace(token, "***")
+    return done
 
 
 def _git_checkout(url: str, ref: str, dest: Path, *, env: Mapping[str, str],

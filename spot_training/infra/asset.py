@@ -104,6 +104,7 @@ class BootstrapAsset(constructs.Construct):
         region: str,
         stop_timeout_s: int = STOP_TIMEOUT_S,
         max_failed_boots: int = DEFAULT_MAX_FAILED_BOOTS,
+        code_asset: s3_assets.Asset | None = None,
     ) -> ec2.UserData:
         """Linux user data (:func:`spot_training.infra.userdata.boot_script`) that boots a node from this asset.
 
@@ -118,6 +119,9 @@ class BootstrapAsset(constructs.Construct):
             stop_timeout_s: systemd's ``TimeoutStopSec`` for the agent, seconds (default 120).
             max_failed_boots: failed boots in a row after which a node cancels its fleet instead of being
                 replaced again (default 3).
+            code_asset: the user's training code (a directory asset, :func:`code_asset`), downloaded and
+                unpacked to :data:`~spot_training.infra.userdata.USER_CODE_DIR` before the agent starts
+                (grant it too); default: none.
 
         Returns:
             the ``ec2.UserData``. Raises nothing.
@@ -137,5 +141,44 @@ class BootstrapAsset(constructs.Construct):
             max_failed_boots=max_failed_boots,
             # The agent mounts EFS only with amazon-efs-utils (TLS + IAM); no anonymous NFS fallback.
             efs=bool(config.get("efs")),
+            code_asset_url=code_asset.s3_object_url if code_asset is not None else None,
         ))
         return user_data
+
+
+#: Left out of a training code directory by default (``code_exclude``; .gitignore syntax): version
+#: control, virtual environments, bytecode, CDK output and node modules, which a node never needs.
+DEFAULT_CODE_EXCLUDE: tuple[str, ...] = (".git", ".venv", "venv", "__pycache__", "*.pyc", "node_modules", "cdk.out")
+
+
+def code_asset(scope: constructs.Construct, construct_id: str, code_dir: str | Path,
+               exclude: Sequence[str] = DEFAULT_CODE_EXCLUDE) -> s3_assets.Asset:
+    """The user's training code directory as a CDK S3 asset (a zip, uploaded by ``cdk deploy`` and
+    hashed by its content, like the bootstrap asset), for ``BootstrapAsset.user_data(code_asset=...)``.
+
+    Args:
+        code_dir: the local directory (relative paths: to the CDK app's working directory).
+        exclude: .gitignore-style patterns left out (default :data:`DEFAULT_CODE_EXCLUDE`); the app's
+            own output directory is always left out when it lies inside ``code_dir``.
+
+    Raises:
+        ValueError: ``code_dir`` is not a directory (names it), or holds a ``spot_training`` package
+            (it would shadow the library the node provides).
+    """
+    from aws_cdk import IgnoreMode, Stage
+
+    directory = Path(code_dir).expanduser().resolve()
+    if not directory.is_dir():
+        raise ValueError(f"context key 'code_dir': {str(code_dir)!r} is not a directory; expected the directory "
+                         "that holds your training script")
+    if (directory / "spot_training" / "__init__.py").exists():
+        raise ValueError(f"context key 'code_dir': {str(directory)!r} holds a spot_training package; the nodes "
+                         "bring the library themselves (give the directory of your own script)")
+    patterns = list(exclude)
+    outdir = Stage.of(scope).outdir if Stage.of(scope) is not None else None
+    if outdir:
+        try:
+            patterns.append("/" + Path(outdir).resolve().relative_to(directory).as_posix())
+        except ValueError:
+            pass  # the cloud assembly is elsewhere
+    return s3_assets.Asset(scope, construct_id, path=str(directory), exclude=patterns, ignore_mode=IgnoreMode.GIT)

@@ -189,6 +189,9 @@ CONTEXT_KEYS: tuple[ContextKey, ...] = (
     ContextKey("training_user", "ubuntu", "-", "OS user that runs the trainer"),
     ContextKey("code_git_url", None, "-", "clone the training code from this git URL instead of using the bootstrap asset"),
     ContextKey("code_git_ref", None, "-", "commit or tag to check out (required with `code_git_url`)"),
+    ContextKey("code_git_token_secret", None, "-", "a private `code_git_url` (https): the Secrets Manager secret (name or full ARN) holding the token (or JSON {\"username\", \"password\"}); the node role may read only that secret and the agent hands it to git through a credential helper in the environment, never on disk, in argv or in logs (docs/infra.md, \"Your own script\")"),
+    ContextKey("code_dir", None, "-", "a local directory with your training code (relative: to the CDK app's directory), shipped as a CDK asset and unpacked on every node; `training_command` runs in it; not with `code_git_url`"),
+    ContextKey("code_exclude", None, "list", "with `code_dir`: .gitignore-style patterns left out of the asset; default: .git, .venv, venv, __pycache__, *.pyc, node_modules, cdk.out"),
     ContextKey("dataset_uri", None, "-", "s3://bucket/prefix/ (or s3://bucket/key) whose objects the agent copies into datasets/ on the data volume before the trainer starts, once, verified (docs/infra.md, \"Your data\"); the nodes may read only that prefix; default: the examples' digits, a CDK asset of the stack; none: no dataset step"),
     ContextKey("mount_point", DEFAULT_MOUNT_POINT, "-", "where the data volume is mounted; datasets/, checkpoints/, logs/ live under it"),
     ContextKey("keep_snapshots", contract.default("keep_snapshots"), "snapshots",
@@ -227,6 +230,9 @@ CONTRACT_SETTINGS: dict[str, str] = {
     "monitoring_interval_s": "monitoring_interval_s",
 }
 
+
+#: A Secrets Manager secret name, or its complete ARN (name plus the 6-character suffix AWS adds).
+_SECRET_RE = re.compile(r"^([A-Za-z0-9/_+=.@-]{1,512}|arn:aws[a-z-]*:secretsmanager:[a-z0-9-]+:\d{12}:secret:[A-Za-z0-9/_+=.@-]+-[A-Za-z0-9]{6})$")
 
 #: Shortens the value quoted in an error: a 5000-digit string or a list nested 10000 deep is named
 #: by its start (reprlib bounds depth and length, so repr() cannot recurse without end).
@@ -538,6 +544,10 @@ class StackSettings(ContextSettings):
     training_user: str = "ubuntu"
     code_git_url: str | None = None
     code_git_ref: str | None = None
+    code_git_token_secret: str | None = None
+    code_dir: str | None = None
+    #: None: the default exclusions (spot_training.infra.asset.DEFAULT_CODE_EXCLUDE).
+    code_exclude: tuple[str, ...] | None = None
     #: None: the default examples' digits asset; "none": no dataset step; else an s3:// URI.
     dataset_uri: str | None = None
     mount_point: str = DEFAULT_MOUNT_POINT
@@ -709,6 +719,23 @@ def _check_stack_settings(raw: Mapping[str, Any]) -> dict[str, Any]:
         raise context_value_error("code_git_ref", v["code_git_ref"], "a commit or tag to check out, required when code_git_url is set")
     if out["code_git_ref"] and not out["code_git_url"]:
         raise context_value_error("code_git_url", v["code_git_url"], "a git URL, required when code_git_ref is set")
+    if out["code_git_url"] and re.match(r"^[a-z]+://[^/@]*:[^/@]*@", out["code_git_url"]):
+        raise context_value_error("code_git_url", out["code_git_url"], "a URL without a password in it (it would "
+                                  "be in the template, the node config and git's config); use code_git_token_secret")
+    out["code_git_token_secret"] = _as_optional_str(
+        "code_git_token_secret", v["code_git_token_secret"], _SECRET_RE,
+        "a Secrets Manager secret name (letters, digits, /_+=.@-) or its full ARN (arn:aws:secretsmanager:REGION:ACCOUNT:secret:NAME-xxxxxx)")
+    if out["code_git_token_secret"] and not (out["code_git_url"] or "").startswith(("https://", "http://")):
+        raise context_value_error("code_git_token_secret", out["code_git_token_secret"],
+                                  "set only with an https:// code_git_url (the token is an HTTPS credential)")
+    out["code_dir"] = _as_optional_str("code_dir", v["code_dir"], re.compile(r"^\S(.*\S)?$"), "a directory path")
+    if out["code_dir"] and out["code_git_url"]:
+        raise context_value_error("code_dir", out["code_dir"], "unset when code_git_url is set (one source of training code)")
+    if v["code_exclude"] is not None:
+        if not out["code_dir"]:
+            raise context_value_error("code_exclude", v["code_exclude"], "set only with code_dir")
+        empty = v["code_exclude"] in ([], "[]")
+        out["code_exclude"] = () if empty else tuple(context_list("code_exclude", v["code_exclude"]))
     if v["dataset_uri"] is not None:
         from .dataset import split_uri
 

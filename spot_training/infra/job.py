@@ -25,7 +25,7 @@ from aws_cdk import aws_kms as kms
 from aws_cdk import aws_logs as logs
 from aws_cdk import aws_s3 as s3
 
-from .asset import BootstrapAsset
+from .asset import DEFAULT_CODE_EXCLUDE, BootstrapAsset, code_asset
 from .cleanup import DataCleanup
 from .filesystem import SharedFileSystem
 from .fleet import DEFAULT_INSTANCE_TYPES, AllocationStrategy, SpotTrainingFleet
@@ -33,7 +33,7 @@ from .monitoring import TrainingMonitoring
 from .roles import TrainingNodeRole
 from .tags import DEPLOYMENT_TAG_KEY, PURPOSE_DATA_VOLUME, PURPOSE_TAG_KEY, STACK_TAG_KEY, deployment_tag_value
 from .dataset import add_dataset
-from .userdata import node_config
+from .userdata import USER_CODE_DIR, node_config
 from .volume import TrainingVolume
 from spot_training.contract import EFS_MOUNT_POINT
 
@@ -85,7 +85,7 @@ class TrainingJob(constructs.Construct):
     Attributes:
         job_id: the identity (str).
         volume: the :class:`TrainingVolume`, or None with ``adopt_volume_id``.
-        node_role, fleet, bootstrap_asset, user_data (``ec2.UserData``), node_config (dict, may hold tokens),
+        node_role, fleet, bootstrap_asset, code_asset (the ``code_dir`` asset, or None), user_data (``ec2.UserData``), node_config (dict, may hold tokens),
         monitoring (or None), cleanup (or None), file_system (or None).
         grant_principal: the node role (``iam.IGrantable``). connections: the nodes' ``ec2.Connections``.
     """
@@ -124,6 +124,8 @@ class TrainingJob(constructs.Construct):
         monitoring_interval_s: float | None = None,
         retain_data: bool = False,
         dataset_uri: str | None = None,
+        code_dir: str | None = None,
+        code_exclude: Sequence[str] | None = None,
         node_options: Mapping[str, Any] | None = None,
     ) -> None:
         """Define the job.
@@ -164,6 +166,12 @@ class TrainingJob(constructs.Construct):
             dataset_uri: ``s3://bucket/prefix/`` (or one object) the agent brings onto the data volume before the
                 trainer starts; the node role may read only that (:func:`~spot_training.infra.dataset.add_dataset`).
                 Default: the examples' digits as an asset of the stack; ``"none"``: no dataset step.
+            code_dir: a local directory with your training code, shipped as a CDK S3 asset and unpacked
+                on every node to ``/opt/spot-training/user-code``, where the trainer runs; the node role
+                may read only that object. Default: none (the library's own asset, or ``code`` in
+                ``node_options`` for git).
+            code_exclude: .gitignore-style patterns left out of ``code_dir``'s asset; default
+                :data:`~spot_training.infra.asset.DEFAULT_CODE_EXCLUDE`.
             node_options: further :func:`node_config` arguments (``user``, ``mount_point``,
                 ``keep_snapshots``, ``snapshot_interval_s``, ``code``, ``requirements``, ...).
 
@@ -195,6 +203,9 @@ class TrainingJob(constructs.Construct):
         unknown = sorted(set(options) - _NODE_OPTIONS)
         if unknown:
             raise ValueError(f"node_options: unknown key(s) {unknown}; allowed: {sorted(_NODE_OPTIONS)}")
+        if code_dir is not None and options.get("code") is not None:
+            raise ValueError(f"code_dir ({code_dir!r}) and node_options['code'] ({options['code']!r}) both name the "
+                             "training code; give one")
         if not hasattr(vpc, "select_subnets"):
             raise ValueError(f"vpc must be an ec2.IVpc (ec2.Vpc(...) or ec2.Vpc.from_lookup(...)), got {type(vpc).__name__}")
         if file_system is not None and not isinstance(file_system, SharedFileSystem):
@@ -228,6 +239,17 @@ class TrainingJob(constructs.Construct):
         self.dataset_asset, dataset_section = add_dataset(self, dataset_uri, self.node_role.role)
         for bucket in read_buckets:
             bucket.grant_read(self)
+        # A private git repository: the node role may read exactly the one secret holding its token.
+        token_secret = (options.get("code") or {}).get("token_secret")
+        if token_secret:
+            grant_read_git_token(self, token_secret, self.node_role.role)
+        # The user's code directory: one more asset, fetched and unpacked by the boot script (infra/asset.py).
+        self.code_asset = None
+        if code_dir is not None:
+            self.code_asset = code_asset(self, "CodeAsset", code_dir,
+                                         DEFAULT_CODE_EXCLUDE if code_exclude is None else code_exclude)
+            self.node_role.grant_read_asset(self.code_asset)
+            options["code"] = {"type": "asset", "path": USER_CODE_DIR}
 
         self.file_system = file_system
         efs_config = None
@@ -255,7 +277,7 @@ class TrainingJob(constructs.Construct):
         )
         if adopt_volume_id:
             self.node_config["volume"]["adopt_volume_id"] = adopt_volume_id
-        self.user_data = self.bootstrap_asset.user_data(self.node_config, region=stack.region)
+        self.user_data = self.bootstrap_asset.user_data(self.node_config, region=stack.region, code_asset=self.code_asset)
 
         # pin_to_volume_az: only the data volume's AZ, so a replacement never lands elsewhere and the
         # volume never moves (fewer spot capacity pools; docs/agent-storage.md).
@@ -332,6 +354,20 @@ def _acknowledge_bucket_reads(node_role: TrainingNodeRole) -> None:
         applies_to=[*BUCKET_READ_FINDINGS, cdk_nag.RegexAppliesTo(
             regex=r"/^Resource::(<[A-Za-z0-9]+\.Arn>|arn:<AWS::Partition>:s3:::[a-z0-9.-]+)\/\*$/g")],
     )], apply_to_children=True)
+
+
+def grant_read_git_token(scope: constructs.Construct, secret: str, role: iam.IRole) -> iam.Grant:
+    """Let ``role`` read the Secrets Manager secret ``secret`` (a name, or a complete ARN) that holds a
+    private git repository's token: aws-cdk-lib's ``ISecret.grant_read`` (``secretsmanager:GetSecretValue``
+    and ``DescribeSecret`` on that one secret; a name matches its ARN with the 6-character suffix
+    Secrets Manager appends, ``<name>-??????``, and nothing else). Returns the grant."""
+    from aws_cdk import aws_secretsmanager as secretsmanager
+
+    if secret.startswith("arn:"):
+        found = secretsmanager.Secret.from_secret_complete_arn(scope, "GitTokenSecret", secret)
+    else:
+        found = secretsmanager.Secret.from_secret_name_v2(scope, "GitTokenSecret", secret)
+    return found.grant_read(role)
 
 
 def _stack_bootstrap_asset(stack: cdk.Stack) -> BootstrapAsset:

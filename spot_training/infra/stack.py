@@ -178,6 +178,8 @@ class SpotTrainingStack(SettingsStack):
             self.file_system = SharedFileSystem(self, "SharedFileSystem", vpc=self.vpc, vpc_subnets=selection)
 
         code = {"type": "git", "url": settings.code_git_url, "ref": settings.code_git_ref} if settings.code_git_url else None
+        if code is not None and settings.code_git_token_secret:
+            code["token_secret"] = settings.code_git_token_secret
         node_options = {
             "user": settings.training_user, "mount_point": settings.mount_point, "keep_snapshots": settings.keep_snapshots,
             "snapshot_interval_s": settings.snapshot_interval_minutes * 60,
@@ -204,7 +206,8 @@ class SpotTrainingStack(SettingsStack):
             adopt_volume_id=settings.adopt_volume_id, file_system=self.file_system, read_buckets=read_buckets,
             log_retention=RETENTION_DAYS[settings.log_retention_days],
             notification_email=settings.notification_email, monitoring_interval_s=settings.monitoring_interval_s,
-            dataset_uri=settings.dataset_uri, node_options=node_options, **props,
+            dataset_uri=settings.dataset_uri, code_dir=settings.code_dir, code_exclude=settings.code_exclude,
+            node_options=node_options, **props,
         )
         job = self.job
         self.volume, self.node_role, self.fleet = job.volume, job.node_role, job.fleet
@@ -250,7 +253,12 @@ class SpotTrainingStack(SettingsStack):
             cdk.CfnOutput(self, "AccessPointId", value=self.file_system.access_point_id)
 
     def _vpc(self, settings: StackSettings) -> ec2.IVpc:
-        return new_vpc(self, settings.vpc_id, flow_logs=settings.vpc_flow_logs, private_subnets=settings.private_subnets)
+        vpc = new_vpc(self, settings.vpc_id, flow_logs=settings.vpc_flow_logs, private_subnets=settings.private_subnets)
+        if settings.private_subnets and settings.code_git_token_secret:
+            # The agent reads the git token from Secrets Manager; isolated subnets reach it only through an endpoint.
+            vpc.add_interface_endpoint("SecretsManagerEndpoint", private_dns_enabled=True,
+                                       service=ec2.InterfaceVpcEndpointAwsService.SECRETS_MANAGER)
+        return vpc
 
 
 #: StackSettings field -> TrainingJob prop, for the props whose default the constructs own.

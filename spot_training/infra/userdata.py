@@ -37,6 +37,9 @@ from spot_training.contract import (
 CONFIG_BEGIN = "# BEGIN spot-training config"
 CONFIG_END = "# END spot-training config"
 CODE_DIR = "/opt/spot-training/code"
+#: Where the node unpacks the user's training code asset (``code_dir``): root-owned, read-only to the
+#: trainer, apart from the agent's own code in :data:`CODE_DIR` (nothing there can shadow an agent import).
+USER_CODE_DIR = "/opt/spot-training/user-code"
 SERVICE_NAME = "spot-training-agent"
 _HEREDOC_TAG = "SPOT_TRAINING_CONFIG_JSON"
 _HEREDOC_START = re.compile(r"<<\s*'(?P<tag>[A-Za-z_][A-Za-z0-9_]*)'\s*$")
@@ -393,6 +396,21 @@ def _step_function() -> list[str]:
     ]
 
 
+def _code_asset_steps(code_asset_url: str | None) -> list[str]:
+    """The boot steps that bring the user's code asset (a zip in the CDK assets bucket) to
+    :data:`USER_CODE_DIR`, as the agent's own asset is brought; none without ``code_asset_url``."""
+    if code_asset_url is None:
+        return []
+    archive = "$ST_ROOT/opt/spot-training/user-code.zip"
+    return [
+        f'USER_CODE="$ST_ROOT{USER_CODE_DIR}"',
+        f"fetch_code() {{ aws s3 cp {_q(code_asset_url)} \"{archive}\" --only-show-errors; }}",
+        f'unpack_code() {{ rm -rf "$USER_CODE" && install -d -m 0755 "$USER_CODE" && "$AGENT_PYTHON" -m zipfile -e "{archive}" "$USER_CODE"; }}',
+        "step fetch-code fetch_code",
+        "step unpack-code unpack_code",
+    ]
+
+
 def boot_script(
     *,
     asset_url: str,
@@ -404,6 +422,7 @@ def boot_script(
     stop_timeout_s: int = STOP_TIMEOUT_S,
     max_failed_boots: int = DEFAULT_MAX_FAILED_BOOTS,
     efs: bool = False,
+    code_asset_url: str | None = None,
 ) -> list[str]:
     """The user data's lines (after ``#!/bin/bash``): only what must run before the agent.
 
@@ -411,7 +430,8 @@ def boot_script(
     2. write the node config (:func:`config_block`);
     3. steps, each retried :data:`BOOT_STEP_ATTEMPTS` times and logged: ``fetch-agent`` (``aws s3 cp``
        of ``asset_url``; access denied or not found is reported ``final`` once the attempts are used), ``unpack-agent``, ``agent-boto3`` (only when the AMI's Python lacks boto3 or its botocore is older
-       than 1.38.10),
+       than 1.38.10), with ``code_asset_url`` (the user's code directory as a CDK asset) ``fetch-code``
+       and ``unpack-code`` into :data:`USER_CODE_DIR`,
        ``start-agent`` (write the unit, ``systemctl enable --now``).
 
     The trainer's framework is not installed here: the agent builds its virtual environment on the
@@ -477,6 +497,7 @@ def boot_script(
         "SPOT_TRAINING_UNIT",
         f"  systemctl daemon-reload && systemctl enable --now {SERVICE_NAME}.service",
         "}",
+        *_code_asset_steps(code_asset_url),
         "step fetch-agent fetch_agent",
         "step unpack-agent unpack_agent",
         "step agent-boto3 agent_boto3",

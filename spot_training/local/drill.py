@@ -29,6 +29,7 @@ import json
 import os
 import random
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -113,6 +114,12 @@ class DrillOptions:
             us-east-1 list price).
         snapshot_gb_month_price: stated USD per GB-month of snapshots (default 0.05: the us-east-1
             list price).
+        training_command: your own trainer command instead of the framework's example (shell-style; a
+            leading ``python`` is the node's training interpreter). Deployed with ``-c training_command``
+            and ``-c code_dir``: the nodes get ``code_dir`` as the stack's code asset, as a real deploy
+            ships it (docs/localmode.md, "Your own script"). Needs ``baseline`` false. What the drill
+            checks for it: :data:`USER_COMMAND_CHECKS`.
+        code_dir: the directory holding your script (default: the current directory).
     """
 
     work_dir: Path = Path("out/demo")
@@ -132,9 +139,40 @@ class DrillOptions:
         default_factory=lambda: {"g5.xlarge": 1.006, "g4dn.xlarge": 0.526})
     ebs_gb_month_price: float = 0.08
     snapshot_gb_month_price: float = 0.05
+    training_command: str | None = None
+    code_dir: Path | None = None
+
+    @property
+    def user_command(self) -> list[str] | None:
+        """The user's own trainer command (``training_command``) as the node config's list, a leading
+        ``python``/``python3`` made ``{python}`` (the node's training interpreter); None: the example."""
+        if self.training_command is None:
+            return None
+        argv = shlex.split(self.training_command)
+        if argv and argv[0] in ("python", "python3"):
+            argv[0] = "{python}"
+        return argv
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming the bad option, its value and what is allowed."""
+        if self.training_command is not None:
+            try:
+                argv = self.user_command
+            except ValueError as error:  # shlex: an unclosed quote
+                raise ValueError(f"training_command: {self.training_command!r} is no shell-style command ({error})") from None
+            if not argv:
+                raise ValueError(f"training_command must be a command such as 'python my_train.py', got {self.training_command!r}")
+            code_dir = Path(self.code_dir if self.code_dir is not None else ".").expanduser()
+            if not code_dir.is_dir():
+                raise ValueError(f"code_dir: {str(code_dir)!r} is not a directory; expected the directory holding your script")
+            if (code_dir / "spot_training" / "__init__.py").exists():
+                raise ValueError(f"code_dir: {str(code_dir.resolve())!r} is this library's checkout; give the directory "
+                                 "of your own script (the nodes bring spot_training themselves)")
+            if self.baseline:
+                raise ValueError("baseline: a comparison with an uninterrupted run needs the example's final weights; "
+                                 "with training_command the drill runs without it (no_baseline)")
+        elif self.code_dir is not None:
+            raise ValueError(f"code_dir ({str(self.code_dir)!r}) is used only with training_command")
         for name in ("interruptions", "az_moves"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
@@ -178,6 +216,18 @@ class DrillOptions:
         return [*script, "--epochs", str(self.epochs), "--batch-size", str(self.batch_size), "--seed", str(self.seed),
                 "--save-every-steps", str(self.save_every_steps),
                 DRILL_FRAMEWORKS[self.framework].final_weights_option, f"{root}/{FINAL_WEIGHTS}"]
+
+
+#: What the drill checks of a user's own command (``training_command``; the report's ``checks``): the
+#: example's step log and bitwise comparison need the example's outputs, so a foreign script is held to
+#: the contract only (docs/contracts.md, "Trainer contract").
+USER_COMMAND_CHECKS = (
+    "the code reached the nodes as the stack's code asset (boot steps fetch-code, unpack-code)",
+    "each interruption: a checkpoint (LATEST) committed after the notice, the agent exited 0, and the "
+    "replacement committed a newer checkpoint (or COMPLETED) after its boot",
+    "the trainer ended with the contract's completion: exit 0 and COMPLETED in the checkpoint directory",
+    "nothing is left after cdk destroy",
+)
 
 
 def framework_python(framework: str) -> str:
@@ -403,9 +453,15 @@ def run_drill(options: DrillOptions, *, on_event: Callable[[dict[str, Any]], Non
     server = MotoServer(work_dir / "moto")
     runner: NodeRunner | None = None
     cdk: CdkCli | None = None
-    context = local_context(training_command=["{python}", *options.trainer_args()], framework=options.framework,
-                            extra={"training_python": options.trainer_python,
-                                   "instance_types": ",".join(options.instance_types), "monitoring_interval_s": "1"})
+    foreign = options.training_command is not None
+    extra = {"training_python": options.trainer_python, "instance_types": ",".join(options.instance_types),
+             "monitoring_interval_s": "1"}
+    if foreign:
+        extra.update(user_code_context(Path(options.code_dir if options.code_dir is not None else "."), work_dir))
+        report.update({"training_command": options.training_command, "code_dir": extra["code_dir"],
+                       "checks": list(USER_COMMAND_CHECKS)})
+    context = local_context(training_command=options.user_command or ["{python}", *options.trainer_args()],
+                            framework=options.framework, extra=extra)
     interruptions: list[Interruption] = []
     try:
         record({"event": "phase", "phase": "moto", "message": "starting the moto server on 127.0.0.1"})
@@ -438,7 +494,8 @@ def run_drill(options: DrillOptions, *, on_event: Callable[[dict[str, Any]], Non
         last_step = [0]
 
         def tick() -> None:
-            rows = read_training_log(runner.nodes[current[0]].log_dir / LOG_NAME) if current[0] in runner.nodes else []
+            rows = (read_training_log(runner.nodes[current[0]].log_dir / LOG_NAME)
+                    if current[0] in runner.nodes and not foreign else [])
             if rows and rows[-1]["step"] != last_step[0]:
                 last_step[0] = int(rows[-1]["step"])
                 record({"event": "progress", "step": last_step[0], "total": options.planned_steps,
@@ -449,7 +506,16 @@ def run_drill(options: DrillOptions, *, on_event: Callable[[dict[str, Any]], Non
         current = [node.instance_id]
         for index, (trigger, target_az) in enumerate(zip(_trigger_steps(options), plan)):
             resumed_from = interruptions[-1].resumed_at_step if interruptions else 0
-            while last_step[0] < max(trigger, resumed_from + 10):
+            while foreign and not _has_checkpoint(node, at_least=resumed_from):
+                # A foreign script logs no steps the drill reads: it is interrupted once it has checkpointed.
+                if not node.alive:
+                    raise DrillError(f"node {node.instance_id} ended (agent exit {node.process.returncode}) before the "
+                                     f"trainer committed a checkpoint for interruption {index + 1}; a script without "
+                                     "the checkpoint API (spot_training.training) runs with --interruptions 0, a short "
+                                     f"one with fewer interruptions; see {node.log_path}")
+                tick()
+                time.sleep(0.2)
+            while not foreign and last_step[0] < max(trigger, resumed_from + 10):
                 if not node.alive:
                     raise DrillError(f"node {node.instance_id} exited {node.process.returncode} before interruption "
                                      f"{index + 1}; see {node.log_path}")
@@ -470,10 +536,14 @@ def run_drill(options: DrillOptions, *, on_event: Callable[[dict[str, Any]], Non
         report["completed"] = completed_file.exists()
         if report["completed"]:
             report["steps_total"] = int(json.loads(completed_file.read_text())["step"])
-        rows = read_training_log(work_dir / "results" / LOG_NAME)
-        report["steps_executed"] = len(rows)
-        report["lost_steps"] = len(rows) - report["steps_total"]
-        report["test_accuracy"] = _accuracy(node.log_path)
+        if foreign:  # no step log to count: the contract's completion is what is checked
+            report["steps_executed"] = report["lost_steps"] = None
+            report["agent_exit_status"] = node.process.returncode
+        else:
+            rows = read_training_log(work_dir / "results" / LOG_NAME)
+            report["steps_executed"] = len(rows)
+            report["lost_steps"] = len(rows) - report["steps_total"]
+            report["test_accuracy"] = _accuracy(node.log_path)
         record({"event": "completed", "step": report["steps_total"], "test_accuracy": report["test_accuracy"]})
         runner.reconcile()
         add_read_back(report, server.endpoint_url, options, record)
@@ -496,6 +566,8 @@ def run_drill(options: DrillOptions, *, on_event: Callable[[dict[str, Any]], Non
         record.write(work_dir / "events.jsonl")
         (work_dir / "report.json").write_text(json.dumps(report, indent=2) + "\n")
         try:
+            if foreign:
+                raise FileNotFoundError("a foreign script writes no training_log.csv to plot")
             from spot_training.local.plot import plot_training
 
             plot_training(work_dir / "results" / LOG_NAME, report, work_dir / "training.png")
@@ -503,6 +575,29 @@ def run_drill(options: DrillOptions, *, on_event: Callable[[dict[str, Any]], Non
             report["plot_error"] = f"{type(error).__name__}: {error}"
             (work_dir / "report.json").write_text(json.dumps(report, indent=2) + "\n")
     return report
+
+
+def user_code_context(code_dir: Path, work_dir: Path) -> dict[str, str]:
+    """The context that ships ``code_dir`` as the stack's code asset (``-c code_dir``, absolute: the
+    CDK app runs in the repository) with the default exclusions plus ``work_dir`` when it lies inside
+    it (the drill writes there while ``cdk deploy`` packs the directory)."""
+    from spot_training.infra.asset import DEFAULT_CODE_EXCLUDE
+
+    code_dir = code_dir.expanduser().resolve()
+    exclude = list(DEFAULT_CODE_EXCLUDE)
+    try:
+        exclude.append("/" + Path(work_dir).resolve().relative_to(code_dir).as_posix())
+    except ValueError:
+        pass  # the work directory is elsewhere
+    return {"code_dir": str(code_dir), "code_exclude": json.dumps(exclude)}
+
+
+def _has_checkpoint(node: Any, *, at_least: int) -> bool:
+    """Whether ``node``'s trainer has committed a checkpoint (``LATEST``) of step >= ``at_least``."""
+    from spot_training.local.injector import latest_checkpoint
+
+    latest = latest_checkpoint(node.checkpoint_dir)
+    return latest is not None and latest[0] >= at_least
 
 
 def add_read_back(report: dict[str, Any], endpoint_url: str, options: Any,
@@ -612,7 +707,8 @@ def passed(report: dict[str, Any], options: DrillOptions) -> bool:
         weights match the uninterrupted baseline (when run), and nothing was orphaned.
     """
     return bool(
-        report["completed"] and report["lost_steps"] == 0 and report["error"] is None
+        report["completed"] and (report["lost_steps"] == 0 or options.training_command is not None)
+        and report["error"] is None
         and report["interruptions"] >= options.interruptions
         and report["az_moves"] >= (0 if options.random_az else options.az_moves)
         and (report["matches_uninterrupted_baseline"] or not options.baseline)

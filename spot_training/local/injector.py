@@ -97,6 +97,22 @@ def latest_checkpoint(checkpoint_dir: Path) -> tuple[int, float] | None:
         return None
 
 
+def _committed_after(checkpoint_dir: Path, step: int, since: float) -> dict[str, float] | None:
+    """``{"step", "wall_time"}`` of a checkpoint newer than ``step`` (or of ``COMPLETED``) committed at or
+    after ``since``: proof that a trainer which logs no steps resumed and went on; else None."""
+    latest = latest_checkpoint(checkpoint_dir)
+    if latest is not None and latest[0] > step and latest[1] >= since:
+        return {"step": float(latest[0]), "wall_time": latest[1]}
+    completed = checkpoint_dir / COMPLETED_FILE
+    try:
+        data = json.loads(completed.read_text())
+        if completed.stat().st_mtime >= since:
+            return {"step": float(data["step"]), "wall_time": completed.stat().st_mtime}
+    except (OSError, ValueError, KeyError):
+        pass
+    return None
+
+
 def data_volume(aws_ec2: Any, stack: str) -> tuple[str, str] | None:
     """``(volume id, AZ)`` of the stack's data volume (both stack tags; not being deleted), or None.
 
@@ -231,6 +247,10 @@ class InterruptionInjector:
             for row in read_training_log(log_path):
                 if row["wall_time"] >= booted_at and row["step"] > checkpoint_step:
                     return row
+            if not log_path.exists():  # a trainer that logs no steps (a user's own script): its checkpoints
+                resumed = _committed_after(node.checkpoint_dir, checkpoint_step, booted_at)
+                if resumed is not None:
+                    return resumed
             if not node.alive:
                 raise InterruptionError(f"replacement node {node.instance_id}'s agent exited {node.process.returncode} "
                                         f"before training resumed; see {node.log_path}")

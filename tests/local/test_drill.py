@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -123,9 +124,20 @@ def test_local_up_status_down_leaves_nothing(tmp_path):
         assert [i["state"] for i in live["instances"]] == ["running"]
         assert [v["availability_zone"] for v in live["data_volume"]] == ["us-east-1a"]
         assert len(live["alarms"]) == 4  # the stack's alarms exist in the local AWS (spot_training.local.cfn_compat)
+        # `local up` started the node the fleet asks for (the node keeper), and it trains until `local down`.
+        [instance] = live["instances"]
+        agent_log = work / "nodes" / instance["instance_id"] / "agent.log"
+        assert agent_log.exists(), (work / "keeper.log").read_text(errors="replace")[-2000:]
+        deadline = time.monotonic() + 180
+        while '"training started"' not in agent_log.read_text(errors="replace") and time.monotonic() < deadline:
+            time.sleep(1)
+        assert '"training started"' in agent_log.read_text(errors="replace"), agent_log.read_text(errors="replace")[-3000:]
+        assert os.path.exists(f"/proc/{state['keeper_pid']}")
     finally:
         down = spot_train("local", "down", "--work-dir", str(work))
     assert down.returncode == 0, down.stdout[-2000:] + down.stderr[-2000:]
     assert "orphans: []" in down.stdout
     assert not (work / "state.json").exists()
+    keeper_events = [json.loads(line)["event"] for line in (work / "keeper-events.jsonl").read_text().splitlines()]
+    assert keeper_events[0] == "keeper-started" and "node-started" in keeper_events and keeper_events[-1] == "keeper-stopped"
     assert _processes_mentioning(str(work)) == []
