@@ -486,8 +486,15 @@ KEEPER_STOP_TIMEOUT_S = 150.0
 
 
 def start_keeper(state_path: Path, work: Path) -> Any:
-    """Start ``python -m spot_training.local.keeper`` for ``state_path`` in a session of its own (stopped
-    by PID), output to ``<work>/keeper.log``; returns the ``subprocess.Popen``."""
+    """Start ``python -m spot_training.local.keeper`` in a session of its own (stopped by PID).
+
+    Args:
+        state_path: ``state.json`` of ``local up`` (the stack and moto server the keeper serves).
+        work: the work directory; the keeper's output goes to ``<work>/keeper.log``.
+
+    Returns:
+        the keeper's ``subprocess.Popen``.
+    """
     import subprocess
 
     from spot_training.local.keeper import EVENTS_FILE
@@ -499,7 +506,15 @@ def start_keeper(state_path: Path, work: Path) -> Any:
 
 
 def wait_for_nodes(work: Path, keeper: Any, timeout_s: float = 120.0) -> list[dict[str, Any]]:
-    """The keeper's events up to its first ``node-started`` (or an error), waiting up to ``timeout_s``.
+    """The keeper's events up to its first ``node-started`` (or an error).
+
+    Args:
+        work: the work directory holding the keeper's events file.
+        keeper: the keeper's ``subprocess.Popen`` (:func:`start_keeper`).
+        timeout_s: seconds to wait for a first node (default 120).
+
+    Returns:
+        the ``node-started`` events, each with ``t`` 0.0.
 
     Raises:
         RuntimeError: the keeper ended, reported an error, or started no node in time.

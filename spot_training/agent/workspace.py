@@ -30,7 +30,7 @@ from typing import Callable, Mapping
 
 from spot_training.agent import trainer_env
 from spot_training.agent.config import AgentConfig
-from spot_training.agent.errors import AgentError, ConfigError, ExitCode
+from spot_training.agent.errors import AgentError, ConfigError, ExitCode, TemporaryError
 from spot_training.agent.process_group import user_ids, user_kwargs
 from spot_training.agent.retry import Deadline, RetryPolicy, call_with_retry
 from spot_training.agent.safepath import UnsafePathError, open_directory
@@ -357,6 +357,13 @@ def git_credential_env(username: str, token: str) -> dict[str, str]:
     the system and user configuration, the second is :data:`_CREDENTIAL_HELPER`, which prints the two
     values from :data:`GIT_USERNAME_ENV`/:data:`GIT_TOKEN_ENV`. The token is thus only in git's own
     environment (readable by its user and root), never in argv, ``.git/config``, a file or a log line.
+
+    Args:
+        username: the HTTPS username (:data:`DEFAULT_GIT_USERNAME` for a bare token).
+        token: the token or password.
+
+    Returns:
+        the variables to add to git's environment (``GIT_CONFIG_*`` and the two credential variables).
     """
     return {"GIT_CONFIG_COUNT": "2", "GIT_CONFIG_KEY_0": "credential.helper", "GIT_CONFIG_VALUE_0": "",
             "GIT_CONFIG_KEY_1": "credential.helper", "GIT_CONFIG_VALUE_1": _CREDENTIAL_HELPER,

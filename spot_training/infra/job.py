@@ -360,7 +360,16 @@ def grant_read_git_token(scope: constructs.Construct, secret: str, role: iam.IRo
     """Let ``role`` read the Secrets Manager secret ``secret`` (a name, or a complete ARN) that holds a
     private git repository's token: aws-cdk-lib's ``ISecret.grant_read`` (``secretsmanager:GetSecretValue``
     and ``DescribeSecret`` on that one secret; a name matches its ARN with the 6-character suffix
-    Secrets Manager appends, ``<name>-??????``, and nothing else). Returns the grant."""
+    Secrets Manager appends, ``<name>-??????``, and nothing else).
+
+    Args:
+        scope: the construct the imported secret is defined in (construct id ``GitTokenSecret``).
+        secret: the secret's name, or its complete ARN.
+        role: the node role to grant.
+
+    Returns:
+        the ``iam.Grant``.
+    """
     from aws_cdk import aws_secretsmanager as secretsmanager
 
     if secret.startswith("arn:"):

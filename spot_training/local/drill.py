@@ -580,7 +580,15 @@ def run_drill(options: DrillOptions, *, on_event: Callable[[dict[str, Any]], Non
 def user_code_context(code_dir: Path, work_dir: Path) -> dict[str, str]:
     """The context that ships ``code_dir`` as the stack's code asset (``-c code_dir``, absolute: the
     CDK app runs in the repository) with the default exclusions plus ``work_dir`` when it lies inside
-    it (the drill writes there while ``cdk deploy`` packs the directory)."""
+    it (the drill writes there while ``cdk deploy`` packs the directory).
+
+    Args:
+        code_dir: the user's code directory.
+        work_dir: the drill's work directory.
+
+    Returns:
+        ``{"code_dir": <absolute path>, "code_exclude": <JSON list of patterns>}``.
+    """
     from spot_training.infra.asset import DEFAULT_CODE_EXCLUDE
 
     code_dir = code_dir.expanduser().resolve()

@@ -38,8 +38,15 @@ class _Stop(Exception):
 
 
 def run(state_path: Path, *, interval_s: float = INTERVAL_S) -> int:
-    """Keep the nodes of the stack in ``state_path`` (``state.json`` of ``local up``) running until a
-    signal; returns the exit status (0 after a clean stop, 1 when the stack could not be read)."""
+    """Keep the nodes of the stack in ``state_path`` running until a signal.
+
+    Args:
+        state_path: ``state.json`` of ``local up``.
+        interval_s: seconds between two reconciliations of instances and nodes.
+
+    Returns:
+        the exit status: 0 after a clean stop, 1 when the stack could not be read.
+    """
     from spot_training.local.deploy import clients, stack_resources
     from spot_training.local.moto_server import MotoServer
     from spot_training.local.nodes import NodeRunner

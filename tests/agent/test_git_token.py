@@ -141,8 +141,11 @@ def test_private_clone_through_the_agent_with_the_token_from_secrets_manager(pri
 
 
 def test_private_clone_without_the_token_fails_and_names_no_secret(private_remote, tmp_path):
-    """The same remote refuses git without the credential: the server's auth check is real."""
+    """The same remote refuses git without the credential: the server's auth check is real. No access is
+    final at once (exit 78), not retried: a replacement node would be refused alike."""
     url, commit, _ = private_remote
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("GIT_")}, "GIT_TERMINAL_PROMPT": "0"}
-    with pytest.raises(workspace.TemporaryError, match="git clone of .* failed"):
-        workspace._git_checkout(url, commit, tmp_path / "checkout", env=env)
+    slept: list[float] = []
+    with pytest.raises(ConfigError, match="git clone of .* failed and retrying will not help") as failed:
+        workspace._git_checkout(url, commit, tmp_path / "checkout", env=env, sleep=slept.append)
+    assert failed.value.exit_code == 78 and slept == []
