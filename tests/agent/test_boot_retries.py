@@ -27,6 +27,7 @@ def _git_env() -> dict[str, str]:
     return {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/tmp"), "GIT_TERMINAL_PROMPT": "0"}
 
 
+@pytest.mark.integration  # runs git / a real process
 def test_git_clone_of_a_refused_connection_is_retried_with_backoff_then_a_temporary_error(tmp_path: Path) -> None:
     slept: list[float] = []
     url = f"http://127.0.0.1:{_closed_port()}/code.git"
@@ -36,6 +37,7 @@ def test_git_clone_of_a_refused_connection_is_retried_with_backoff_then_a_tempor
     assert not (tmp_path / "workspace").exists() and not (tmp_path / "workspace.partial").exists()
 
 
+@pytest.mark.integration  # runs git / a real process
 def test_git_clone_of_a_repository_that_is_not_there_is_final_at_once(tmp_path: Path) -> None:
     slept: list[float] = []
     with pytest.raises(ConfigError, match=r"training.code.url: git clone of .*nowhere.* retrying will not help"):

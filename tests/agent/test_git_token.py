@@ -26,6 +26,9 @@ from spot_training.agent.config import parse_config
 from spot_training.agent.errors import ConfigError
 from spot_training.agent.workspace import Workspace, git_credential_env, read_git_token
 
+#: Every test here runs git (a real clone from a local HTTP server, or git's credential helper).
+pytestmark = pytest.mark.integration
+
 TOKEN = "ghp_s3cr3tT0kenThatMustNotLeak42"
 SECRET = "spot-training/git-token"
 

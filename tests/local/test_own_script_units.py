@@ -92,6 +92,7 @@ def test_a_trainer_without_a_step_log_resumed_when_it_commits_past_the_checkpoin
     assert _committed_after(tmp_path, 20, booted - 60)["step"] == 30
 
 
+@pytest.mark.integration  # runs git / a real process
 def test_stop_pid_stops_only_a_process_that_is_ours(tmp_path: Path) -> None:
     marker = str(tmp_path / "marker-arg")
     process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", marker], start_new_session=True)
