@@ -650,13 +650,7 @@ def _check_stack_settings(raw: Mapping[str, Any]) -> dict[str, Any]:
         uri = v["dataset_uri"]
         none = isinstance(uri, str) and uri.strip().lower() == "none"
         if not none:
-            try:
-                if not isinstance(uri, str):
-                    raise ValueError(type(uri).__name__)
-                split_uri(uri)
-            except ValueError:
-                raise context_value_error("dataset_uri", uri, "s3://bucket/prefix/ (every object under the prefix), "
-                                          "s3://bucket/key (one object) or none") from None
+            split_uri(uri)
         out["dataset_uri"] = "none" if none else uri
     if v["mount_point"] is not None:
         mp = v["mount_point"]
