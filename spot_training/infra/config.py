@@ -238,6 +238,26 @@ def context_value_error(key: str, value: Any, allowed: str) -> ValueError:
     return ValueError(f"context key {key!r}: got {_VALUE_REPR.repr(value)}; allowed: {allowed}")
 
 
+def stack_name_setting(key: str, value: Any, default: str) -> str:
+    """The one check of a stack name setting, so that every stack accepts the same names.
+
+    Args:
+        key: the context key, for the error (``stack_name``, ``cluster_stack_name``, ``sweep_stack_name``).
+        value: the key's value; None for ``default``.
+        default: the stack's default name.
+
+    Returns:
+        The name.
+
+    Raises:
+        ValueError: not a CloudFormation stack name (a letter, then up to 127 letters, digits or hyphens).
+    """
+    name = default if value is None else value
+    if not isinstance(name, str) or not _STACK_NAME_RE.match(name):
+        raise context_value_error(key, name, "a CloudFormation stack name: a letter, then up to 127 letters, digits or hyphens")
+    return name
+
+
 def check_context_keys(context: Mapping[str, Any], known: Iterable[str]) -> None:
     """Refuse a context key that looks like a setting (snake_case) but is none of ``known``.
 
@@ -548,10 +568,7 @@ def _check_stack_settings(raw: Mapping[str, Any]) -> dict[str, Any]:
     v = {k: raw.get(k) for k in _KEY_NAMES}
     out: dict[str, Any] = {}
 
-    stack_name = v["stack_name"] if v["stack_name"] is not None else "SpotTraining"
-    if not isinstance(stack_name, str) or not _STACK_NAME_RE.match(stack_name):
-        raise context_value_error("stack_name", stack_name, "a CloudFormation stack name: a letter, then up to 127 letters, digits or hyphens")
-    out["stack_name"] = stack_name
+    out["stack_name"] = stack_name_setting("stack_name", v["stack_name"], "SpotTraining")
     out["account"] = _as_optional_str(
         "account", v["account"], _ACCOUNT_RE, "a 12-digit AWS account id"
     )

@@ -50,7 +50,8 @@ from aws_cdk import aws_s3 as s3
 from spot_training import contract
 
 from . import acknowledgements
-from .config import ContextKey, ContextSettings, StackSettings, context_int, context_value_error, instance_types
+from .config import (ContextKey, ContextSettings, StackSettings, context_int, context_value_error, instance_types,
+                     stack_name_setting)
 from .filesystem import SharedFileSystem
 from .stack import SettingsStack, new_vpc, node_subnets
 
@@ -277,12 +278,7 @@ class SweepSettings(ContextSettings):
         base = StackSettings.from_mapping({k: raw.get(k) for k in SHARED_KEYS})
         v = {k: raw.get(k) for k in _SWEEP_KEY_NAMES}
         out: dict[str, Any] = {"base": base}
-        name = v["sweep_stack_name"] if v["sweep_stack_name"] is not None else "SpotSweep"
-        try:
-            StackSettings.from_mapping({"stack_name": name})
-        except ValueError:
-            raise context_value_error("sweep_stack_name", name, "a CloudFormation stack name: a letter, then up to 127 letters, digits or hyphens") from None
-        out["stack_name"] = name
+        out["stack_name"] = stack_name_setting("sweep_stack_name", v["sweep_stack_name"], "SpotSweep")
         if v["sweep_instance_types"] is not None:
             out["instance_types"] = instance_types("sweep_instance_types", v["sweep_instance_types"])
         for key, field, lo, hi, unit in (("sweep_max_vcpus", "max_vcpus", 1, 100_000, "vCPUs"), ("sweep_gpus", "gpus", 0, 8, "GPUs"),

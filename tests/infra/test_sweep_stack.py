@@ -97,7 +97,8 @@ def test_checkov_findings_acknowledged(sweep: Synth, sweep_on_demand: Synth) -> 
 
 
 @pytest.mark.parametrize("key, value", [("sweep_retry_attempts", "11"), ("sweep_gpus", "-1"), ("sweep_on_demand_fallback", "maybe"),
-                                        ("sweep_instance_types", "not a type"), ("sweep_max_vcpus", "2"), ("sweep_image", "bad image!")])
+                                        ("sweep_instance_types", "not a type"), ("sweep_max_vcpus", "2"), ("sweep_image", "bad image!"),
+                                        ("sweep_stack_name", "9lives"), ("sweep_stack_name", "a_b")])
 def test_bad_context_value_names_key(key: str, value: str) -> None:
     with pytest.raises(ValueError, match=key):
         SweepSettings.from_mapping({key: value})
