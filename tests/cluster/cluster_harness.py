@@ -212,10 +212,14 @@ class Cluster:
 
     def diagnostics(self) -> str:
         """Plan, events and the tail of every log, for assertion messages."""
-        parts = [f"plan: {self.plan()}", f"events: {json.dumps(self.events(), indent=0)}"]
+        return "\n".join([f"plan: {self.plan()}", f"events: {json.dumps(self.events(), indent=0)}", self.log_tails(15)])
+
+    def log_tails(self, lines: int) -> str:
+        """The last ``lines`` lines of every trainer log and every node's agent log."""
+        parts = []
         for path in sorted(self.log_dir.glob("*.log")) + [n.log_path for n in self.nodes]:
             if path.exists():
-                parts.append(f"--- {path.name}\n" + "\n".join(path.read_text(errors="replace").splitlines()[-15:]))
+                parts.append(f"--- {path.name}\n" + "\n".join(path.read_text(errors="replace").splitlines()[-lines:]))
         return "\n".join(parts)
 
     def wait_for(self, predicate: Callable[[], object], timeout: float, what: str) -> object:
