@@ -54,7 +54,7 @@ class FrameworkDefaults:
 #: training library is tested with; MXNet 1.9.1 needs numpy<1.24; the CPU builds download no CUDA
 #: libraries, ``tensorflow[and-cuda]`` pulls several GiB of them). PyTorch: the Linux x86_64 wheels
 #: of ``torch`` on PyPI are its CUDA builds, declaring the CUDA libraries as ``nvidia-*`` wheel
-#: dependencies (pytorch/pytorch issue 100974), so no extra index is needed; numpy is for the
+#: dependencies (pytorch/pytorch#100974), so no extra index is needed; numpy is for the
 #: examples' data (spot_training/training/datasets.py). PyTorch clusters run on TorchElastic (torchrun), not on
 #: parameter servers (spot_training/infra/cluster.py). The
 #: tables below are derived from this one; the stacks read no other per-framework default.
@@ -236,6 +236,26 @@ _MAX_INSTANCE_TYPE_CHARS = 40
 def context_value_error(key: str, value: Any, allowed: str) -> ValueError:
     """The error for a bad context value: names the key, the value (shortened) and what is ``allowed``."""
     return ValueError(f"context key {key!r}: got {_VALUE_REPR.repr(value)}; allowed: {allowed}")
+
+
+def prop_int(prop: str, value: object, lo: int, hi: int, unit: str | None = None) -> int:
+    """The one range check of a construct's integer prop (a bad prop fails synth).
+
+    Args:
+        prop: the prop's name, for the message.
+        value: the value; ``bool`` is refused although it is an ``int`` subclass.
+        lo, hi: the allowed range, both included.
+        unit: what the number counts (``instances``, ``GiB``), shown in the message; default none.
+
+    Returns:
+        ``value``.
+
+    Raises:
+        ValueError: ``<prop> must be an integer from <lo> to <hi> (<unit>), got <value>``.
+    """
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        raise ValueError(f"{prop} must be an integer from {lo} to {hi}{f' ({unit})' if unit else ''}, got {value!r}")
+    return value
 
 
 def stack_name_setting(key: str, value: Any, default: str) -> str:

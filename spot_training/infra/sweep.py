@@ -51,7 +51,7 @@ from spot_training import contract
 
 from . import acknowledgements
 from .config import (ContextKey, ContextSettings, StackSettings, context_int, context_value_error, instance_types,
-                     stack_name_setting)
+                     prop_int, stack_name_setting)
 from .filesystem import SharedFileSystem
 from .stack import SettingsStack, new_vpc, node_subnets
 
@@ -130,8 +130,7 @@ class ParallelExperiments(constructs.Construct):
         for name, value, lo, hi in (("retry_attempts", retry_attempts, 1, contract.MAX_BATCH_ATTEMPTS),
                                     ("gpus", gpus, 0, 8), ("vcpus", vcpus, 1, 192), ("memory_mib", memory_mib, 512, 2_000_000),
                                     ("max_vcpus", max_vcpus, vcpus if isinstance(vcpus, int) else 1, 100_000)):
-            if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
-                raise ValueError(f"{name} must be an integer from {lo} to {hi}, got {value!r}")
+            prop_int(name, value, lo, hi)
         if not instance_types:
             raise ValueError("instance_types must name at least one EC2 instance type, got none")
         stack = cdk.Stack.of(self)
