@@ -1,4 +1,4 @@
-"""The contract between the layers (spot_training.contract, issue 14): the layers import only it from each
+"""The contract between the layers (spot_training.contract): the layers import only it from each
 other's domain, it needs nothing but the standard library, and the stack (at synth) and the agent (at
 boot) accept and refuse the same values because they run its one validator."""
 
@@ -183,7 +183,7 @@ def test_one_write_json_atomic_with_the_directory_fsync(tmp_path: Path, monkeypa
     assert spot_training.training.store.write_json_atomic.__module__ == "spot_training.training.store"  # keeps the store's temp prefix
 
 
-# ---- no module reaches into another's private names (issue 14, item 4) --------------------------------
+# ---- no module reaches into another's private names --------------------------------
 OURS = (*LAYERS, *TOPS, CONTRACT)
 
 

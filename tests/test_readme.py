@@ -69,7 +69,7 @@ def test_every_local_link_and_image_in_the_readme_exists() -> None:
 
 
 def test_context_key_tables_agree_with_the_contract() -> None:
-    """Every context key whose default and limits the contract owns (spot_training.contract, issue 14): the
+    """Every context key whose default and limits the contract owns (spot_training.contract): the
     README row shows the contract's range, cdk.json holds the contract's default (or null, and the row
     names the default the agent or trainer then applies); the mount points are the contract's."""
     from spot_training import contract

@@ -200,7 +200,7 @@ class _VolumeStep:
         self.rng = rng
         self.tags = dict(config.volume.tags)
         self.filters = [{"Name": f"tag:{k}", "Values": [v]} for k, v in sorted(self.tags.items())]
-        # Snapshots of this deployment only (issue 15 item 1); the volume filters include the tag already.
+        # Snapshots of this deployment only; the volume filters include the tag already.
         self.deployment_filters = [{"Name": f"tag:{k}", "Values": [v]} for k, v in deployment_tags(self.tags).items()]
         self.lease = VolumeLease(ec2=ec2, owner=instance_id, ttl_s=timeouts.lease_ttl_s, settle_s=timeouts.lease_settle_s,
                                  wait_s=timeouts.lease_wait_s, poll_s=timeouts.lease_poll_s, wall_clock=wall_clock,
@@ -239,7 +239,7 @@ class _VolumeStep:
 
     # -- the step ---------------------------------------------------------------------------------
     def adopt(self) -> None:
-        """Make ``volume.adopt_volume_id`` this deployment's (issue 15 item 1): the user named it, so it
+        """Make ``volume.adopt_volume_id`` this deployment's: the user named it, so it
         is explicit. Only a volume carrying this stack's tag and the data-volume purpose is adopted, by
         setting its ``spot-training:deployment`` tag to ours (nothing else changes). Already ours: nothing
         to do. Gone: fine once this deployment has a volume (an adopted volume moved to another AZ is
@@ -528,8 +528,8 @@ class _VolumeStep:
 
     def retire_moved_source(self, source: dict[str, Any], copy_id: str) -> None:
         """Delete the source of a move whose copy was just marked verified. An agent in the source's AZ
-        attaches without the lease, so it can attach the source between the re-check and this delete
-        (issue 15, item 2). DeleteVolume is the arbiter: ``VolumeInUse`` means that agent may be training
+        attaches without the lease, so it can attach the source between the re-check and this delete.
+        DeleteVolume is the arbiter: ``VolumeInUse`` means that agent may be training
         on the source, so the copy is marked ``abandoned`` (never left ``verified``, which would make the
         next boot retire the source that was trained on) and the step exits 75; a later run deletes the
         copy and moves the source afresh."""
@@ -560,7 +560,7 @@ class _VolumeStep:
     def back_off_if_moved(self, volume_id: str) -> None:
         """After a lease-free attach in the volume's AZ: re-read the move state, and if a mover elsewhere
         committed a copy of this volume meanwhile (``move-state=verified``: the next boot retires this
-        volume), detach it again and exit 75 before anything is written to it (issue 15, item 2). A copy
+        volume), detach it again and exit 75 before anything is written to it. A copy
         still ``copying`` is no reason: its mover's re-check sees this attachment and abandons it."""
         committed = [v["VolumeId"] for v in self.read()
                      if _tags(v).get(SOURCE_VOLUME_TAG) == volume_id and _tags(v).get(MOVE_STATE_TAG) == VERIFIED]

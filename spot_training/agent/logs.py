@@ -76,7 +76,7 @@ def setup_logging(*, level: int | str = logging.INFO, stream: IO[str] | None = N
 class _NoFollowFileHandler(logging.FileHandler):
     """A FileHandler that opens its file with :func:`spot_training.agent.safepath.open_file`: the log lives on
     the data volume, which the training user controls, and the agent runs as root, so neither the
-    directory nor ``agent.jsonl`` may be a symlink the user planted (issue 15, item 4)."""
+    directory nor ``agent.jsonl`` may be a symlink the user planted."""
 
     def _open(self):  # type: ignore[override]
         from spot_training.agent.safepath import open_file

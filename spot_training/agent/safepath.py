@@ -1,4 +1,4 @@
-"""Open paths the training user controls without following their symbolic links (issue 15, item 4).
+"""Open paths the training user controls without following their symbolic links.
 
 The agent runs as root; the data volume's contents belong to the training user (``spot_training.agent.ebs``
 gives them the mount point), and they follow the volume to every replacement instance. A symlink the

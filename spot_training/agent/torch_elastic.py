@@ -66,7 +66,7 @@ __all__ = ["RendezvousState", "TorchCoordinator", "TorchWorker", "torchrun_argv"
 
 RENDEZVOUS_FILE = "rendezvous.json"
 REPORTS_DIR = "rendezvous-reports"
-#: The coordinator's store process (the trainer side of issue 11).
+#: The coordinator's store process, a module of the training package that the agent runs.
 STORE_MODULE = "spot_training.training.distributed.torch_rendezvous"
 #: Seconds between a torchrun's exit and its relaunch (or a store's restart): long enough not to spin
 #: on a coordinator that is not up yet, short next to torchrun's own rendezvous timeouts.

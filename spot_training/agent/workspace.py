@@ -291,7 +291,7 @@ def _git_checkout(url: str, ref: str, dest: Path, *, env: Mapping[str, str],
 
     git runs as ``account`` (the training user, who owns the checkout) with hooks disabled: run as
     root in a directory the user controls, a planted hook, ``core.fsmonitor`` or filter in
-    ``.git/config`` would run as root (issue 15, item 5). ``url`` and ``ref`` never start with ``-``
+    ``.git/config`` would run as root. ``url`` and ``ref`` never start with ``-``
     (spot_training.agent.config rejects that: git would read them as options). Raises UnsafePathError when
     ``dest`` or its ``.partial`` sibling is a symbolic link."""
     if shutil.which("git", path=env.get("PATH")) is None:

@@ -46,7 +46,7 @@ def metrics_namespace(stack_name: str) -> str:
 #: One deployment of a stack: the CloudFormation stack id's UUID, the same through updates, new when a
 #: stack of the same name is created again. On the data volume, its copies and the agents' snapshots;
 #: agents and the cleanup handler act only on their own deployment's, so data retained from an earlier
-#: deployment never becomes a later one's by accident (issue 15 item 1).
+#: deployment never becomes a later one's by accident.
 DEPLOYMENT_TAG = "spot-training:deployment"
 #: What a volume or snapshot is for; values below.
 PURPOSE_TAG = "spot-training:purpose"

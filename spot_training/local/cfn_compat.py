@@ -51,7 +51,7 @@ bridge is for moto 5.2.5 and says what real CloudFormation does instead:
    ``AWS::EFS::AccessPoint`` had no physical id: ``Ref`` gave the Python object's repr, which the
    node config then carried as its ``efs.access_point_id``; here ``Ref`` is the ``fsap-`` id and
    ``Fn::GetAtt`` gives ``Arn`` and ``AccessPointId``, as CloudFormation does.
-7. **``AWS::CloudWatch::Alarm``** (issue 13): moto 5.2 has no model for it, skipped the stack's alarms
+7. **``AWS::CloudWatch::Alarm``**: moto 5.2 has no model for it, skipped the stack's alarms
    and then failed the deploy on the dashboard's ``Fn::GetAtt [Alarm, Arn]``; here it is created with
    PutMetricAlarm and deleted with the stack (stored, not evaluated: moto evaluates no alarm).
 

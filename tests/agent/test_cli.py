@@ -109,7 +109,7 @@ BAD_CONFIGS = {
                                     r"volume.tags.spot-training:stack: got \"Other\"; expected the stack name"),
     "typo in a key": (lambda c: _with(c, "/x", "volume", "mount_pont"), r"volume.mount_pont: got \"/x\"; expected no such key"),
     "not json": (lambda c: '{"schema_version": 1,', r"is not valid JSON: .* line 1 column"),
-    # issue 15, item 7: each of these exited 1 (a traceback) or was accepted
+    # each of these exited 1 (a traceback) or was accepted
     "deeply nested JSON": (lambda c: "[" * 200_000 + "]" * 200_000, r"is not valid JSON: nested too deeply"),
     "5000-digit integer": (lambda c: json.dumps(c).replace('"keep_snapshots": 2', '"keep_snapshots": ' + "9" * 5000),
                            r"is not valid JSON: .*integer"),
@@ -420,7 +420,7 @@ def test_run_with_efs_on_a_node_without_efs_utils_exits_78_before_touching_anyth
 
 
 def test_imds_403_during_training_checkpoints_and_hands_the_node_back_to_the_fleet(node):
-    """IMDS starts answering 403 while training runs (issue 15, item 8): the node can no longer see
+    """IMDS starts answering 403 while training runs: the node can no longer see
     interruption notices. The agent stops the trainer the contract's way (it checkpoints), logs why,
     powers the instance off (the launch template makes that a termination, so the spot fleet launches a
     replacement) and exits 69, which systemd does not restart: no idle instance keeps billing."""
@@ -503,7 +503,7 @@ def _cluster_boot_env(tmp_path: Path, imds) -> dict:
 
 def test_boot_failed_script_bounds_a_cluster_worker_through_its_fleet_request(ec2, tmp_path):
     """A cluster worker has no data volume: its failed boots are counted on its spot fleet request (which
-    outlives the instance), and the bound cancels that fleet (issue 12: no endless loop of paid boots)."""
+    outlives the instance), and the bound cancels that fleet (no endless loop of paid boots)."""
     fleet_id, instance_id = our_fleet(ec2)
     script = _boot_failed_script(tmp_path)  # the cluster's volume tags match no volume
     with ImdsEmulator.from_moto(ec2, instance_id) as imds:

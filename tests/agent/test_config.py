@@ -129,7 +129,7 @@ def test_notice_poll_interval_is_read():
     ("training", _DELETE, "training: missing; expected a value (required key)"),
     ("volume.device_name", _DELETE, "volume.device_name: missing"),
     ("colour", "blue", 'colour: got "blue"; expected no such key'),
-    # issue 15: option injection into git, absurd sizes, system paths, checkpoints on the root disk
+    # option injection into git, absurd sizes, system paths, checkpoints on the root disk
     ("training.code", {"type": "git", "url": "--upload-pack=touch /tmp/x", "ref": "v1"},
      'training.code.url: got "--upload-pack=touch /tmp/x"; expected a git URL'),
     ("training.code", {"type": "git", "url": "https://example.com/r.git", "ref": "--orphan"},

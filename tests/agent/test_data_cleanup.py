@@ -147,8 +147,8 @@ def test_fails_on_unknown_request_type(moto_server):
 
 def test_a_volume_that_disappears_while_waited_for_is_done(ec2, resources, monkeypatch):
     """A root volume (DeleteOnTermination) of an instance that is shutting down: EC2 deletes it with the
-    instance while the handler waits for it to become available. Gone is done, not an error (issue 15,
-    item 3: `cdk destroy` failed with 'did not become available ... InvalidVolume.NotFound')."""
+    instance while the handler waits for it to become available. Gone is done, not an error (it
+    was once: `cdk destroy` failed with 'did not become available ... InvalidVolume.NotFound')."""
     import boto3
 
     root_volume = _volume(ec2, STACK)

@@ -1,5 +1,5 @@
-"""Retained data of an earlier deployment of the same stack name is never a later deployment's (issue 15
-item 1): the agent's volume step, periodic and migration snapshot pruning and the cleanup handler act
+"""Retained data of an earlier deployment of the same stack name is never a later deployment's: the
+agent's volume step, periodic and migration snapshot pruning and the cleanup handler act
 only on their own ``spot-training:deployment``; the agent's error advice is safe. moto server over HTTP."""
 
 from __future__ import annotations

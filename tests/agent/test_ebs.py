@@ -59,7 +59,7 @@ def test_same_az_attaches_mounts_formats_once_and_keeps_the_volume(ec2, moto_ser
     assert (volume_dir(moto_server.ebs_dir, volume_id) / DirectoryBlockDevices.FS_MARKER).read_text() == "xfs"
     assert migration_snapshots(ec2) == []
     # The article's three calls (it described twice, attached once); AttachVolume is the arbiter here;
-    # plus one DescribeVolumes after the attach: did a move of this volume commit meanwhile (issue 15)?
+    # plus one DescribeVolumes after the attach: did a move of this volume commit meanwhile?
     assert agent_calls == ["DescribeVolumes", "AttachVolume", "DescribeVolumes", "DescribeVolumes"]
     verify_mounted(DirectoryBlockDevices(moto_server.volumes_dir), volume_id, mount_point)
 
@@ -264,7 +264,7 @@ def test_copy_is_abandoned_when_the_source_was_attached_during_the_move(ec2, mot
     assert [a["InstanceId"] for a in volume["Attachments"]] == [me]
 
 
-# ---- issue 15, item 2: a lease-free attach in the source's AZ racing a move --------------------------
+# ---- a lease-free attach in the source's AZ racing a move --------------------------
 def _other_client(moto_server):
     import boto3
     from botocore.config import Config

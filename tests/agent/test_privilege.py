@@ -1,4 +1,4 @@
-"""The agent runs as root; the training user owns the data volume's contents (issue 15, items 4 and 5).
+"""The agent runs as root; the training user owns the data volume's contents.
 
 Every test plants what a hostile training user could plant on the volume (symlinks, git hooks, git
 config) and checks that a root-only target stays untouched and that nothing runs as uid 0. The

@@ -139,7 +139,7 @@ def test_runs_trainer_to_completion_with_the_contract_environment(tmp_path):
 
 @pytest.mark.integration
 def test_checkpoint_cadence_of_the_node_config_reaches_the_trainer_environment(tmp_path):
-    # cdk.json -> node config `training.checkpoint_every_*` -> the trainer's environment (issue 14).
+    # cdk.json -> node config `training.checkpoint_every_*` -> the trainer's environment.
     config = base_config(tmp_path)
     config["training"].update(checkpoint_every_steps=7, checkpoint_every_seconds=90)
     sup = make_supervisor(tmp_path, env={"FAKE_STEPS": "3", "FAKE_DUMP_ENV": "1"}, config=config)

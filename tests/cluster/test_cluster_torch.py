@@ -1,4 +1,4 @@
-"""An elastic PyTorch cluster on TorchElastic on one machine (issue 11): real agents
+"""An elastic PyTorch cluster on TorchElastic on one machine: real agents
 (``python -m spot_training.agent run``), the coordinator's c10d store (spot_training.training.distributed.torch_rendezvous),
 ``torchrun`` + the DDP digits trainer (spot_training.training.distributed.torch_ddp, gloo) on every worker, each node in
 its own network namespace (cluster_harness.py), EFS as a shared directory.

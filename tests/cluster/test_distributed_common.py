@@ -70,7 +70,7 @@ def test_rank_zero_also_writes_the_progress_the_agent_publishes(tmp_path, monkey
 
 
 def test_the_cluster_trainers_cadence_is_the_agents_environment_else_the_contracts(monkeypatch) -> None:
-    # No cadence of their own (issue 14): the node config's, exported by the agent, else the contract's one default.
+    # No cadence of their own: the node config's, exported by the agent, else the contract's one default.
     from spot_training import contract
     from spot_training.training.distributed.common import parse_args
 

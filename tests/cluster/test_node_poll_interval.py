@@ -1,4 +1,4 @@
-"""Cluster nodes honour the node config's ``notice_poll_interval_s`` (issue 14, item 3: it was a fixed
+"""Cluster nodes honour the node config's ``notice_poll_interval_s`` (it was once a fixed
 5 s there while single nodes read the config)."""
 
 from __future__ import annotations

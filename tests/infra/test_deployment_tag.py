@@ -1,4 +1,4 @@
-"""Each deployment of a stack name has an identity of its own in the tags (issue 15 item 1): the data
+"""Each deployment of a stack name has an identity of its own in the tags: the data
 volume, the nodes' volume filter and the cleanup custom resource all name it."""
 
 from __future__ import annotations

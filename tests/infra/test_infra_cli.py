@@ -100,7 +100,7 @@ def test_cli_synth_fails_on_a_bad_context_value(tmp_path: Path, context: str, me
 
 @pytest.mark.slow
 def test_cli_synth_with_framework_mxnet_runs_the_gluon_example(tmp_path: Path) -> None:
-    """`cdk synth -c framework=mxnet` over cdk.json: the node runs the Gluon example (issue 14's bug:
+    """`cdk synth -c framework=mxnet` over cdk.json: the node runs the Gluon example (a bug once:
     it kept the Keras command that cdk.json pinned)."""
     from aws_cdk import assertions
     from infra_helpers import launch_template_user_data
@@ -164,7 +164,7 @@ def _node_configs(template_file: Path) -> list[dict]:
 
 @pytest.mark.slow
 def test_cli_synth_carries_the_checkpoint_cadence_and_poll_interval_to_every_node(tmp_path: Path) -> None:
-    """`-c checkpoint_every_steps=7` (issue 14, item 2) reaches the node config of the single node and of
+    """`-c checkpoint_every_steps=7` reaches the node config of the single node and of
     every cluster role; `-c notice_poll_interval_s=2` reaches the cluster nodes too (item 3). The agent
     accepts each config (region as a deploy resolves it)."""
     from spot_training.agent.config import parse_config

@@ -130,7 +130,7 @@ def test_only_workers_carry_the_member_tag(cluster_synth: Synth) -> None:
     for role, lt in _launch_templates(cluster_synth).items():
         specs = {s["ResourceType"]: s["Tags"] for s in lt["Properties"]["LaunchTemplateData"]["TagSpecifications"]}
         assert {"Key": STACK_TAG_KEY, "Value": "DistributedTraining"} in specs["instance"], role
-        assert all(t["Key"] != STACK_TAG_KEY for t in specs.get("volume", [])), role  # root volumes: issue 15
+        assert all(t["Key"] != STACK_TAG_KEY for t in specs.get("volume", [])), role  # root volumes
         has_member_tag = {"Key": CLUSTER_MEMBER_TAG_KEY, "Value": "true"} in specs["instance"]
         assert has_member_tag == (role == "worker"), role
         # Instance tags in metadata allow no '/' or space in keys (EC2 rejects the launch otherwise).
@@ -273,7 +273,7 @@ def test_only_workers_may_leave_their_fleet_and_only_within_the_stack(cluster_sy
 
 
 def test_failed_boots_of_cluster_nodes_are_counted_and_bounded_within_the_stack(cluster_synth: Synth) -> None:
-    """spot_training/infra/userdata.py boot_failed_script on cluster nodes (issue 12): workers count on their fleet
+    """spot_training/infra/userdata.py boot_failed_script on cluster nodes: workers count on their fleet
     request, the scheduler and servers on their Auto Scaling group; at the bound the group's launches are
     suspended and the stack's fleets cancelled. Every write is scoped to the stack's resources and keys."""
     tagged = {f"aws:ResourceTag/{STACK_TAG_KEY}": "DistributedTraining"}

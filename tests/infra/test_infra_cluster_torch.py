@@ -1,4 +1,4 @@
-"""The DistributedTraining stack with ``cluster_framework=pytorch`` (issue 11): TorchElastic workers on the
+"""The DistributedTraining stack with ``cluster_framework=pytorch``: TorchElastic workers on the
 spot fleet, the c10d rendezvous on the on-demand coordinator, no parameter servers, only the rendezvous and
 collective ports open between members; cfn-lint and cdk-nag gates as the other frameworks."""
 

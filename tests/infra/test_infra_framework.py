@@ -1,7 +1,7 @@
 """`framework` picks the single-node trainer: the command and the GPU build the node installs.
 
 Each stack here is built as app.py builds it, from cdk.json's context plus the `-c` value under test,
-so a default that cdk.json pins (the bug of issue 14: `-c framework=mxnet` kept the Keras command)
+so a default that cdk.json pins (a bug once: `-c framework=mxnet` kept the Keras command)
 shows. The node config is read back out of the launch template's user data (aws_cdk.assertions finds
 the launch template; spot_training.infra.userdata.extract_config reads the config as local mode and the agent do).
 """
@@ -79,7 +79,7 @@ def test_the_example_each_framework_runs_by_default_is_in_the_repository() -> No
     for name, defaults in FRAMEWORKS.items():
         script = defaults.training_command[1]
         if name == "pytorch" and not (REPO_ROOT / script).exists():
-            pytest.fail(f"{script} (the PyTorch example, issue 10 item 2) is not in this checkout yet")
+            pytest.fail(f"{script} (the PyTorch example) is not in this checkout yet")
         assert (REPO_ROOT / script).is_file(), (name, script)
 
 

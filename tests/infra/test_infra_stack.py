@@ -154,14 +154,14 @@ def test_launch_template_requires_imdsv2_and_encrypts_the_root_volume(default_sy
 
 
 def test_a_node_that_powers_itself_off_is_terminated_and_replaced(default_synth: Synth) -> None:
-    # The agent powers off a node that can no longer work (IMDS 403 during training, issue 15 item 8);
+    # The agent powers off a node that can no longer work (IMDS 403 during training);
     # EC2's default for an OS shutdown is stop, which would leave the spot fleet's capacity stuck.
     (lt,) = default_synth.resources("AWS::EC2::LaunchTemplate").values()
     assert lt["Properties"]["LaunchTemplateData"]["InstanceInitiatedShutdownBehavior"] == "terminate"
 
 
 def test_launch_template_tags_instances_but_not_root_volumes_with_the_stack_tag(default_synth: Synth) -> None:
-    # Root volumes must not carry the tag the instance role may delete by (issue 15, item 3); the
+    # Root volumes must not carry the tag the instance role may delete by; the
     # instance needs it (AttachVolume and the fleet lookup are conditioned on it).
     (lt,) = default_synth.resources("AWS::EC2::LaunchTemplate").values()
     specs = {s["ResourceType"]: s["Tags"] for s in lt["Properties"]["LaunchTemplateData"]["TagSpecifications"]}
@@ -263,7 +263,7 @@ def _stack_refs(logical_id: str) -> str | None:
         return "fsap-0123456789abcdef0"
     if logical_id.startswith("SharedFileSystem"):
         return "fs-0123456789abcdef0"
-    if logical_id == "AWS::StackId":  # its UUID part is the deployment tag (issue 15 item 1)
+    if logical_id == "AWS::StackId":  # its UUID part is the deployment tag
         return "arn:aws:cloudformation:us-east-1:123456789012:stack/SpotTraining/1f2e3d4c-0000-4000-8000-00000000abcd"
     return None
 
@@ -551,7 +551,7 @@ def test_fis_experiment_template_only_with_fis_drill(default_synth: Synth, tmp_p
     assert synth.data["Outputs"]["FisExperimentTemplateId"]["Value"] == {"Ref": template_id}
 
 
-# ---- issue 15, item 6: least privilege ------------------------------------------------------------
+# ---- least privilege ------------------------------------------------------------
 def test_nodes_delete_only_the_agents_bookkeeping_tags(default_synth: Synth) -> None:
     """DeleteTags with no tag list strips every tag, the stack tag included: nodes may delete only the
     agent's bookkeeping tags, and only by naming them."""

@@ -1,4 +1,4 @@
-"""Least privilege of the node roles (issue 15 item 6): every EC2 action granted is one the node code
+"""Least privilege of the node roles: every EC2 action granted is one the node code
 calls, the bootstrap asset is readable as one object only, Session Manager without the SSM managed
 policy, and a cluster worker terminates only itself."""
 

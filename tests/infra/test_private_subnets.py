@@ -1,5 +1,5 @@
 """``-c private_subnets=true``: nodes without public IPs in isolated subnets, AWS through VPC endpoints
-(issue 15 item 6; docs/infra.md, "Private subnets")."""
+(docs/infra.md, "Private subnets")."""
 
 from __future__ import annotations
 

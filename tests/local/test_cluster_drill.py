@@ -69,7 +69,7 @@ def test_cluster_drill_two_workers_a_third_joins_one_is_interrupted(tmp_path, fr
     assert report["test_accuracy"] >= 0.9
     assert report["fleet_cancelled_on_completion"] is True  # a worker's agent cancelled it (docs/architecture.md, "The user's story", step 4)
     assert report["orphans_after_destroy"] == []
-    # Read back through `spot-train status` and `cost` from the local AWS (issue 13): the agents'
+    # Read back through `spot-train status` and `cost` from the local AWS: the agents'
     # published progress, the notice in their logs, and what the cluster cost (on-demand scheduler and
     # servers, or PyTorch's coordinator, at the on-demand price, spot workers at the spot price history).
     assert report["aws_status"]["training"]["step"] == STEPS and report["aws_status"]["training"]["completed"] is True

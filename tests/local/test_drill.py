@@ -70,7 +70,7 @@ def test_single_node_drill_survives_an_interruption_with_an_az_move(tmp_path):
     assert report["matches_uninterrupted_baseline"] is True
     assert report["orphans_after_destroy"] == []
     assert report["wall_s"] > 0
-    # Read back from the local AWS through spot-train status / cost's code, before destroy (issue 13).
+    # Read back from the local AWS through spot-train status / cost's code, before destroy.
     assert "read_back_error" not in report, report.get("read_back_error")
     [aws_event] = report["aws_interruptions"]
     assert aws_event["instance_id"] == event["instance_id"]

@@ -227,7 +227,7 @@ def test_cli_drill_framework_is_checked_before_anything_starts(capsys, tmp_path)
         main(["local", "drill", "--framework", "jax", "--work-dir", str(tmp_path / "w")])
     assert exit_info.value.code == 2
     assert "invalid choice: 'jax'" in capsys.readouterr().err
-    # The cluster drill runs MXNet or PyTorch (issue 11); TensorFlow's cluster has no drill.
+    # The cluster drill runs MXNet or PyTorch; TensorFlow's cluster has no drill.
     assert main(["local", "drill", "--cluster", "--framework", "tensorflow", "--work-dir", str(tmp_path / "c")]) == 2
     assert "framework must be one of mxnet, pytorch, got 'tensorflow'" in capsys.readouterr().err
     assert not (tmp_path / "w").exists() and not (tmp_path / "c").exists()

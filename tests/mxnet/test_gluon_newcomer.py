@@ -1,4 +1,4 @@
-"""What a newcomer's Gluon script hit (issue 10), in this process (MXNet imported: own pytest):
+"""What a newcomer's Gluon script hit, in this process (MXNet imported: own pytest):
 deferred initialization (``nn.Dense(64)`` without ``in_units``) and ``Dropout`` drawing from
 MXNet's generator. A "restart" is a fresh net and trainer built with another MXNet seed, as a new
 process would be, restored from the same directory; the result must be bitwise equal to a run

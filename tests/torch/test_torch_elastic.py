@@ -1,4 +1,4 @@
-"""PyTorch clusters on TorchElastic (issue 11, the training side): the coordinator's rendezvous store
+"""PyTorch clusters on TorchElastic (the training side): the coordinator's rendezvous store
 (spot_training/training/distributed/torch_rendezvous.py) and torchrun "nodes" running spot_training/training/distributed/torch_ddp.py,
 as real processes on 127.0.0.1 killed with real signals.
 

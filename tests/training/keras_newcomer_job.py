@@ -1,4 +1,4 @@
-"""A Keras script as a newcomer writes it (issue 10), made resumable with ResumableFit; run by
+"""A Keras script as a newcomer writes it, made resumable with ResumableFit; run by
 tests/training/test_keras_newcomer.py.
 
     python keras_newcomer_job.py DATA_DIR CHECKPOINT_DIR OUT_DIR --data numpy|tfdata [--stop-at STEP]

@@ -1,4 +1,4 @@
-"""Checkpoint storage that cannot take a checkpoint (issue 10), with the Keras example job and real
+"""Checkpoint storage that cannot take a checkpoint, with the Keras example job and real
 file systems: a read-only bind mount (found before the first step, the path named) and a small
 tmpfs that fills up during a save (the path, bytes and free space named, the previous checkpoint
 kept, exit 74 so the node agent does not restart it: docs/contracts.md). Needs root for mount(8)."""

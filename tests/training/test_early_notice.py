@@ -1,4 +1,4 @@
-"""A SIGTERM during ``import tensorflow`` (issue 10): with ``import spot_training.training.early_notice`` as the
+"""A SIGTERM during ``import tensorflow``: with ``import spot_training.training.early_notice`` as the
 script's first line the process exits 0 without training; without it, -15. Real TensorFlow in a
 subprocess, a real signal sent while the import runs."""
 

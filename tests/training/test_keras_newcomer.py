@@ -1,4 +1,4 @@
-"""ResumableFit with what a newcomer's Keras script uses (issue 10): tf.data, validation_split,
+"""ResumableFit with what a newcomer's Keras script uses: tf.data, validation_split,
 class_weight, sample_weight, EarlyStopping, ReduceLROnPlateau, CSVLogger; a real SIGTERM in the
 middle of an epoch. Real TensorFlow in subprocesses; bitwise comparisons with an uninterrupted run."""
 

@@ -1,4 +1,4 @@
-"""tf.random draws inside a custom loop's step resume exactly (issue 10): TensorFlow's global
+"""tf.random draws inside a custom loop's step resume exactly: TensorFlow's global
 generator is in every TFCheckpointer checkpoint, and a script's own tf.random.Generator is when
 passed as a trackable. Real TensorFlow in subprocesses, a real SIGTERM, bitwise comparisons."""
 

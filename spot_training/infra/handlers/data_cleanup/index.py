@@ -9,7 +9,7 @@ ResourceProperties (all strings, as CloudFormation passes them):
     TagValue: tag value (default: ``StackName``).
     DeploymentTagValue: when given, only volumes and snapshots that also carry
         ``spot-training:deployment`` = this value are deleted (this deployment's; data retained from an
-        earlier deployment of the same stack name stays; issue 15 item 1). Default: none (stack tag only).
+        earlier deployment of the same stack name stays). Default: none (stack tag only).
     RetainData: ``"true"`` keeps every volume and snapshot; ``"false"`` (default) deletes them on Delete.
 
 Create and Update do nothing but return a ``PhysicalResourceId``. Delete, unless ``RetainData`` is
