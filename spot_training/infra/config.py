@@ -278,6 +278,18 @@ def stack_name_setting(key: str, value: Any, default: str) -> str:
     return name
 
 
+def split_uri(uri: str) -> tuple[str, str]:
+    """``(bucket, key or prefix)`` of a ``dataset_uri``.
+
+    Raises:
+        ValueError: naming the context key, the value and the expected form.
+    """
+    try:
+        return contract.split_dataset_uri(uri)
+    except ValueError:
+        raise context_value_error("dataset_uri", uri, f"{contract.DATASET_URI_FORMS} or none") from None
+
+
 def check_context_keys(context: Mapping[str, Any], known: Iterable[str]) -> None:
     """Refuse a context key that looks like a setting (snake_case) but is none of ``known``.
 
@@ -682,8 +694,6 @@ def _check_stack_settings(raw: Mapping[str, Any]) -> dict[str, Any]:
     if out["code_git_ref"] and not out["code_git_url"]:
         raise context_value_error("code_git_url", v["code_git_url"], "a git URL, required when code_git_ref is set")
     if v["dataset_uri"] is not None:
-        from .dataset import split_uri
-
         uri = v["dataset_uri"]
         none = isinstance(uri, str) and uri.strip().lower() == "none"
         if not none:

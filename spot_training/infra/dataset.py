@@ -29,26 +29,12 @@ import constructs
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_s3_assets as s3_assets
 
-from spot_training import contract
-
-from .config import context_value_error
+from .config import split_uri
 
 #: The digits split the examples train on (spot_training/training/examples/prepare_data.py writes the same arrays).
 DIGITS_TEST_SIZE, DIGITS_SEED = 0.2, 0
 #: A fixed zip timestamp, so the same arrays always give the same bytes and the same asset hash.
 _ZIP_TIME = (1980, 1, 1, 0, 0, 0)
-
-
-def split_uri(uri: str) -> tuple[str, str]:
-    """``(bucket, key or prefix)`` of a ``dataset_uri``.
-
-    Raises:
-        ValueError: naming the context key, the value and the expected form.
-    """
-    try:
-        return contract.split_dataset_uri(uri)
-    except ValueError:
-        raise context_value_error("dataset_uri", uri, f"{contract.DATASET_URI_FORMS} or none") from None
 
 
 def dataset_read_statements(bucket_arn: str, key: str) -> list[iam.PolicyStatement]:
