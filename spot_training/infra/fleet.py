@@ -14,6 +14,7 @@ from __future__ import annotations
 import enum
 import re
 from collections.abc import Sequence
+from typing import Any
 
 import aws_cdk as cdk
 import constructs
@@ -316,24 +317,21 @@ class SpotTrainingFleet(constructs.Construct):
         return self._connections
 
 
-def node_launch_template(scope: constructs.Construct, construct_id: str, *, machine_image: ec2.IMachineImage,
-                         user_data: ec2.UserData | None, instance_profile: iam.IInstanceProfile,
-                         security_group: ec2.ISecurityGroup, root_volume_size_gib: int,
-                         instance_type: ec2.InstanceType | None = None, key_pair: ec2.IKeyPair | None = None,
-                         instance_metadata_tags: bool | None = None, root_device_name: str = "/dev/sda1",
-                         root_volume_encryption_key: kms.IKey | None = None) -> ec2.LaunchTemplate:
+def node_launch_template(scope: constructs.Construct, construct_id: str, *, root_volume_size_gib: int,
+                         root_device_name: str = "/dev/sda1", root_volume_encryption_key: kms.IKey | None = None,
+                         **props: Any) -> ec2.LaunchTemplate:
     """The launch template of every training node, spot or on-demand: IMDSv2 only (hop limit 2, for
     containers), terminate on an instance-initiated shutdown, an encrypted gp3 root volume deleted
     with the instance and without the stack tag (:func:`keep_stack_tag_off_root_volumes`).
 
     Args:
         scope, construct_id: where the ``ec2.LaunchTemplate`` goes.
-        machine_image, user_data, instance_profile, security_group, instance_type, key_pair: as
-            ``ec2.LaunchTemplate`` (no instance type: the fleet's overrides choose; no key pair: SSM).
         root_volume_size_gib: the root volume's size (checked by :func:`root_volume_gib`).
-        instance_metadata_tags: expose the instance's tags in instance metadata (True) or not (None).
         root_device_name: the AMI's root device; default ``/dev/sda1`` (Ubuntu AMIs).
         root_volume_encryption_key: the root volume's KMS key; default: the AWS managed EBS key.
+        **props: the node's own ``ec2.LaunchTemplate`` props (``machine_image``, ``user_data``,
+            ``instance_profile``, ``security_group``; ``instance_type``: none lets the fleet's
+            overrides choose; ``key_pair``: none, connect with SSM; ``instance_metadata_tags``).
 
     Returns:
         The launch template.
@@ -341,17 +339,11 @@ def node_launch_template(scope: constructs.Construct, construct_id: str, *, mach
     template = ec2.LaunchTemplate(
         scope,
         construct_id,
-        machine_image=machine_image,
-        instance_type=instance_type,
-        user_data=user_data,
-        instance_profile=instance_profile,
-        security_group=security_group,
-        key_pair=key_pair,
+        **props,
         require_imdsv2=True,
         http_tokens=ec2.LaunchTemplateHttpTokens.REQUIRED,
         http_put_response_hop_limit=2,
         http_endpoint=True,
-        instance_metadata_tags=instance_metadata_tags,
         # The agent powers off a node that can no longer work (IMDS 403 during training), and a failed
         # boot shuts the node down (spot_training/infra/userdata.py, boot-failed): terminate, not stop (EC2's
         # default), so the fleet or the Auto Scaling group replaces it (EC2 User Guide, "Change instance
