@@ -21,7 +21,7 @@ from spot_training.agent.safepath import open_file
 
 log = logging.getLogger("spot_training.agent.supervisor")
 
-__all__ = ["ProcessGroup", "descendants", "group_alive", "signal_group", "user_ids", "user_kwargs"]
+__all__ = ["ProcessGroup", "descendants", "group_alive", "kill_tree", "signal_group", "user_ids", "user_kwargs"]
 
 
 def user_ids(account: pwd.struct_passwd | None) -> tuple[int, int, list[int]] | None:
