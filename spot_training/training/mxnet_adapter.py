@@ -540,9 +540,6 @@ class GluonAdapter(StateAdapter):
         self.saves_outside_step = not _is_distributed(trainer)
         self.log = logging.getLogger("training.mxnet")
         self.trainer_params = trainer_order(net, trainer)
-        # Two sets of host arrays used in turn (allocated at the first two saves, freed by release()).
-        self.host_buffers: list[GluonState | None] = [None, None]
-        self._next_buffer = 0
 
     def framework_version(self) -> str:
         return _mxnet_version()
@@ -551,9 +548,7 @@ class GluonAdapter(StateAdapter):
         return {"trainer_params": self.trainer_params}
 
     def snapshot(self, directory: Path):
-        slot = self._next_buffer
-        state = capture_state(self.net, self.trainer, out=self.host_buffers[slot])
-        self.host_buffers[slot], self._next_buffer = state, 1 - slot
+        state = self.host_copy(lambda out: capture_state(self.net, self.trainer, out=out))
         return lambda: state.write(directory)
 
     def load(self, ckpt: Checkpoint) -> None:
@@ -569,9 +564,6 @@ class GluonAdapter(StateAdapter):
             import mxnet as mx
 
             mx.random.seed(rng_seed_for(self.seed, step))
-
-    def release(self) -> None:
-        self.host_buffers = [None, None]
 
 
 class GluonCheckpointer(CheckpointDriver):
