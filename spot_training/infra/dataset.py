@@ -17,7 +17,6 @@ from __future__ import annotations
 import atexit
 import hashlib
 import io
-import re
 import shutil
 import tempfile
 import zipfile

@@ -11,8 +11,6 @@ training resumes from the checkpoint; training completes at exactly the total st
 
 from __future__ import annotations
 
-import time
-
 import pytest
 from cluster_fixtures import network  # noqa: F401 - a fixture
 from cluster_harness import Cluster
