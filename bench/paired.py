@@ -502,3 +502,88 @@ def lost_steps_and_report(*, script, data_dir, scratch, args, n_examples: int, f
     print_trials(trials)
     print(json.dumps(result))
     return result
+
+
+def checkpoint_cost_bench(*, script, args, prefix: str, framework: str, build, make_step, count_params, checkpointer,
+                          timed_write, params_file: str, version_key: str, version: str, title: str,
+                          size_note: str) -> None:
+    """The run the MXNet and PyTorch checkpoint benchmarks share, on the 8x8 digits in a scratch directory:
+    20 warm-up steps, :func:`paired_modes`, three timed full store writes of a host copy, restores into
+    fresh state (:func:`time_restores`), then :func:`lost_steps_and_report`. What it measures:
+
+    1. Overhead, by paired windows, as in bench/bench_checkpoint.py (1.): one run per mode
+       (synchronous, background) trains in windows of 10 steps that alternate without and with one
+       save (at the window's first step; a background window ends by waiting for its write); each
+       saving window is compared with the window before it. Overhead % = the mean extra wall time
+       of one save over the time of 50 steps (a save every 50 steps), with its 95 % confidence
+       interval and the median; ``training_thread_blocked_pct`` is the time inside the save calls
+       over the same 50 steps (the stall per save, in seconds: ``save_s``); ``cpu_overhead_pct`` is
+       the extra CPU time of all threads per save, paired the same way (what a node without a
+       spare core pays).
+    2. Save time (sync: full write; background: time the training thread is blocked for the host
+       copy; write: time of one full store write of that copy), restore time (fresh process state:
+       a new model, the checkpointer's restore), checkpoint size on disk.
+    3. Lost steps: a worker process (the benchmark's file with ``--worker``) trains and saves every
+       50 steps in the background; it gets SIGTERM at a random step (lost = steps it ran - steps in
+       its last checkpoint; goal 0) and, in ``--kills`` other runs, SIGKILL (lost = steps run -
+       steps committed; bound: the save interval plus the steps run while the newest write was in
+       flight). The article's way (a checkpoint per epoch, a notice handler that sleeps) loses the
+       steps since the last epoch boundary: computed for the same kill steps with this dataset's
+       epoch of 22 steps, and for a larger epoch of 1,000 steps for scale.
+
+    The framework's parts: ``build()`` returns a fresh ``(model, optimizer)``; ``make_step(model,
+    optimizer, x, y)`` the step function; ``count_params(model)`` its parameter count;
+    ``checkpointer(model, optimizer, directory, background, notices)`` the front-end's checkpointer (a
+    checkpoint driver, or one in its ``driver`` attribute: what :func:`paired_modes` uses and ``restore``;
+    and ``close``); ``timed_write(model, optimizer, store, step,
+    metadata)`` writes one checkpoint of a host copy into ``store`` and returns the seconds of the
+    write alone. ``params_file`` names the checkpoint's parameter file (its size is reported).
+    """
+    import time
+
+    from spot_training.training.store import CheckpointStore
+
+    with digits_scratch(prefix) as (scratch, data_dir, x, y):
+        model, optimizer = build()
+        step = make_step(model, optimizer, x, y)
+        for i in range(20):  # warm-up: graph caching, allocator, Adam state creation
+            step(i)
+
+        # Paired windows (bench/bench_checkpoint.py, 1.): one run per mode whose WINDOW-step windows
+        # alternate without and with one save, at the window's first step.
+        def driver(mode):
+            ck = checkpointer(model, optimizer, scratch / mode, mode == "background", quiet_notices())
+            return getattr(ck, "driver", ck)
+
+        run = paired_modes(driver, step, start=20, pairs=args.pairs, warmup_pairs=WARMUP_PAIRS, window=WINDOW, save_every=SAVE_EVERY)
+        metadata = run["checkpointers"]["sync"].manifest_metadata()
+
+        # One full background write of a host copy (what the writer thread does per save).
+        store = CheckpointStore(scratch / "writes", framework=framework)
+        write_times = [timed_write(model, optimizer, store, i + 1, metadata) for i in range(3)]
+        latest = store.latest()
+        params_mb = (latest.path / params_file).stat().st_size / 1e6
+
+        def open_checkpointer():
+            ck = checkpointer(*build(), scratch / "writes", True, quiet_notices())
+            return getattr(ck, "driver", ck).restore, ck.close
+
+        lost_steps_and_report(
+            script=script, data_dir=data_dir, scratch=scratch, args=args, n_examples=len(x), framework=framework,
+            version_key=version_key, version=version, title=title, size_note=size_note,
+            n_params=count_params(model), run=run, write_times=write_times,
+            restore_times=time_restores(open_checkpointer), size_mb=dir_bytes(latest.path) / 1e6, params_mb=params_mb)
+
+
+def checkpoint_worker(args, *, build, make_step, checkpointer, **_bench) -> int:
+    """The worker process of :func:`data_worker_trial` for :func:`checkpoint_cost_bench`'s framework parts
+    (the same keywords; the others are ignored): train on ``args.data_dir`` with background saves into
+    ``args.checkpoint_dir`` until signalled, printing each completed step (:func:`worker_steps`)."""
+    from spot_training.training.datasets import load_digits
+    from spot_training.training.notice import NoticeHandler
+
+    x, y = load_digits(args.data_dir, "train")
+    model, optimizer = build()
+    step = make_step(model, optimizer, x.reshape(len(x), -1), y)
+    ckpt = checkpointer(model, optimizer, args.checkpoint_dir, True, NoticeHandler(request_file=None))
+    return worker_steps(ckpt.steps(10**9), step)

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import signal
 import sys
@@ -680,16 +681,22 @@ def cmd_logs(args: argparse.Namespace) -> int:
         return 0  # Ctrl-C ends --follow
 
 
+def _finite_or_nan(text: str) -> float:
+    """``text`` as a finite float, else nan, which every range check refuses (``float`` takes "nan" and "inf")."""
+    try:
+        value = float(text)
+    except ValueError:
+        return math.nan
+    return value if math.isfinite(value) else math.nan
+
+
 def _prices(values: list[str] | None) -> dict[str, float]:
     """``TYPE=USD`` items of ``--on-demand-price`` as a dict; ValueError naming a bad item."""
     prices = {}
     for item in values or []:
         itype, _, price = item.partition("=")
-        try:
-            value = float(price)
-        except ValueError:
-            value = -1.0
-        if not itype or value <= 0:
+        value = _finite_or_nan(price)
+        if not itype or not value > 0:
             raise ValueError(f"--on-demand-price: got {item!r}; expected TYPE=USD_PER_HOUR such as g5.xlarge=1.006")
         prices[itype] = value
     return prices
@@ -741,22 +748,16 @@ def _pid_alive(pid: Any) -> bool:
 
 def _seconds(text: str) -> float:
     """``--interval``: seconds from 1 to 86400 (0 would redraw in a busy loop; negative sleeps fail)."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = float("nan")
-    if not 1 <= value <= 86400:  # also refuses nan and inf
+    value = _finite_or_nan(text)
+    if not 1 <= value <= 86400:
         raise argparse.ArgumentTypeError(f"got {text!r}; expected seconds from 1 to 86400")
     return value
 
 
 def _price(text: str) -> float:
     """A price in USD: a finite number >= 0 (a negative one would print $-0.00)."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = float("nan")
-    if not 0 <= value < 1e6:  # also refuses nan and inf
+    value = _finite_or_nan(text)
+    if not 0 <= value < 1e6:
         raise argparse.ArgumentTypeError(f"got {text!r}; expected a price in USD >= 0 such as 0.08")
     return value
 

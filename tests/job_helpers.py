@@ -148,6 +148,34 @@ class TrainingJob:
         self.request_file.write_text(reason)
 
 
+def notice_during_phase(argv: list[str], *, phase: str, wait_s: float, **env: str) -> tuple[int, float, str]:
+    """Start ``argv`` (a phase job: it prints ``PHASE <name>`` lines) with the repository on PYTHONPATH, no
+    ``SPOT_TRAINING_*`` variables and ``env`` added; one second into phase ``phase`` send SIGTERM and wait
+    up to ``wait_s`` seconds for the exit. Returns ``(returncode, seconds from the signal to the exit,
+    stderr)``; fails the test when the phase never starts or the job outlives ``wait_s``."""
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("SPOT_TRAINING_")}
+    environment.update(PYTHONPATH=str(REPO), **env)
+    proc = subprocess.Popen(argv, env=environment, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        for line in proc.stdout:
+            if line.startswith(f"PHASE {phase}"):
+                break
+        else:
+            pytest.fail(f"no {phase} phase: {proc.wait()} {proc.stderr.read()[-3000:]}")
+        time.sleep(1.0)  # well inside the phase
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        try:
+            rc = proc.wait(timeout=wait_s)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"the notice waited for the {phase} phase to end")
+        return rc, time.monotonic() - sent, proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
 def child_pids(pid: int) -> list[int]:
     """The process IDs whose parent is ``pid`` (from /proc; Linux), sorted: torchrun's workers."""
     children = []

@@ -96,3 +96,9 @@ def test_extras_keep_frameworks_out_of_a_cdk_only_install() -> None:
     assert any(d.startswith("tensorflow") for d in extras["tensorflow"]) and any(d.startswith("moto[server") for d in extras["local"])
     for name in cli.LOCAL_MODE_MODULES:  # everything local mode checks for comes with the extra
         assert any(d.lower().startswith(name) or (name == "flask" and d.startswith("moto[server")) for d in extras["local"]), name
+
+
+@pytest.mark.parametrize("price", ["nan", "inf", "-1", "0", "cheap"])
+def test_on_demand_price_that_is_no_positive_finite_number_is_a_usage_error(price: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["cost", "--stack", "S", "--on-demand-price", f"g5.xlarge={price}"]) == 2
+    assert f"--on-demand-price: got 'g5.xlarge={price}'" in capsys.readouterr().err

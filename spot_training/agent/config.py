@@ -665,14 +665,12 @@ def _dataset(v: "_Validator", root: Mapping[str, Any]) -> DatasetConfig | None:
     if section is None:
         return None
     v.keys(section, "dataset", required=("uri",), optional=("unpack",))
-    from spot_training.agent.dataset import parse_uri
-
     uri = v.string(section, "uri", "dataset")
     if uri is not None:
         try:
-            parse_uri(uri)
-        except ValueError as exc:
-            v.problem("dataset.uri", uri, str(exc).split(", got ")[0].replace("expected ", ""))
+            contract.split_dataset_uri(uri)
+        except ValueError:
+            v.problem("dataset.uri", uri, contract.DATASET_URI_FORMS)
             uri = None
     unpack = section.get("unpack", False)
     if not isinstance(unpack, bool):

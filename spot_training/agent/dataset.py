@@ -60,6 +60,7 @@ from typing import Any, Callable
 
 from spot_training.agent.errors import ConfigError, TemporaryError
 from spot_training.agent.safepath import UnsafePathError, open_directory, open_file, write_file_replacing
+from spot_training.contract import split_dataset_uri
 
 log = logging.getLogger(__name__)
 
@@ -68,8 +69,6 @@ MARKER_NAME = ".spot-training-dataset.json"
 #: Objects verified so far by an unfinished sync (keys and ETags), for resuming.
 PROGRESS_NAME = ".spot-training-dataset.progress.json"
 PARTIAL_SUFFIX = ".partial"
-#: ``s3://bucket[/key-or-prefix]``; bucket names per the S3 naming rules (3..63 characters).
-URI_RE = re.compile(r"^s3://(?P<bucket>[a-z0-9][a-z0-9.-]{1,61}[a-z0-9])(/(?P<key>[^\s]*))?$")
 _CHUNK = 8 * 1024 * 1024
 #: S3 error codes that no retry fixes: the setting or the role is wrong.
 _PERMANENT_CODES = frozenset({"NoSuchBucket", "AccessDenied", "AllAccessDisabled", "InvalidBucketName",
@@ -89,20 +88,6 @@ class ManifestEntry:
     def to_dict(self) -> dict[str, Any]:
         """The entry as a JSON object ``{"key", "size", "etag", "path"}``."""
         return {"key": self.key, "size": self.size, "etag": self.etag, "path": self.path}
-
-
-def parse_uri(uri: str) -> tuple[str, str]:
-    """``(bucket, key or prefix)`` of ``uri``.
-
-    Raises:
-        ValueError: ``uri`` is not ``s3://bucket/prefix/`` or ``s3://bucket/key`` (names the value).
-    """
-    match = URI_RE.match(uri) if isinstance(uri, str) else None
-    key = (match.group("key") or "") if match else ""
-    if match is None or ".." in key.split("/") or key.startswith("/"):
-        raise ValueError(f"expected an S3 URI such as s3://my-bucket/datasets/digits/ (a prefix, ending in /) or "
-                         f"s3://my-bucket/data.zip (one object), got {uri!r}")
-    return match.group("bucket"), key
 
 
 def _relative_path(key: str, prefix: str) -> str | None:
@@ -132,7 +117,7 @@ def manifest(s3: Any, uri: str) -> list[ManifestEntry]:
         ConfigError: no object under the URI, or a key that cannot be a file under ``dataset_dir``.
         botocore.exceptions.ClientError: the listing failed (classified by the caller).
     """
-    bucket, key = parse_uri(uri)
+    bucket, key = split_dataset_uri(uri)
     entries = []
     for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=key):
         for obj in page.get("Contents", []):
@@ -293,7 +278,7 @@ def sync_dataset(s3: Any, uri: str, dataset_dir: Path, *, unpack: bool = False,
 
     started = clock()
     try:
-        parse_uri(uri)
+        split_dataset_uri(uri)
     except ValueError as exc:
         raise ConfigError(f"dataset.uri: {exc}") from None
     if unpack and uri.endswith("/"):
@@ -334,7 +319,7 @@ def sync_dataset(s3: Any, uri: str, dataset_dir: Path, *, unpack: bool = False,
 
 def _sync_once(s3: Any, uri: str, dataset_dir: Path, *, unpack: bool, owner: tuple[int, int] | None,
                started: float, clock: Callable[[], float]) -> dict[str, Any]:
-    bucket, _ = parse_uri(uri)
+    bucket, _ = split_dataset_uri(uri)
     entries = manifest(s3, uri)
     progress_path = dataset_dir / PROGRESS_NAME
     try:

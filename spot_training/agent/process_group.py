@@ -21,7 +21,7 @@ from spot_training.agent.safepath import open_file
 
 log = logging.getLogger("spot_training.agent.supervisor")
 
-__all__ = ["ProcessGroup", "descendants", "group_alive", "signal_group", "user_ids", "user_kwargs"]
+__all__ = ["ProcessGroup", "descendants", "group_alive", "kill_tree", "signal_group", "user_ids", "user_kwargs"]
 
 
 def user_ids(account: pwd.struct_passwd | None) -> tuple[int, int, list[int]] | None:
@@ -53,6 +53,20 @@ def signal_group(pgid: int, sig: int) -> None:
         os.killpg(pgid, sig)
     except ProcessLookupError:
         pass
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL the process group ``pid``, the process ``pid`` and every descendant of it, wherever
+    their sessions are; processes already gone are fine."""
+    # The descendants are listed before any signal: once the process dies, its children (torchrun's
+    # ranks, a trainer in a session of its own) are reparented and no longer found under its pid.
+    pids = [pid, *descendants(pid)]
+    signal_group(pid, signal.SIGKILL)
+    for each in pids:
+        try:
+            os.kill(each, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 def group_alive(pgid: int) -> bool:
@@ -244,15 +258,7 @@ class ProcessGroup:
     def kill(self) -> None:
         """SIGKILL the group, the process and every descendant of it."""
         self.killed = True
-        # The descendants are listed before any signal: once the process dies, its children (torchrun's
-        # ranks, each in a session of its own) are reparented and no longer found under its pid.
-        pids = [self.proc.pid, *descendants(self.proc.pid)]
-        signal_group(self.proc.pid, signal.SIGKILL)
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        kill_tree(self.proc.pid)
 
     def kill_and_wait(self) -> int:
         """:meth:`kill`, then reap; returns the exit status."""

@@ -103,6 +103,32 @@ ENV_ON_BOOT_FAILURE = "SPOT_TRAINING_ON_BOOT_FAILURE"
 #: first rendezvous round, so a node joining a running job waits for them until it times out.
 TORCHRUN_ENV = MappingProxyType({"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"})
 
+# ---- the dataset ------------------------------------------------------------------------------------
+#: The forms of a dataset URI (the stack's ``dataset_uri``, the node config's ``dataset.uri``).
+DATASET_URI_FORMS = "s3://bucket/prefix/ (every object under the prefix) or s3://bucket/key (one object)"
+#: Bucket names per the S3 naming rules (3..63 characters); no wildcards or white space in the key.
+_DATASET_URI = re.compile(r"^s3://(?P<bucket>[a-z0-9][a-z0-9.-]{1,61}[a-z0-9])/(?P<key>[^\s*?]*)$")
+
+
+def split_dataset_uri(uri: str) -> tuple[str, str]:
+    """Split a dataset URI into its bucket and key, the one check the stack and the agent share.
+
+    Args:
+        uri: ``s3://bucket/prefix/`` (every object under the prefix) or ``s3://bucket/key`` (one object).
+
+    Returns:
+        ``(bucket, key or prefix)``; the prefix keeps its trailing ``/``.
+
+    Raises:
+        ValueError: ``uri`` has another form, a ``..`` part, a wildcard or a key starting with ``/``
+            (names the value and :data:`DATASET_URI_FORMS`).
+    """
+    match = _DATASET_URI.match(uri) if isinstance(uri, str) else None
+    if match is None or ".." in match.group("key").split("/") or match.group("key").startswith("/"):
+        raise ValueError(f"expected {DATASET_URI_FORMS}, got {uri!r}")
+    return match.group("bucket"), match.group("key")
+
+
 # ---- files and mount points ------------------------------------------------------------------------
 #: Where the user data writes the node config on an instance.
 CONFIG_PATH = "/etc/spot-training/config.json"

@@ -29,11 +29,11 @@ from aws_cdk import aws_ec2 as ec2
 
 from . import acknowledgements
 from .asset import BootstrapAsset
-from .config import DEFAULT_TRAINING_PYTHON, FRAMEWORK_CPU_REQUIREMENTS, FRAMEWORK_REQUIREMENTS, FRAMEWORKS
+from .config import DEFAULT_TRAINING_PYTHON, FRAMEWORK_CPU_REQUIREMENTS, FRAMEWORK_REQUIREMENTS, FRAMEWORKS, prop_int
 from .config import training_requirements as checked_requirements
 from .filesystem import SharedFileSystem
-from .fleet import (DEFAULT_INSTANCE_TYPES, AllocationStrategy, SpotTrainingFleet, keep_stack_tag_off_root_volumes,
-                    root_volume_gib, validate_instance_type)
+from .fleet import (DEFAULT_INSTANCE_TYPES, AllocationStrategy, SpotTrainingFleet, node_launch_template, root_volume_gib,
+                    validate_instance_type)
 from .roles import TrainingNodeRole
 from .tags import CLUSTER_MEMBER_TAG_KEY, CLUSTER_MEMBER_TAG_VALUE, PURPOSE_DATA_VOLUME, PURPOSE_TAG_KEY, STACK_TAG_KEY
 from .userdata import node_config
@@ -149,12 +149,6 @@ def _requirements(framework: Framework, roles: Sequence[str], training_requireme
     given = checked_requirements(list(training_requirements) if training_requirements is not None else None,
                                  framework=framework.value, python_given=True, key="training_requirements")
     return dict.fromkeys(roles, given)
-
-
-def _count(prop: str, value: object, lo: int, hi: int, unit: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
-        raise ValueError(f"{prop} must be an integer from {lo} to {hi} ({unit}), got {value!r}")
-    return value
 
 
 class ParameterServerCluster(constructs.Construct):
@@ -371,14 +365,14 @@ class ParameterServerCluster(constructs.Construct):
         self.framework = framework
         self.roles: tuple[str, ...] = (("scheduler", "worker") if framework is Framework.PYTORCH
                                        else ("scheduler", "server", "worker"))
-        self.num_servers = _count("num_servers", num_servers, 1, MAX_SERVERS, "parameter-server nodes")
-        self.torch_max_restarts = _count("torch_max_restarts", torch_max_restarts, 0, MAX_TORCH_MAX_RESTARTS, "restarts")
-        self.torch_shutdown_timeout_s = _count("torch_shutdown_timeout_s", torch_shutdown_timeout_s, 5,
+        self.num_servers = prop_int("num_servers", num_servers, 1, MAX_SERVERS, "parameter-server nodes")
+        self.torch_max_restarts = prop_int("torch_max_restarts", torch_max_restarts, 0, MAX_TORCH_MAX_RESTARTS, "restarts")
+        self.torch_shutdown_timeout_s = prop_int("torch_shutdown_timeout_s", torch_shutdown_timeout_s, 5,
                                                MAX_TORCH_SHUTDOWN_TIMEOUT_S, "seconds")
-        self.torch_nproc_per_node = _count("torch_nproc_per_node", torch_nproc_per_node, 1, MAX_TORCH_NPROC_PER_NODE, "processes")
-        self.min_workers = _count("min_workers", min_workers, 1, MAX_WORKERS, "instances")
-        self.max_workers = _count("max_workers", max_workers, 1, MAX_WORKERS, "instances")
-        self.desired_workers = _count("desired_workers", desired_workers, 1, MAX_WORKERS, "instances")
+        self.torch_nproc_per_node = prop_int("torch_nproc_per_node", torch_nproc_per_node, 1, MAX_TORCH_NPROC_PER_NODE, "processes")
+        self.min_workers = prop_int("min_workers", min_workers, 1, MAX_WORKERS, "instances")
+        self.max_workers = prop_int("max_workers", max_workers, 1, MAX_WORKERS, "instances")
+        self.desired_workers = prop_int("desired_workers", desired_workers, 1, MAX_WORKERS, "instances")
         if not self.min_workers <= self.desired_workers <= self.max_workers:
             raise ValueError(
                 "worker counts must satisfy min_workers <= desired_workers <= max_workers, got "
@@ -454,35 +448,10 @@ class ParameterServerCluster(constructs.Construct):
         subnets: ec2.SubnetSelection,
         root_volume_size_gib: int,
     ) -> tuple[ec2.LaunchTemplate, autoscaling.AutoScalingGroup]:
-        template = ec2.LaunchTemplate(
-            self,
-            f"{role}LaunchTemplate",
-            machine_image=machine_image,
-            instance_type=ec2.InstanceType(instance_type),
-            user_data=user_data,
-            instance_profile=self.node_role.instance_profile,
-            security_group=self.security_group,
-            require_imdsv2=True,
-            http_tokens=ec2.LaunchTemplateHttpTokens.REQUIRED,
-            http_put_response_hop_limit=2,
-            http_endpoint=True,
-            instance_metadata_tags=True,
-            # Powered off by the agent (IMDS 403) or by a failed boot (spot_training/infra/userdata.py, boot-failed):
-            # terminate, so the group replaces it.
-            instance_initiated_shutdown_behavior=ec2.InstanceInitiatedShutdownBehavior.TERMINATE,
-            block_devices=[
-                ec2.BlockDevice(
-                    device_name="/dev/sda1",
-                    volume=ec2.BlockDeviceVolume.ebs(
-                        root_volume_size_gib,
-                        encrypted=True,
-                        volume_type=ec2.EbsDeviceVolumeType.GP3,
-                        delete_on_termination=True,
-                    ),
-                )
-            ],
-        )
-        keep_stack_tag_off_root_volumes(template)  # root volumes: not deletable by every node's role
+        template = node_launch_template(
+            self, f"{role}LaunchTemplate", machine_image=machine_image, instance_type=ec2.InstanceType(instance_type),
+            user_data=user_data, instance_profile=self.node_role.instance_profile, security_group=self.security_group,
+            root_volume_size_gib=root_volume_size_gib, instance_metadata_tags=True)
         # Fixed size (min = max): the group exists to replace a lost node, not to scale.
         # A changed launch template (a new node config: servers, ports, ...) replaces the nodes one
         # at a time, old one first: the coordinator reads its config only at boot, and two

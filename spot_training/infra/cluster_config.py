@@ -44,6 +44,7 @@ from .config import (
     context_value_error,
     contract_setting,
     instance_types,
+    stack_name_setting,
     training_requirements,
 )
 from .fleet import DEFAULT_INSTANCE_TYPES, validate_instance_type
@@ -187,13 +188,7 @@ def _check_cluster_settings(raw: Mapping[str, Any]) -> dict[str, Any]:
     v = {k: raw.get(k) for k in _CLUSTER_KEY_NAMES}
     out: dict[str, Any] = {}
 
-    name = v["cluster_stack_name"] if v["cluster_stack_name"] is not None else "DistributedTraining"
-    # The same rule as stack_name; reuse its check so the two stacks accept the same names.
-    try:
-        StackSettings.from_mapping({"stack_name": name})
-    except ValueError:
-        raise context_value_error("cluster_stack_name", name, "a CloudFormation stack name: a letter, then up to 127 letters, digits or hyphens") from None
-    out["stack_name"] = name
+    out["stack_name"] = stack_name_setting("cluster_stack_name", v["cluster_stack_name"], "DistributedTraining")
 
     framework = v["cluster_framework"] if v["cluster_framework"] is not None else Framework.MXNET.value
     if not isinstance(framework, str) or framework not in [f.value for f in Framework]:

@@ -54,7 +54,7 @@ class FrameworkDefaults:
 #: training library is tested with; MXNet 1.9.1 needs numpy<1.24; the CPU builds download no CUDA
 #: libraries, ``tensorflow[and-cuda]`` pulls several GiB of them). PyTorch: the Linux x86_64 wheels
 #: of ``torch`` on PyPI are its CUDA builds, declaring the CUDA libraries as ``nvidia-*`` wheel
-#: dependencies (pytorch/pytorch issue 100974), so no extra index is needed; numpy is for the
+#: dependencies (pytorch/pytorch#100974), so no extra index is needed; numpy is for the
 #: examples' data (spot_training/training/datasets.py). PyTorch clusters run on TorchElastic (torchrun), not on
 #: parameter servers (spot_training/infra/cluster.py). The
 #: tables below are derived from this one; the stacks read no other per-framework default.
@@ -260,6 +260,58 @@ def context_value_error(key: str, value: Any, allowed: str) -> ValueError:
         the error (the caller raises it).
     """
     return ValueError(f"context key {key!r}: got {_VALUE_REPR.repr(value)}; allowed: {allowed}")
+
+
+def prop_int(prop: str, value: object, lo: int, hi: int, unit: str | None = None) -> int:
+    """The one range check of a construct's integer prop (a bad prop fails synth).
+
+    Args:
+        prop: the prop's name, for the message.
+        value: the value; ``bool`` is refused although it is an ``int`` subclass.
+        lo, hi: the allowed range, both included.
+        unit: what the number counts (``instances``, ``GiB``), shown in the message; default none.
+
+    Returns:
+        ``value``.
+
+    Raises:
+        ValueError: ``<prop> must be an integer from <lo> to <hi> (<unit>), got <value>``.
+    """
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        raise ValueError(f"{prop} must be an integer from {lo} to {hi}{f' ({unit})' if unit else ''}, got {value!r}")
+    return value
+
+
+def stack_name_setting(key: str, value: Any, default: str) -> str:
+    """The one check of a stack name setting, so that every stack accepts the same names.
+
+    Args:
+        key: the context key, for the error (``stack_name``, ``cluster_stack_name``, ``sweep_stack_name``).
+        value: the key's value; None for ``default``.
+        default: the stack's default name.
+
+    Returns:
+        The name.
+
+    Raises:
+        ValueError: not a CloudFormation stack name (a letter, then up to 127 letters, digits or hyphens).
+    """
+    name = default if value is None else value
+    if not isinstance(name, str) or not _STACK_NAME_RE.match(name):
+        raise context_value_error(key, name, "a CloudFormation stack name: a letter, then up to 127 letters, digits or hyphens")
+    return name
+
+
+def split_uri(uri: str) -> tuple[str, str]:
+    """``(bucket, key or prefix)`` of a ``dataset_uri``.
+
+    Raises:
+        ValueError: naming the context key, the value and the expected form.
+    """
+    try:
+        return contract.split_dataset_uri(uri)
+    except ValueError:
+        raise context_value_error("dataset_uri", uri, f"{contract.DATASET_URI_FORMS} or none") from None
 
 
 def check_context_keys(context: Mapping[str, Any], known: Iterable[str]) -> None:
@@ -623,10 +675,7 @@ def _check_stack_settings(raw: Mapping[str, Any]) -> dict[str, Any]:
     v = {k: raw.get(k) for k in _KEY_NAMES}
     out: dict[str, Any] = {}
 
-    stack_name = v["stack_name"] if v["stack_name"] is not None else "SpotTraining"
-    if not isinstance(stack_name, str) or not _STACK_NAME_RE.match(stack_name):
-        raise context_value_error("stack_name", stack_name, "a CloudFormation stack name: a letter, then up to 127 letters, digits or hyphens")
-    out["stack_name"] = stack_name
+    out["stack_name"] = stack_name_setting("stack_name", v["stack_name"], "SpotTraining")
     out["account"] = _as_optional_str(
         "account", v["account"], _ACCOUNT_RE, "a 12-digit AWS account id"
     )
@@ -737,18 +786,10 @@ def _check_stack_settings(raw: Mapping[str, Any]) -> dict[str, Any]:
         empty = v["code_exclude"] in ([], "[]")
         out["code_exclude"] = () if empty else tuple(context_list("code_exclude", v["code_exclude"]))
     if v["dataset_uri"] is not None:
-        from .dataset import split_uri
-
         uri = v["dataset_uri"]
         none = isinstance(uri, str) and uri.strip().lower() == "none"
         if not none:
-            try:
-                if not isinstance(uri, str):
-                    raise ValueError(type(uri).__name__)
-                split_uri(uri)
-            except ValueError:
-                raise context_value_error("dataset_uri", uri, "s3://bucket/prefix/ (every object under the prefix), "
-                                          "s3://bucket/key (one object) or none") from None
+            split_uri(uri)
         out["dataset_uri"] = "none" if none else uri
     if v["mount_point"] is not None:
         mp = v["mount_point"]

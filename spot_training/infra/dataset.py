@@ -17,7 +17,6 @@ from __future__ import annotations
 import atexit
 import hashlib
 import io
-import re
 import shutil
 import tempfile
 import zipfile
@@ -29,25 +28,12 @@ import constructs
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_s3_assets as s3_assets
 
-#: ``s3://bucket/prefix/`` or ``s3://bucket/key`` (the agent's own check is the same: spot_training.agent.dataset).
-DATASET_URI_RE = re.compile(r"^s3://([a-z0-9][a-z0-9.-]{1,61}[a-z0-9])/([^\s*?]*)$")
+from .config import split_uri
+
 #: The digits split the examples train on (spot_training/training/examples/prepare_data.py writes the same arrays).
 DIGITS_TEST_SIZE, DIGITS_SEED = 0.2, 0
 #: A fixed zip timestamp, so the same arrays always give the same bytes and the same asset hash.
 _ZIP_TIME = (1980, 1, 1, 0, 0, 0)
-
-
-def split_uri(uri: str) -> tuple[str, str]:
-    """``(bucket, key or prefix)`` of a ``dataset_uri``.
-
-    Raises:
-        ValueError: naming the context key, the value and the expected form.
-    """
-    match = DATASET_URI_RE.match(uri) if isinstance(uri, str) else None
-    if match is None or ".." in match.group(2).split("/"):
-        raise ValueError(f"context key 'dataset_uri': expected s3://bucket/prefix/ (every object under the prefix), "
-                         f"s3://bucket/key (one object) or none, got {uri!r}")
-    return match.group(1), match.group(2)
 
 
 def dataset_read_statements(bucket_arn: str, key: str) -> list[iam.PolicyStatement]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import enum
 import re
 from collections.abc import Sequence
+from typing import Any
 
 import aws_cdk as cdk
 import constructs
@@ -291,43 +292,11 @@ class SpotTrainingFleet(constructs.Construct):
             allow_all_outbound=True,
         )
         self._connections = ec2.Connections(security_groups=[self.security_group])
-        self.launch_template = ec2.LaunchTemplate(
-            self,
-            "LaunchTemplate",
-            machine_image=machine_image,
-            user_data=user_data,
-            instance_profile=instance_profile,
-            security_group=self.security_group,
-            key_pair=key_pair,
-            require_imdsv2=True,
-            http_tokens=ec2.LaunchTemplateHttpTokens.REQUIRED,
-            http_put_response_hop_limit=2,
-            http_endpoint=True,
-            instance_metadata_tags=instance_metadata_tags or None,
-            # The agent powers off a node that can no longer work (IMDS 403 during training), and a failed
-            # boot shuts the node down (spot_training/infra/userdata.py, boot-failed): terminate, not stop (EC2's
-            # default), so the fleet replaces it (EC2 User Guide, "Change instance initiated shutdown behavior").
-            instance_initiated_shutdown_behavior=ec2.InstanceInitiatedShutdownBehavior.TERMINATE,
-            block_devices=[
-                ec2.BlockDevice(
-                    device_name=root_device_name,
-                    volume=ec2.BlockDeviceVolume.ebs(
-                        root_volume_size_gib,
-                        encrypted=True,
-                        kms_key=root_volume_encryption_key,
-                        volume_type=ec2.EbsDeviceVolumeType.GP3,
-                        delete_on_termination=True,
-                    ),
-                )
-            ],
-        )
-        # Root volumes (DeleteOnTermination) get the construct's tags but not the stack tag: the
-        # instance role may delete volumes carrying it (the agent's data volume and its copies), so
-        # with it every node could delete every other node's root volume, and the data-cleanup
-        # handler would wait for volumes EC2 deletes with their instances. The L2
-        # renders the same tags for instances and volumes, so its TagSpecifications are replaced by
-        # ones computed from the same tags at synth time.
-        keep_stack_tag_off_root_volumes(self.launch_template)
+        self.launch_template = node_launch_template(
+            self, "LaunchTemplate", machine_image=machine_image, user_data=user_data, instance_profile=instance_profile,
+            security_group=self.security_group, root_volume_size_gib=root_volume_size_gib, key_pair=key_pair,
+            instance_metadata_tags=instance_metadata_tags or None, root_device_name=root_device_name,
+            root_volume_encryption_key=root_volume_encryption_key)
         self.fleet_role: iam.IRole = fleet_role or SpotFleetRole(self, "FleetRole").role
 
         subnets = vpc.select_subnets(**_subnet_selection_kwargs(vpc_subnets)).subnets
@@ -374,6 +343,59 @@ class SpotTrainingFleet(constructs.Construct):
         """The nodes' security group as ``ec2.Connections`` (``ec2.IConnectable``; a property, as jsii
         reads interface members of a construct subclass only from the class)."""
         return self._connections
+
+
+def node_launch_template(scope: constructs.Construct, construct_id: str, *, root_volume_size_gib: int,
+                         root_device_name: str = "/dev/sda1", root_volume_encryption_key: kms.IKey | None = None,
+                         **props: Any) -> ec2.LaunchTemplate:
+    """The launch template of every training node, spot or on-demand: IMDSv2 only (hop limit 2, for
+    containers), terminate on an instance-initiated shutdown, an encrypted gp3 root volume deleted
+    with the instance and without the stack tag (:func:`keep_stack_tag_off_root_volumes`).
+
+    Args:
+        scope, construct_id: where the ``ec2.LaunchTemplate`` goes.
+        root_volume_size_gib: the root volume's size (checked by :func:`root_volume_gib`).
+        root_device_name: the AMI's root device; default ``/dev/sda1`` (Ubuntu AMIs).
+        root_volume_encryption_key: the root volume's KMS key; default: the AWS managed EBS key.
+        **props: the node's own ``ec2.LaunchTemplate`` props (``machine_image``, ``user_data``,
+            ``instance_profile``, ``security_group``; ``instance_type``: none lets the fleet's
+            overrides choose; ``key_pair``: none, connect with SSM; ``instance_metadata_tags``).
+
+    Returns:
+        The launch template.
+    """
+    template = ec2.LaunchTemplate(
+        scope,
+        construct_id,
+        **props,
+        require_imdsv2=True,
+        http_tokens=ec2.LaunchTemplateHttpTokens.REQUIRED,
+        http_put_response_hop_limit=2,
+        http_endpoint=True,
+        # The agent powers off a node that can no longer work (IMDS 403 during training), and a failed
+        # boot shuts the node down (spot_training/infra/userdata.py, boot-failed): terminate, not stop (EC2's
+        # default), so the fleet or the Auto Scaling group replaces it (EC2 User Guide, "Change instance
+        # initiated shutdown behavior").
+        instance_initiated_shutdown_behavior=ec2.InstanceInitiatedShutdownBehavior.TERMINATE,
+        block_devices=[
+            ec2.BlockDevice(
+                device_name=root_device_name,
+                volume=ec2.BlockDeviceVolume.ebs(
+                    root_volume_size_gib,
+                    encrypted=True,
+                    kms_key=root_volume_encryption_key,
+                    volume_type=ec2.EbsDeviceVolumeType.GP3,
+                    delete_on_termination=True,
+                ),
+            )
+        ],
+    )
+    # Root volumes (DeleteOnTermination) get the construct's tags but not the stack tag: the
+    # instance role may delete volumes carrying it (the agent's data volume and its copies), so
+    # with it every node could delete every other node's root volume, and the data-cleanup
+    # handler would wait for volumes EC2 deletes with their instances.
+    keep_stack_tag_off_root_volumes(template)
+    return template
 
 
 def keep_stack_tag_off_root_volumes(launch_template: ec2.LaunchTemplate) -> None:

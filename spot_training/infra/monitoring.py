@@ -38,6 +38,7 @@ from aws_cdk import aws_sns as sns
 from aws_cdk import aws_sns_subscriptions as subscriptions
 
 from . import acknowledgements
+from .config import prop_int
 from spot_training.contract import METRICS_NAMESPACE_PREFIX, metrics_namespace
 
 #: First part of the CloudWatch namespace of the agents' metrics; each stack's is
@@ -107,10 +108,8 @@ class TrainingMonitoring(constructs.Construct):
         """
         super().__init__(scope, construct_id)
         acknowledgements.attach(self)  # its nag/checkov acknowledgements, on its own resources
-        if not isinstance(no_progress_minutes, int) or isinstance(no_progress_minutes, bool) or not 1 <= no_progress_minutes <= 1440:
-            raise ValueError(f"no_progress_minutes must be an integer from 1 to 1440, got {no_progress_minutes!r}")
-        if not isinstance(no_capacity_minutes, int) or isinstance(no_capacity_minutes, bool) or not 5 <= no_capacity_minutes <= 1440:
-            raise ValueError(f"no_capacity_minutes must be an integer from 5 to 1440, got {no_capacity_minutes!r}")
+        prop_int("no_progress_minutes", no_progress_minutes, 1, 1440)
+        prop_int("no_capacity_minutes", no_capacity_minutes, 5, 1440)
         if notification_email is not None and ("@" not in notification_email or " " in notification_email):
             raise ValueError(f"notification_email must be an e-mail address such as ops@example.com, got {notification_email!r}")
         self.namespace = metrics_namespace(stack_tag_value)

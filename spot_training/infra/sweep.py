@@ -50,7 +50,8 @@ from aws_cdk import aws_s3 as s3
 from spot_training import contract
 
 from . import acknowledgements
-from .config import ContextKey, ContextSettings, StackSettings, context_int, context_value_error, instance_types
+from .config import (ContextKey, ContextSettings, StackSettings, context_int, context_value_error, instance_types,
+                     prop_int, stack_name_setting)
 from .filesystem import SharedFileSystem
 from .stack import SettingsStack, new_vpc, node_subnets
 
@@ -132,8 +133,7 @@ class ParallelExperiments(constructs.Construct):
         for name, value, lo, hi in (("retry_attempts", retry_attempts, 1, contract.MAX_BATCH_ATTEMPTS),
                                     ("gpus", gpus, 0, 8), ("vcpus", vcpus, 1, 192), ("memory_mib", memory_mib, 512, 2_000_000),
                                     ("max_vcpus", max_vcpus, vcpus if isinstance(vcpus, int) else 1, 100_000)):
-            if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
-                raise ValueError(f"{name} must be an integer from {lo} to {hi}, got {value!r}")
+            prop_int(name, value, lo, hi)
         if not instance_types:
             raise ValueError("instance_types must name at least one EC2 instance type, got none")
         stack = cdk.Stack.of(self)
@@ -280,12 +280,7 @@ class SweepSettings(ContextSettings):
         base = StackSettings.from_mapping({k: raw.get(k) for k in SHARED_KEYS})
         v = {k: raw.get(k) for k in _SWEEP_KEY_NAMES}
         out: dict[str, Any] = {"base": base}
-        name = v["sweep_stack_name"] if v["sweep_stack_name"] is not None else "SpotSweep"
-        try:
-            StackSettings.from_mapping({"stack_name": name})
-        except ValueError:
-            raise context_value_error("sweep_stack_name", name, "a CloudFormation stack name: a letter, then up to 127 letters, digits or hyphens") from None
-        out["stack_name"] = name
+        out["stack_name"] = stack_name_setting("sweep_stack_name", v["sweep_stack_name"], "SpotSweep")
         if v["sweep_instance_types"] is not None:
             out["instance_types"] = instance_types("sweep_instance_types", v["sweep_instance_types"])
         for key, field, lo, hi, unit in (("sweep_max_vcpus", "max_vcpus", 1, 100_000, "vCPUs"), ("sweep_gpus", "gpus", 0, 8, "GPUs"),

@@ -8,6 +8,7 @@ from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
 
+from .config import prop_int
 from .tags import DEPLOYMENT_TAG_KEY, PURPOSE_DATA_VOLUME, PURPOSE_TAG_KEY, STACK_TAG_KEY
 
 #: gp3 limits this construct accepts (the issue's range for size; the classic gp3 IOPS and throughput ranges).
@@ -20,9 +21,7 @@ def _check_int(prop: str, value: object, lo: int, hi: int, unit: str) -> int:
     if prop == "size_gib" and isinstance(value, cdk.Size):
         value = value.to_gibibytes(rounding=cdk.SizeRoundingBehavior.NONE)
         value = int(value) if float(value).is_integer() else value
-    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
-        raise ValueError(f"{prop} must be an integer from {lo} to {hi} ({unit}), got {value!r}")
-    return value
+    return prop_int(prop, value, lo, hi, unit)
 
 
 class TrainingVolume(constructs.Construct):

@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from spot_training import contract
-from spot_training.agent.process_group import descendants
+from spot_training.agent.process_group import kill_tree
 from spot_training.local.imds_emulator import ImdsEmulator
 from spot_training.local.nodes import signal_group
 
@@ -452,13 +452,7 @@ class LocalBatch:
         the child's group alone would leave running (the descendants are listed before any signal)."""
         if attempt.status_reason is None:
             attempt.status_reason = contract.BATCH_HOST_TERMINATED_REASON.format(instance_id=attempt.instance_id)
-        pids = descendants(attempt.process.pid)
-        signal_group(attempt.process.pid, signal.SIGKILL)
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        kill_tree(attempt.process.pid)
 
     def _end_attempt(self, job: _ArrayJob, child: _Child, attempt: _Attempt, *, final: bool = False) -> None:
         attempt.process.wait()

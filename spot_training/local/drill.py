@@ -375,8 +375,8 @@ def _start_baseline(options: DrillOptions, work_dir: Path) -> subprocess.Popen[b
     root = work_dir / "baseline"
     prepare_digits(root / "datasets")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "SPOT_TRAINING_"))}
-    env.update({"SPOT_TRAINING_DATA_DIR": str(root / "datasets"), "SPOT_TRAINING_CHECKPOINT_DIR": str(root / "checkpoints"),
-                "SPOT_TRAINING_LOG_DIR": str(root / "logs"), "PYTHONUNBUFFERED": "1", "TF_CPP_MIN_LOG_LEVEL": "2",
+    env.update({contract.ENV_DATA_DIR: str(root / "datasets"), contract.ENV_CHECKPOINT_DIR: str(root / "checkpoints"),
+                contract.ENV_LOG_DIR: str(root / "logs"), "PYTHONUNBUFFERED": "1", "TF_CPP_MIN_LOG_LEVEL": "2",
                 "PYTHONDONTWRITEBYTECODE": "1", "HOME": str(root / "home")})
     (root / "home").mkdir()
     with open(root / "trainer.log", "ab") as log:

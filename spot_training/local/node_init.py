@@ -31,6 +31,8 @@ import sys
 import time
 from pathlib import Path
 
+from spot_training import contract
+
 #: Executables that stand in for root-only commands on a local node (``systemctl``, ``shutdown``).
 STANDINS_DIR = Path(__file__).resolve().parent / "standins"
 #: Under ``$SPOT_TRAINING_ROOT``: the stand-ins' records (``start``: units to start; ``shutdown``).
@@ -116,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m spot_training.local.node_init")
     parser.add_argument("--user-data", required=True, type=Path)
     args = parser.parse_args(argv)
-    root = Path(os.environ["SPOT_TRAINING_ROOT"])
+    root = Path(os.environ[contract.ENV_ROOT])
     stop = _Stop()
 
     def on_term(*_: object) -> None:

@@ -42,6 +42,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from spot_training import contract
+from spot_training.agent.cli import BLOCKDEV_DIR_ENV
 from spot_training.local.deploy import FLEET_TAG, STACK_TAG_KEY, Clients, DeployedStack
 from spot_training.local.imds_emulator import ImdsEmulator
 
@@ -117,15 +119,17 @@ def node_environment(*, node_dir: Path, region: str, endpoint_url: str, imds_end
     Returns:
         the environment.
     """
+    from spot_training.infra.userdata import AGENT_PYTHON_ENV, CONSOLE_ENV
+
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("AWS_", "SPOT_TRAINING_", "PIP_")) and k != "PYTHONPATH"}
     env.update({
         "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_SESSION_TOKEN": "testing",
         "AWS_REGION": region, "AWS_DEFAULT_REGION": region, "AWS_ENDPOINT_URL": endpoint_url,
         "AWS_EC2_METADATA_SERVICE_ENDPOINT": imds_endpoint,
-        "SPOT_TRAINING_ROOT": str(node_dir / "root"), "SPOT_TRAINING_AGENT_PYTHON": python,
-        "SPOT_TRAINING_CONSOLE": str(node_dir / "console.log"),
-        "SPOT_TRAINING_BLOCKDEV_DIR": str(volumes_dir),
+        contract.ENV_ROOT: str(node_dir / "root"), AGENT_PYTHON_ENV: python,
+        CONSOLE_ENV: str(node_dir / "console.log"),
+        BLOCKDEV_DIR_ENV: str(volumes_dir),
         "PYTHONUNBUFFERED": "1", "PYTHONDONTWRITEBYTECODE": "1", "TF_CPP_MIN_LOG_LEVEL": "2",
         "HOME": str(node_dir / "home"),
         "PATH": f"{Path(python).parent}{os.pathsep}{os.environ.get('PATH', '')}",

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from spot_training import contract
+from spot_training.agent import sweep_child
 from spot_training.local.batch import LocalBatch
 from spot_training.local.deploy import CdkCli, client, clients, find_orphans
 from spot_training.local.drill import EventLog, bootstrap_and_deploy, fresh_work_dir, options_dict, weights_match
@@ -148,7 +149,7 @@ def deployed_batch(server: MotoServer, stack_name: str, *, work_dir: Path, insta
            if r.get("ResourceType") == "AWS::EC2::VPC"][0]
     subnets = {s["AvailabilityZone"]: s["SubnetId"] for s in ec2.describe_subnets(Filters=[{"Name": "vpc-id", "Values": [vpc]}])["Subnets"]}
     environment = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
-    environment.update({**server.env(), "SPOT_TRAINING_NOTICE_POLL_INTERVAL_S": str(notice_poll_interval_s),
+    environment.update({**server.env(), sweep_child.POLL_ENV: str(notice_poll_interval_s),
                         "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
     batch = LocalBatch(ec2=ec2, job_definition=job_definition, subnets=subnets, instance_types=instance_types,
                        efs_dir=work_dir / "efs", work_dir=work_dir, stack=stack_name, environment=environment,

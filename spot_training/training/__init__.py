@@ -11,28 +11,8 @@ Never import two frameworks in one process: MXNet 1.9.1 segfaults after TensorFl
 No boto3 or AWS import anywhere in this package (docs/architecture.md, "Layers").
 """
 
+from spot_training.training import store
 from spot_training.training.notice import REQUEST_FILE_ENV, NoticeHandler, SaveSchedule
-from spot_training.training.store import (
-    BackgroundSaver,
-    Checkpoint,
-    CheckpointError,
-    CheckpointPathError,
-    CheckpointStore,
-    CorruptCheckpointError,
-    FrameworkMismatchError,
-    ShapeMismatchError,
-)
+from spot_training.training.store import *  # noqa: F403 - the store's public names, listed once in store.__all__
 
-__all__ = [
-    "BackgroundSaver",
-    "Checkpoint",
-    "CheckpointError",
-    "CheckpointPathError",
-    "CheckpointStore",
-    "CorruptCheckpointError",
-    "FrameworkMismatchError",
-    "NoticeHandler",
-    "REQUEST_FILE_ENV",
-    "SaveSchedule",
-    "ShapeMismatchError",
-]
+__all__ = [*store.__all__, "NoticeHandler", "REQUEST_FILE_ENV", "SaveSchedule"]

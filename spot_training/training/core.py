@@ -67,6 +67,7 @@ from spot_training.training.store import (
     CheckpointError,
     CheckpointPathError,
     CheckpointStore,
+    check_int,
     write_file,
 )
 
@@ -82,6 +83,7 @@ __all__ = [
     "run_script",
     "CheckpointDriver",
     "CheckpointDiskFullError",
+    "DriverFront",
     "DEFAULT_EVERY_STEPS",
     "DEFAULT_KEEP",
     "EVERY_SECONDS_ENV",
@@ -364,6 +366,9 @@ class StateAdapter:
     #: from any thread. Distributed adapters (whose :meth:`agree` is overridden) never do: every rank
     #: must save at the same step boundary.
     saves_outside_step: bool = True
+    #: The host buffers of the last two snapshots (see :meth:`host_copy`); freed by :meth:`release`.
+    host_buffers: list | tuple = (None, None)
+    _next_buffer: int = 0
 
     def framework_version(self) -> str:
         """Recorded in each manifest (e.g. ``torch 2.5.1``)."""
@@ -426,8 +431,28 @@ class StateAdapter:
     def barrier(self) -> None:
         """Distributed jobs: wait for every rank (after the final or the stop checkpoint)."""
 
+    def host_copy(self, capture: Callable[[Any], Any], buffers_of: Callable[[Any], Any] = lambda copy: copy) -> Any:
+        """Copy the state into host memory for :meth:`snapshot`, reusing the buffers of the save
+        before last: the last save's copy may still be being written by the background writer, so
+        two sets of buffers are used in turn (allocated by the first two saves).
+
+        Args:
+            capture: ``capture(buffers)`` copies the live state into ``buffers`` (None at the first
+                two saves: allocate) and returns the copy.
+            buffers_of: the buffers of a copy, to reuse two saves later (default: the copy itself).
+
+        Returns:
+            What ``capture`` returned.
+        """
+        buffers, slot = list(self.host_buffers), self._next_buffer
+        copy = capture(buffers[slot])
+        buffers[slot] = buffers_of(copy)
+        self.host_buffers, self._next_buffer = buffers, 1 - slot
+        return copy
+
     def release(self) -> None:
         """Free host buffers (the driver closed)."""
+        self.host_buffers = [None, None]
 
 
 _NOT_EXACT_WARNED: set[str] = set()
@@ -730,7 +755,7 @@ class CheckpointDriver:
         """Start a run: install the handlers, restore, check the checkpoint against ``total_steps``.
 
         From here on a stop notice outside a step is saved and acted on at once (:meth:`begin_step`). The
-        caller checks ``notices.stop_requested`` before its first step (a stop before it needs no save).
+        caller checks :meth:`stopped_before_start` before its first step (a stop before it needs no save).
 
         Args:
             total_steps: the whole training's steps, >= 1.
@@ -742,8 +767,7 @@ class CheckpointDriver:
             ValueError: ``total_steps`` is not an integer >= 1, or the checkpoint is past it.
             CheckpointError: as :meth:`restore`.
         """
-        if isinstance(total_steps, bool) or not isinstance(total_steps, int) or total_steps < 1:
-            raise ValueError(f"total_steps must be an integer >= 1. Received: total_steps={total_steps!r}")
+        check_int("total_steps", total_steps, 1)
         self._session = True
         self.install()
         start = self.restore()
@@ -754,6 +778,22 @@ class CheckpointDriver:
         self._start_step = start
         self._ready = True
         return start
+
+    def stopped_before_start(self, total_steps: int) -> bool:
+        """After :meth:`begin`: whether a stop notice came before the first step (e.g. during the
+        framework's import), logged. The restored checkpoint (or the untrained start) is then
+        already the state on disk, so there is nothing new to save.
+
+        Args:
+            total_steps: the run's total, as given to :meth:`begin` (a finished run never stops).
+
+        Returns:
+            True when the run should stop now, without a save.
+        """
+        if self.step < total_steps and self.notices.stop_requested:
+            self.log.info("stop requested before the first step; nothing to save (step %d)", self.step)
+            return True
+        return False
 
     # ------------------------------------------------------------------ phases
     # A stop notice is heard at once by the notice watcher thread (NoticeHandler.add_stop_watcher).
@@ -948,14 +988,10 @@ class CheckpointDriver:
         Raises:
             ValueError: ``total_steps`` is not an integer >= 1, or the checkpoint is past it.
         """
-        if isinstance(total_steps, bool) or not isinstance(total_steps, int) or total_steps < 1:
-            raise ValueError(f"total_steps must be an integer >= 1. Received: total_steps={total_steps!r}")
+        check_int("total_steps", total_steps, 1)
         try:
             start = self.begin(total_steps)
-            if start < total_steps and self.notices.stop_requested:
-                # Stopped before any step ran: the restored checkpoint (or the untrained start) is
-                # already the state on disk, so there is nothing new to save.
-                self.log.info("stop requested before the first step; exiting 0 at step %d", self.step)
+            if self.stopped_before_start(total_steps):
                 raise SystemExit(0)
             with self.storage_exit():
                 for step in range(start, total_steps):
@@ -997,3 +1033,39 @@ class CheckpointDriver:
                 code = self.storage_exit_code
             self.log.error("%s (exit %d, restarting will not help): %s", type(err).__name__, code, err)
             raise SystemExit(code) from err
+
+
+class DriverFront:
+    """The state of a front-end that holds its :class:`CheckpointDriver` in ``driver`` rather than
+    being one (Keras's ``ResumableFit``, PyTorch's ``TorchCheckpointer``), under the driver's names."""
+
+    driver: CheckpointDriver
+
+    @property
+    def step(self) -> int:
+        """Completed optimizer steps (the data position)."""
+        return self.driver.step
+
+    @property
+    def restored(self) -> Checkpoint | None:
+        """The checkpoint restored from, or None (fresh start or not restored yet)."""
+        return self.driver.restored
+
+    @property
+    def directory(self) -> Path:
+        """The checkpoint directory."""
+        return self.driver.directory
+
+    @property
+    def store(self) -> CheckpointStore:
+        """The driver's :class:`~spot_training.training.store.CheckpointStore`."""
+        return self.driver.store
+
+    @property
+    def schedule(self) -> SaveSchedule:
+        """The driver's save cadence (replaceable, e.g. by a benchmark's own schedule)."""
+        return self.driver.schedule
+
+    @schedule.setter
+    def schedule(self, value: SaveSchedule) -> None:
+        self.driver.schedule = value

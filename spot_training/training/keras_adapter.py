@@ -54,8 +54,8 @@ from typing import Sequence
 import keras
 import numpy as np
 
-from spot_training.training.core import (CHECKPOINT_STORAGE_EXIT_CODE, DEFAULT, DEFAULT_KEEP, CheckpointDriver, StateAdapter,
-                           renamed_option, warn_not_exact)
+from spot_training.training.core import (CHECKPOINT_STORAGE_EXIT_CODE, DEFAULT, DEFAULT_KEEP, CheckpointDriver,
+                                        DriverFront, StateAdapter, renamed_option, warn_not_exact)
 from spot_training.training.datasets import batch_indices
 from spot_training.training.datasets import steps_per_epoch as steps_per_epoch_of
 from spot_training.training.notice import NoticeHandler
@@ -63,6 +63,7 @@ from spot_training.training.store import (
     Checkpoint,
     CheckpointStore,
     ShapeMismatchError,
+    check_int,
     write_file,
 )
 
@@ -342,8 +343,6 @@ class KerasAdapter(StateAdapter):
         self.callbacks: list = []
         #: callback states read from the checkpoint or held between two fit() calls of one resume
         self.callback_states: dict[str, dict] | None = None
-        self.host_buffers: list[list[np.ndarray] | None] = [None, None]
-        self._next_buffer = 0
         self.seed: int | None = None
 
     def framework_version(self) -> str:
@@ -388,9 +387,8 @@ class KerasAdapter(StateAdapter):
             a function that writes the variables and ``keras.callbacks.json``/``.npz`` and returns their
             manifest entries.
         """
-        slot = self._next_buffer
-        arrays, index = self.checkpointer.snapshot(out=self.host_buffers[slot])
-        self.host_buffers[slot], self._next_buffer = list(arrays.values()), 1 - slot
+        arrays, index = self.host_copy(lambda out: self.checkpointer.snapshot(out=out),
+                                       lambda copy: list(copy[0].values()))
         callbacks = self.capture_callbacks()
 
         def write() -> dict:
@@ -435,10 +433,6 @@ class KerasAdapter(StateAdapter):
                         if name.endswith("_arrays") and value is not None:
                             state[name] = [packed[f"{key}/{name}/{j}"] for j in range(int(value))]
             self.callback_states = plain
-
-    def release(self) -> None:
-        """Free both host buffers."""
-        self.host_buffers = [None, None]
 
 
 @dataclass
@@ -576,7 +570,7 @@ class _FitDriver(CheckpointDriver):
     storage_exit_code = CHECKPOINT_STORAGE_EXIT_CODE  # 74/78 exits, as the TF loop and Gluon
 
 
-class ResumableFit:
+class ResumableFit(DriverFront):
     """``model.fit`` that resumes at the exact step after any interruption.
 
     :class:`~spot_training.training.core.CheckpointDriver` with a :class:`KerasAdapter`.
@@ -631,8 +625,7 @@ class ResumableFit:
         notices = renamed_option(deprecated, "notice", "notices", notices, owner="ResumableFit", unset=None)
         if deprecated:
             raise TypeError(f"ResumableFit got unexpected keyword arguments {sorted(deprecated)}")
-        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-            raise ValueError(f"seed must be an integer >= 0. Received: seed={seed!r}")
+        check_int("seed", seed, 0)
         for name, value in (("exit_on_stop", exit_on_stop), ("deterministic", deterministic)):
             if not isinstance(value, bool):
                 raise ValueError(f"{name} must be True or False. Received: {name}={value!r}")
@@ -654,30 +647,11 @@ class ResumableFit:
     def _new_driver(self) -> CheckpointDriver:
         return _FitDriver(self.adapter, notices=self._notices, logger=log, **self._options)
 
-    # The driver's state, under the names this class always had.
-    @property
-    def step(self) -> int:
-        """Completed global steps (the data position)."""
-        return self.driver.step
-
+    # The driver's state (DriverFront: step, store, schedule, ...), and under the names this class always had.
     @property
     def steps_per_epoch(self) -> int:
         """Steps per epoch of the current ``fit`` (0 before it is known)."""
         return self.driver.steps_per_epoch or 0
-
-    @property
-    def store(self):
-        """The driver's :class:`~spot_training.training.store.CheckpointStore`."""
-        return self.driver.store
-
-    @property
-    def schedule(self):
-        """The driver's :class:`~spot_training.training.notice.SaveSchedule` (settable)."""
-        return self.driver.schedule
-
-    @schedule.setter
-    def schedule(self, value) -> None:
-        self.driver.schedule = value
 
     @property
     def notice(self) -> NoticeHandler:
@@ -788,8 +762,7 @@ class ResumableFit:
         for owned in ("shuffle", "initial_epoch", "epochs", "x", "y"):
             if owned in fit_kwargs:
                 raise ValueError(f"ResumableFit.fit owns {owned!r}; remove it. Received: {owned}={fit_kwargs[owned]!r}")
-        if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
-            raise ValueError(f"epochs must be an integer >= 1. Received: epochs={epochs!r}")
+        check_int("epochs", epochs, 1)
         if getattr(self.model, "steps_per_execution", 1) != 1:
             raise ValueError("ResumableFit needs model.compile(steps_per_execution=1) to count every step. "
                              f"Received: steps_per_execution={self.model.steps_per_execution}")
@@ -830,8 +803,7 @@ class ResumableFit:
                     raise ValueError("the dataset's length is unknown or infinite (cardinality "
                                      f"{cardinality}); pass steps_per_epoch= (batches per epoch)")
                 steps_per_epoch = cardinality
-            if isinstance(steps_per_epoch, bool) or not isinstance(steps_per_epoch, int) or steps_per_epoch < 1:
-                raise ValueError(f"steps_per_epoch must be an integer >= 1. Received: {steps_per_epoch!r}")
+            check_int("steps_per_epoch", steps_per_epoch, 1)
             spe = steps_per_epoch
             sample = next(iter(first.take(1)))
             _warn_if_reshuffling(first, sample)
@@ -895,11 +867,7 @@ class ResumableFit:
                     for cb in callbacks:
                         if isinstance(cb, keras.callbacks.CSVLogger):
                             cb.append = True  # a resumed run continues the file, as the interrupted one would have
-                if driver.notices.stop_requested and driver.step < total:
-                    # A stop notice before the first step (e.g. during the TensorFlow import): the state
-                    # is the restored checkpoint's, so there is nothing new to save.
-                    log.info("stop requested before the first step; nothing to save (step %d)", driver.step)
-                    self.stopped = True
+                self.stopped = driver.stopped_before_start(total)
                 all_callbacks = [StepCallback(self), *callbacks, _SaveCallback(self)]
                 try:
                     if driver.step < total and driver.step % spe and not self.stopped:

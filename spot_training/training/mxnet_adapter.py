@@ -610,9 +610,6 @@ class GluonAdapter(StateAdapter):
         self.saves_outside_step = not _is_distributed(trainer)
         self.log = logging.getLogger("training.mxnet")
         self.trainer_params = trainer_order(net, trainer)
-        # Two sets of host arrays used in turn (allocated at the first two saves, freed by release()).
-        self.host_buffers: list[GluonState | None] = [None, None]
-        self._next_buffer = 0
 
     def framework_version(self) -> str:
         """MXNet's version string, ``mxnet.__version__`` (see :meth:`StateAdapter.framework_version`)."""
@@ -634,9 +631,7 @@ class GluonAdapter(StateAdapter):
         Raises:
             ValueError: from :func:`capture_state`.
         """
-        slot = self._next_buffer
-        state = capture_state(self.net, self.trainer, out=self.host_buffers[slot])
-        self.host_buffers[slot], self._next_buffer = state, 1 - slot
+        state = self.host_copy(lambda out: capture_state(self.net, self.trainer, out=out))
         return lambda: state.write(directory)
 
     def load(self, ckpt: Checkpoint) -> None:
@@ -671,10 +666,6 @@ class GluonAdapter(StateAdapter):
             import mxnet as mx
 
             mx.random.seed(rng_seed_for(self.seed, step))
-
-    def release(self) -> None:
-        """Free both host buffers."""
-        self.host_buffers = [None, None]
 
 
 class GluonCheckpointer(CheckpointDriver):

@@ -255,8 +255,8 @@ class SaveSchedule:
         ValueError: ``every_steps`` not an integer >= 1 or ``every_seconds`` not a number > 0 (None passes).
     """
 
-    def __init__(self, every_steps: int | None = 50, every_seconds: float | None = None, *,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, every_steps: int | None = contract.default("checkpoint_every_steps"),
+                 every_seconds: float | None = None, *, clock: Callable[[], float] = time.monotonic) -> None:
         if every_steps is not None and (isinstance(every_steps, bool) or not isinstance(every_steps, int)
                                         or every_steps < 1):
             raise ValueError(f"every_steps must be an integer >= 1 or None. Received: every_steps={every_steps!r}")

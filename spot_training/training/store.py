@@ -170,8 +170,21 @@ class Checkpoint:
         return dict(self.manifest.get("metadata") or {})
 
 
-def _check_int(name: str, value, minimum: int) -> int:
-    # bool is an int subclass: save(step=True) is a bug, not step 1.
+def check_int(name: str, value, minimum: int) -> int:
+    """The one integer check of the checkpoint code (the store, the driver, the front-ends).
+
+    Args:
+        name: the argument's name, for the message.
+        value: the value to check; ``bool`` is refused although it is an ``int`` subclass
+            (``save(step=True)`` is a bug, not step 1).
+        minimum: the smallest value allowed.
+
+    Returns:
+        ``value``.
+
+    Raises:
+        ValueError: ``<name> must be an integer >= <minimum>. Received: <name>=<value>``.
+    """
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ValueError(f"{name} must be an integer >= {minimum}. Received: {name}={value!r}")
     return value
@@ -298,7 +311,7 @@ class CheckpointStore:
     ) -> None:
         if framework not in FRAMEWORKS:
             raise ValueError(f"framework must be one of {FRAMEWORKS}. Received: framework={framework!r}")
-        self.keep = _check_int("keep", keep, 2)
+        self.keep = check_int("keep", keep, 2)
         self.framework = framework
         self.framework_version = str(framework_version)
         self.log = logger or logging.getLogger("spot_training.training.store")
@@ -348,8 +361,8 @@ class CheckpointStore:
             Exception: any exception of ``write`` propagates after the temporary directory is removed (the
                 previous checkpoints stay as they were).
         """
-        _check_int("step", step, 0)
-        _check_int("epoch", epoch, 0)
+        check_int("step", step, 0)
+        check_int("epoch", epoch, 0)
         try:
             json.dumps(dict(metadata or {}))
         except (TypeError, ValueError) as err:
@@ -367,7 +380,7 @@ class CheckpointStore:
         """First half of a two-phase save: create and return an empty temporary directory beside the
         target for ``step``. Fill it, then call :meth:`commit` (or :meth:`abort`). Used when the
         framework writes asynchronously (``tf.train.CheckpointOptions(experimental_enable_async_checkpoint=True)``)."""
-        _check_int("step", step, 0)
+        check_int("step", step, 0)
         tmp = self.directory / f"{TMP_PREFIX}{CHECKPOINT_PREFIX}{step:012d}-{_temp_suffix()}"
         tmp.mkdir()
         return tmp
@@ -401,8 +414,8 @@ class CheckpointStore:
         """
         tmp = Path(tmp)
         try:
-            _check_int("step", step, 0)
-            _check_int("epoch", epoch, 0)
+            check_int("step", step, 0)
+            check_int("epoch", epoch, 0)
             metadata = dict(metadata or {})
             try:
                 json.dumps(metadata)
@@ -471,8 +484,8 @@ class CheckpointStore:
         Raises:
             ValueError: a negative or non-integer ``step`` or ``epoch``.
         """
-        _check_int("step", step, 0)
-        _check_int("epoch", epoch, 0)
+        check_int("step", step, 0)
+        check_int("epoch", epoch, 0)
         write_json_atomic(self.directory / COMPLETED_NAME, {"step": step, "epoch": epoch, "wall_time": time.time()})
 
     def is_complete(self) -> bool:

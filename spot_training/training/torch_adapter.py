@@ -67,8 +67,8 @@ from typing import Any
 import torch
 
 from spot_training.contract import COMPLETED_FILE
-from spot_training.training.core import (DEFAULT, DEFAULT_KEEP, CheckpointDriver, StateAdapter, checkpoint_exit_code,
-                                         default_every_seconds)
+from spot_training.training.core import (DEFAULT, DEFAULT_KEEP, CheckpointDriver, DriverFront, StateAdapter,
+                                         checkpoint_exit_code, default_every_seconds)
 from spot_training.training.datasets import batch_indices
 from spot_training.training.notice import NoticeHandler
 from spot_training.training.store import Checkpoint, CheckpointError, ShapeMismatchError, write_file
@@ -792,7 +792,7 @@ def worker_draws_random_numbers(loader: Any) -> str | None:
 
 
 # ----------------------------------------------------------------------------- user-facing front-end
-class TorchCheckpointer:
+class TorchCheckpointer(DriverFront):
     """Resumable PyTorch training: :class:`TorchAdapter` on :class:`spot_training.training.core.CheckpointDriver`.
 
     The option names are those of every front-end (docs/training-pytorch.md). In a distributed job the
@@ -858,21 +858,6 @@ class TorchCheckpointer:
             code = checkpoint_exit_code(err)
             self.log.error("%s (exit %d, restarting will not help): %s", type(err).__name__, code, err)
             raise SystemExit(code) from err
-
-    @property
-    def step(self) -> int:
-        """Completed optimizer steps (the data position)."""
-        return self.driver.step
-
-    @property
-    def restored(self) -> Checkpoint | None:
-        """The checkpoint restored from, or None (fresh start or not restored yet)."""
-        return self.driver.restored
-
-    @property
-    def directory(self) -> Path:
-        """The checkpoint directory (after defaults from the environment)."""
-        return self.driver.directory
 
     @property
     def is_writer(self) -> bool:

@@ -60,6 +60,31 @@ def create_data_volume(ec2: Any, az: str = "us-east-1a", *, stack: str = STACK, 
         "ResourceType": "volume", "Tags": [{"Key": k, "Value": v} for k, v in tags.items()]}])["VolumeId"]
 
 
+def seed_data_volume(ec2: Any, ebs_dir: Path, files: dict[str, bytes], az: str = "us-east-1a") -> str:
+    """A data volume (:func:`create_data_volume`) in ``az`` whose bytes in the moto server's EBS data
+    plane ``ebs_dir`` hold an xfs file system and ``files`` (path under the volume root -> bytes);
+    returns its id."""
+    from spot_training.agent.blockdev import DirectoryBlockDevices
+    from spot_training.local.moto_compat import volume_dir
+
+    volume_id = create_data_volume(ec2, az)
+    data = volume_dir(ebs_dir, volume_id)
+    (data / DirectoryBlockDevices.FS_MARKER).write_text("xfs")
+    for name, payload in files.items():
+        (data / name).parent.mkdir(parents=True, exist_ok=True)
+        (data / name).write_bytes(payload)
+    return volume_id
+
+
+def new_node(ec2: Any, node_dir: Path, az: str, blockdev_dir: Path) -> tuple[str, AgentConfig, list[str]]:
+    """A running instance in ``az`` with its agent's config under ``node_dir`` (created): returns
+    ``(instance id, config, the agent's command line)`` (:func:`agent_command`)."""
+    node_dir.mkdir(exist_ok=True)
+    config, config_path = make_config(node_dir)
+    instance_id = run_instance(ec2, az)
+    return instance_id, config, agent_command(config_path, instance_id, az, blockdev_dir)
+
+
 def run_instance(ec2: Any, az: str) -> str:
     """A running instance in ``az``."""
     return ec2.run_instances(ImageId=IMAGE_ID, MinCount=1, MaxCount=1, InstanceType="t3.micro",

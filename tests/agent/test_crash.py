@@ -10,17 +10,17 @@ import time
 import pytest
 from storage_helpers import (
     agent_command,
-    create_data_volume,
     data_volumes,
     events,
     make_config,
     migration_snapshots,
+    new_node,
     run_instance,
     run_until_event,
+    seed_data_volume,
     start_agent,
 )
 
-from spot_training.agent.blockdev import DirectoryBlockDevices
 from spot_training.agent.lease import LEASE_TAG
 from spot_training.local.moto_compat import volume_dir
 
@@ -32,12 +32,7 @@ PAYLOAD = b"checkpoint at step 1234"
 
 
 def _seed(ec2, moto_server):
-    old_id = create_data_volume(ec2, "us-east-1a")
-    data = volume_dir(moto_server.ebs_dir, old_id)
-    (data / DirectoryBlockDevices.FS_MARKER).write_text("xfs")
-    (data / "checkpoints").mkdir()
-    (data / "checkpoints" / "ckpt-1234").write_bytes(PAYLOAD)
-    return old_id
+    return seed_data_volume(ec2, moto_server.ebs_dir, {"checkpoints/ckpt-1234": PAYLOAD})
 
 
 def _copies_with_data(ec2, moto_server) -> list[str]:
@@ -74,10 +69,8 @@ def _assert_converged(ec2, moto_server, config, instance_id):
 @pytest.mark.slow
 @pytest.mark.parametrize("step", MOVE_STEPS)
 def test_kill_after_step_then_rerun_converges(ec2, moto_server, tmp_path, step):
-    config, config_path = make_config(tmp_path)
     _seed(ec2, moto_server)
-    instance_id = run_instance(ec2, "us-east-1b")
-    argv = agent_command(config_path, instance_id, "us-east-1b", moto_server.volumes_dir)
+    instance_id, config, argv = new_node(ec2, tmp_path, "us-east-1b", moto_server.volumes_dir)
 
     reached, code = _kill_at(argv + ["--pause-after", step], step)
     assert reached, f"the agent never logged {step!r} (exit {code})"
@@ -94,10 +87,8 @@ def test_kill_after_step_then_rerun_converges(ec2, moto_server, tmp_path, step):
 @pytest.mark.slow
 def test_killed_after_every_step_in_turn_still_converges(ec2, moto_server, tmp_path):
     """One boot killed at the first step, its rerun killed at the next one, and so on."""
-    config, config_path = make_config(tmp_path)
     _seed(ec2, moto_server)
-    instance_id = run_instance(ec2, "us-east-1b")
-    argv = agent_command(config_path, instance_id, "us-east-1b", moto_server.volumes_dir)
+    instance_id, config, argv = new_node(ec2, tmp_path, "us-east-1b", moto_server.volumes_dir)
     kills = 0
     for step in MOVE_STEPS:
         reached, code = _kill_at(argv + ["--pause-after", step], step)

@@ -173,3 +173,13 @@ def test_config_takes_a_dataset_section_and_rejects_bad_ones():
                        ({"uri": "s3://b-1/p/", "extra": 1}, "dataset.extra")):
         with pytest.raises(ConfigError, match=where.replace(".", r"\.")):
             parse_config(_config(**bad))
+
+
+@pytest.mark.parametrize("uri", ["s3://b-1", "s3://b-1/x*", "s3://b-1/x?/", "s3://b-1//etc/"])
+def test_the_agent_refuses_the_dataset_uris_the_stack_refuses(uri):
+    """One check (contract.split_dataset_uri) for the stack's dataset_uri and the node config's
+    dataset.uri: a URI the stack would not synthesize is no node config either."""
+    with pytest.raises(ConfigError, match=r"dataset\.uri.*s3://bucket/prefix/"):
+        parse_config(_config(uri=uri))
+    with pytest.raises(ConfigError, match=r"dataset\.uri"):
+        dataset.sync_dataset(None, uri, Path("/nonexistent"))

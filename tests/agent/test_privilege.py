@@ -14,12 +14,12 @@ import pwd
 import stat
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
 from git_helpers import git as _git
 from git_helpers import two_version_repo
+from root_helpers import training_user_tree
 
 from spot_training.agent.config import parse_config
 from spot_training.agent.errors import ExitCode
@@ -36,19 +36,11 @@ USER = "nobody"
 def root():
     """A directory 'nobody' can traverse (pytest's tmp_path is 0700): ``volume/`` (the mount point,
     owned by the training user as spot_training.agent.ebs leaves it) and ``secret/`` (root only)."""
-    base = Path(tempfile.mkdtemp(prefix="spot-priv-", dir="/tmp"))
-    os.chmod(base, 0o755)
-    account = pwd.getpwnam(USER)
-    (base / "volume").mkdir()
-    os.chown(base / "volume", account.pw_uid, account.pw_gid)
-    (base / "secret").mkdir(mode=0o700)
-    (base / "secret" / "shadow").write_text("root:secret\n")
-    os.chmod(base / "secret" / "shadow", 0o600)
-    try:
-        yield base
-    finally:
-        close_file_handlers()
-        subprocess.run(["rm", "-rf", str(base)], check=True)
+    with training_user_tree("spot-priv-", "volume", USER) as base:
+        try:
+            yield base
+        finally:
+            close_file_handlers()
 
 
 def config(base: Path, code: dict | None = None) -> dict:

@@ -4,36 +4,16 @@ it (or moves it); the other waits and then exits 75, and nothing is lost or dupl
 from __future__ import annotations
 
 import pytest
-from storage_helpers import (
-    agent_command,
-    create_data_volume,
-    data_volumes,
-    events,
-    make_config,
-    migration_snapshots,
-    run_instance,
-    start_agent,
-)
+from storage_helpers import data_volumes, events, migration_snapshots, new_node, seed_data_volume, start_agent
 
-from spot_training.agent.blockdev import DirectoryBlockDevices
 from spot_training.agent.lease import LEASE_TAG
-from spot_training.local.moto_compat import volume_dir
 
 PAYLOAD = b"dataset shard 0"
 
 
 def _race(ec2, moto_server, tmp_path, zones):
-    old_id = create_data_volume(ec2, "us-east-1a")
-    data = volume_dir(moto_server.ebs_dir, old_id)
-    (data / DirectoryBlockDevices.FS_MARKER).write_text("xfs")
-    (data / "shard-0").write_bytes(PAYLOAD)
-    agents = []
-    for n, az in enumerate(zones):
-        node_dir = tmp_path / f"node{n}"
-        node_dir.mkdir()
-        config, config_path = make_config(node_dir)
-        instance_id = run_instance(ec2, az)
-        agents.append((instance_id, config, agent_command(config_path, instance_id, az, moto_server.volumes_dir)))
+    seed_data_volume(ec2, moto_server.ebs_dir, {"shard-0": PAYLOAD})
+    agents = [new_node(ec2, tmp_path / f"node{n}", az, moto_server.volumes_dir) for n, az in enumerate(zones)]
     processes = [start_agent(argv) for _, _, argv in agents]  # started together
     results = []
     for (instance_id, config, _), process in zip(agents, processes):
@@ -76,17 +56,9 @@ def test_stack_update_new_fleet_node_waits_for_the_old_node_then_takes_the_volum
     volume, and the old fleet (and its node) goes only afterwards. The new node must neither attach,
     snapshot nor copy a volume another running instance holds: it exits 75 (systemd retries it), and
     takes the volume, intact and alone, once the old node is gone."""
-    old_id = create_data_volume(ec2, "us-east-1a")
-    data = volume_dir(moto_server.ebs_dir, old_id)
-    (data / DirectoryBlockDevices.FS_MARKER).write_text("xfs")
-    (data / "shard-0").write_bytes(PAYLOAD)
-    nodes = []
-    for name, az in (("old", "us-east-1a"), ("new", new_az)):
-        node_dir = tmp_path / name
-        node_dir.mkdir()
-        config, config_path = make_config(node_dir)
-        instance_id = run_instance(ec2, az)
-        nodes.append((instance_id, config, agent_command(config_path, instance_id, az, moto_server.volumes_dir)))
+    old_id = seed_data_volume(ec2, moto_server.ebs_dir, {"shard-0": PAYLOAD})
+    nodes = [new_node(ec2, tmp_path / name, az, moto_server.volumes_dir)
+             for name, az in (("old", "us-east-1a"), ("new", new_az))]
     (old_instance, old_config, old_argv), (new_instance, new_config, new_argv) = nodes
 
     old = start_agent(old_argv)

@@ -179,23 +179,19 @@ def test_a_single_crash_is_restarted_and_training_resumes(tmp_path):
 
 
 @pytest.mark.integration
-def test_trainer_exit_74_checkpoint_storage_is_permanent_and_not_restarted(tmp_path):
+@pytest.mark.parametrize("mode, error, message, code, status", [
     # docs/contracts.md: 74 = checkpoint storage full or unusable; a restart would fail the same way.
-    sup = make_supervisor(tmp_path, env={"FAKE_MODE": "storage-full"}, max_restarts=5)
-    with pytest.raises(CheckpointStorageError, match="exited 74.*checkpoint storage") as info:
-        sup.run()
-    assert info.value.exit_code == ExitCode.CHECKPOINT_STORAGE == 74
-    assert str(tmp_path) in str(info.value)
-    assert [e[0] for e in events(tmp_path)] == ["start"] and sup.restarts == 0
-
-
-@pytest.mark.integration
-def test_trainer_exit_78_checkpoint_mismatch_is_permanent_and_not_restarted(tmp_path):
+    ("storage-full", CheckpointStorageError, "exited 74.*checkpoint storage", ExitCode.CHECKPOINT_STORAGE, 74),
     # docs/contracts.md: 78 = the newest checkpoint is another framework's, adapter's or model's.
-    sup = make_supervisor(tmp_path, env={"FAKE_MODE": "checkpoint-mismatch"}, max_restarts=5)
-    with pytest.raises(CheckpointMismatchError, match="exited 78.*cannot serve this job") as info:
+    ("checkpoint-mismatch", CheckpointMismatchError, "exited 78.*cannot serve this job", ExitCode.CONFIG, 78),
+])
+def test_trainer_exit_74_or_78_is_permanent_and_not_restarted(tmp_path, mode, error, message, code, status):
+    sup = make_supervisor(tmp_path, env={"FAKE_MODE": mode}, max_restarts=5)
+    with pytest.raises(error, match=message) as info:
         sup.run()
-    assert info.value.exit_code == ExitCode.CONFIG == 78
+    assert info.value.exit_code == code == status
+    if mode == "storage-full":
+        assert str(tmp_path) in str(info.value)  # names the checkpoint storage
     assert [e[0] for e in events(tmp_path)] == ["start"] and sup.restarts == 0
 
 

@@ -78,6 +78,23 @@ class Cluster:
         self.nodes: list[Node] = []
         self.state = ClusterState(self.state_dir)
 
+    @classmethod
+    def digits_story(cls, tmp_path_factory, network: Network, *, framework: str, trainer_module: str, steps: int,
+                     save_every: int, min_step_seconds: float, data_dir: Path | None = None, **settings) -> "Cluster":
+        """A cluster for a story module: ``trainer_module`` trains ``steps`` steps of batch 64 on the
+        8x8 digits (prepared here unless ``data_dir``), a checkpoint every ``save_every`` steps, each
+        step at least ``min_step_seconds`` long. ``settings``: the other constructor arguments."""
+        from spot_training.training.examples.prepare_data import prepare_digits
+
+        if data_dir is None:
+            data_dir = tmp_path_factory.mktemp(f"{framework}-digits")
+            prepare_digits(data_dir)
+        return cls(tmp_path_factory.mktemp(f"{framework}-cluster"), network, framework=framework, data_dir=data_dir,
+                   trainer_module=trainer_module, trainer_args=["--steps", str(steps), "--batch-size", "64",
+                                                                "--save-every-steps", str(save_every),
+                                                                "--min-step-seconds", str(min_step_seconds)],
+                   **settings)
+
     # ---- nodes ----------------------------------------------------------------------------------
     def add_node(self, role: str, *, start: bool = True) -> Node:
         index = len(self.nodes) + 1
@@ -195,10 +212,14 @@ class Cluster:
 
     def diagnostics(self) -> str:
         """Plan, events and the tail of every log, for assertion messages."""
-        parts = [f"plan: {self.plan()}", f"events: {json.dumps(self.events(), indent=0)}"]
+        return "\n".join([f"plan: {self.plan()}", f"events: {json.dumps(self.events(), indent=0)}", self.log_tails(15)])
+
+    def log_tails(self, lines: int) -> str:
+        """The last ``lines`` lines of every trainer log and every node's agent log."""
+        parts = []
         for path in sorted(self.log_dir.glob("*.log")) + [n.log_path for n in self.nodes]:
             if path.exists():
-                parts.append(f"--- {path.name}\n" + "\n".join(path.read_text(errors="replace").splitlines()[-15:]))
+                parts.append(f"--- {path.name}\n" + "\n".join(path.read_text(errors="replace").splitlines()[-lines:]))
         return "\n".join(parts)
 
     def wait_for(self, predicate: Callable[[], object], timeout: float, what: str) -> object:
@@ -225,6 +246,71 @@ class Cluster:
         """(first, last) step logged in ``generation``; ValueError when it logged none."""
         steps = [int(r["step"]) for r in self.steps_in_generation(generation)]
         return min(steps), max(steps)
+
+    def resumed_after(self, generation: int, before: int) -> tuple[int, int]:
+        """(first step logged in ``generation``, last step logged in generation ``before``)."""
+        return self.step_range(generation)[0], self.step_range(before)[1]
+
+    def start_parameter_servers(self, *, restart_s: float) -> int:
+        """Start the scheduler, two servers and two workers; wait up to ``restart_s`` seconds for
+        generation 1 with both workers, then for 40 steps in it. Returns the generation (1)."""
+        for role in ("scheduler", "server", "server", "worker", "worker"):
+            self.add_node(role)
+        gen = self.wait_for(lambda: self.running_generation(workers=2), restart_s, "generation 1")
+        self.wait_for_steps(1, 40, restart_s)
+        return gen
+
+    def assert_left_cleanly(self, leaver: Node, *, before: int, workers: int, restart_s: float, why: str) -> int:
+        """After ``leaver`` was told to leave (``why``, for messages): wait ``restart_s`` seconds for a
+        generation after ``before`` with ``workers`` workers, ``leaver`` not among them, and 10 steps in
+        it; assert it started at the step after the last one of ``before`` (a checkpoint at the agreed
+        stop step, nothing lost) and that the leaver's agent exits 0 within 30 s. Returns the generation."""
+        gen = self.wait_for(lambda: self.running_generation(generation_above=before, workers=workers), restart_s,
+                            f"a generation without the {why} worker")
+        assert leaver.instance_id not in {w["node_id"] for w in self.plan().workers}
+        self.wait_for_steps(gen, 10, restart_s)
+        first, last_before = self.resumed_after(gen, before)
+        assert first == last_before + 1
+        self.wait_for(lambda: not leaver.alive(), 30, f"the {why} worker's agent to exit")
+        assert leaver.agent.returncode == 0
+        return gen
+
+    def replace_killed_server(self, *, notice_s: float, restart_s: float, save_every: int) -> None:
+        """SIGKILL the first parameter server's node (steps of the running generation first) and
+        wait ``notice_s`` seconds for the coordinator to notice; start a replacement server node,
+        as the servers' Auto Scaling group does, and wait ``restart_s`` seconds for a generation
+        with it and its steps. Asserts training resumed from the newest checkpoint: no step
+        skipped, at most ``save_every`` steps redone."""
+        plan = self.plan()
+        victim = next(n for n in self.nodes if n.instance_id == plan.servers[0]["node_id"])
+        self.wait_for_steps(plan.generation, 15, restart_s)
+        self.kill_node(victim)
+        self.wait_for(lambda: self.plan().state in ("teardown", "waiting"), notice_s,
+                      "the coordinator to notice the lost parameter server")
+        replacement = self.add_node("server")
+        gen = self.wait_for(lambda: self.running_generation(generation_above=plan.generation), restart_s,
+                            "a generation with the replacement server")
+        assert replacement.instance_id in {s["node_id"] for s in self.plan().servers}
+        self.wait_for_steps(gen, 5, restart_s)
+        first, last_before = self.resumed_after(gen, plan.generation)
+        assert first - 1 <= last_before and last_before - (first - 1) <= save_every
+
+    def assert_completed(self, *, total_steps: int, timeout: float, label: str) -> None:
+        """Wait ``timeout`` seconds for the plan to complete; assert the result is at exactly
+        ``total_steps``, every step ran once, the held-out accuracy is >= 0.9, and every agent
+        not killed by a test exited 0. Prints the accuracy under ``label``."""
+        self.wait_for(lambda: self.plan().state == "completed", timeout, "training to complete")
+        result = self.result()
+        assert result is not None, self.diagnostics()
+        assert result["step"] == total_steps
+        assert max(self.checkpoint_steps()) == total_steps
+        assert {int(r["step"]) for r in self.steps()} == set(range(1, total_steps + 1))  # none beyond the total
+        print(f"{label} cluster: {total_steps} steps over {self.plan().generation} generations, "
+              f"held-out digits accuracy {result['test_accuracy']:.4f}")
+        assert result["test_accuracy"] >= 0.9
+        self.wait_for(lambda: not any(n.alive() for n in self.nodes), 60, "every agent to exit")
+        survivors = [n for n in self.nodes if not n.extra.get("killed")]
+        assert {n.name: n.agent.returncode for n in survivors} == {n.name: 0 for n in survivors}
 
     def wait_for_steps(self, generation: int, steps: int, timeout: float) -> None:
         """Wait up to ``timeout`` seconds until ``generation`` logged a span of ``steps`` steps

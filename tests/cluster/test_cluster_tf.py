@@ -11,13 +11,9 @@ training resumes from the checkpoint; training completes at exactly the total st
 
 from __future__ import annotations
 
-import time
-
 import pytest
 from cluster_fixtures import network  # noqa: F401 - a fixture
 from cluster_harness import Cluster
-
-from spot_training.training.examples.prepare_data import prepare_digits
 
 TOTAL_STEPS = 600
 SAVE_EVERY = 20
@@ -29,25 +25,16 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory, network):
-    data = tmp_path_factory.mktemp("tf-digits")
-    prepare_digits(data)
-    c = Cluster(tmp_path_factory.mktemp("tf-cluster"), network, framework="tensorflow", data_dir=data,
-                trainer_module="spot_training.training.distributed.tf_pss",
-                trainer_args=["--steps", str(TOTAL_STEPS), "--batch-size", "64", "--save-every-steps",
-                              str(SAVE_EVERY), "--min-step-seconds", "0.05"],
-                heartbeat_timeout_s=HEARTBEAT_TIMEOUT_S, debounce_s=2.0, kill_grace_s=3.0, base_port=9100)
+    c = Cluster.digits_story(tmp_path_factory, network, framework="tensorflow",
+                             trainer_module="spot_training.training.distributed.tf_pss", steps=TOTAL_STEPS,
+                             save_every=SAVE_EVERY, min_step_seconds=0.05, heartbeat_timeout_s=HEARTBEAT_TIMEOUT_S,
+                             debounce_s=2.0, kill_grace_s=3.0, base_port=9100)
     yield c
     c.close()
 
 
 def test_two_ps_and_two_workers_train(cluster):
-    cluster.add_node("scheduler")
-    cluster.add_node("server")
-    cluster.add_node("server")
-    cluster.add_node("worker")
-    cluster.add_node("worker")
-    assert cluster.wait_for(lambda: cluster.running_generation(workers=2), RESTART_BUDGET_S, "generation 1") == 1
-    cluster.wait_for_steps(1, 40, RESTART_BUDGET_S)
+    assert cluster.start_parameter_servers(restart_s=RESTART_BUDGET_S) == 1
 
 
 def test_third_worker_joins_and_training_continues_from_the_checkpoint(cluster):
@@ -56,8 +43,7 @@ def test_third_worker_joins_and_training_continues_from_the_checkpoint(cluster):
                            "a generation with 3 workers")
     assert any(e["state"] == "checkpoint" and "joined" in e["reason"] for e in cluster.events())
     cluster.wait_for_steps(gen, 20, RESTART_BUDGET_S)
-    first, _ = cluster.step_range(gen)
-    _, last_before = cluster.step_range(gen - 1)
+    first, last_before = cluster.resumed_after(gen, gen - 1)
     assert first == last_before + 1  # the chief joined, saved at that step and exited 0
     assert {r["num_workers"] for r in cluster.steps_in_generation(gen)} == {"3"}
 
@@ -66,15 +52,7 @@ def test_worker_leaves_on_a_spot_notice_and_training_continues_without_it(cluste
     plan = cluster.plan()
     leaver = next(n for n in cluster.nodes if n.instance_id == plan.workers[1]["node_id"])
     leaver.imds.post_spot_interruption()
-    gen = cluster.wait_for(lambda: cluster.running_generation(generation_above=plan.generation, workers=2),
-                           RESTART_BUDGET_S, "a generation without the leaving worker")
-    assert leaver.instance_id not in {w["node_id"] for w in cluster.plan().workers}
-    cluster.wait_for_steps(gen, 10, RESTART_BUDGET_S)
-    first, _ = cluster.step_range(gen)
-    _, last_before = cluster.step_range(plan.generation)
-    assert first == last_before + 1
-    cluster.wait_for(lambda: not leaver.alive(), 30, "the leaving worker's agent to exit")
-    assert leaver.agent.returncode == 0
+    cluster.assert_left_cleanly(leaver, before=plan.generation, workers=2, restart_s=RESTART_BUDGET_S, why="leaving")
 
 
 def test_sigkilled_worker_process_and_training_carries_on_in_the_same_generation(cluster):
@@ -92,32 +70,8 @@ def test_sigkilled_worker_process_and_training_carries_on_in_the_same_generation
 
 
 def test_sigkilled_ps_node_is_replaced_and_training_resumes_from_the_checkpoint(cluster):
-    plan = cluster.plan()
-    victim = next(n for n in cluster.nodes if n.instance_id == plan.servers[0]["node_id"])
-    cluster.wait_for_steps(plan.generation, 10, RESTART_BUDGET_S)
-    cluster.kill_node(victim)
-    cluster.wait_for(lambda: cluster.plan().state in ("teardown", "waiting"), HEARTBEAT_TIMEOUT_S + 30,
-                     "the coordinator to notice the lost parameter server")
-    replacement = cluster.add_node("server")  # what the servers' Auto Scaling group does
-    gen = cluster.wait_for(lambda: cluster.running_generation(generation_above=plan.generation), RESTART_BUDGET_S,
-                           "a generation with the replacement ps")
-    assert replacement.instance_id in {s["node_id"] for s in cluster.plan().servers}
-    cluster.wait_for_steps(gen, 5, RESTART_BUDGET_S)
-    first, _ = cluster.step_range(gen)
-    _, last_before = cluster.step_range(plan.generation)
-    assert first - 1 <= last_before and last_before - (first - 1) <= SAVE_EVERY
+    cluster.replace_killed_server(notice_s=HEARTBEAT_TIMEOUT_S + 30, restart_s=RESTART_BUDGET_S, save_every=SAVE_EVERY)
 
 
 def test_training_completes_at_the_exact_step_with_test_accuracy(cluster):
-    cluster.wait_for(lambda: cluster.plan().state == "completed", 400, "training to complete")
-    result = cluster.result()
-    assert result is not None, cluster.diagnostics()
-    assert result["step"] == TOTAL_STEPS
-    assert max(cluster.checkpoint_steps()) == TOTAL_STEPS
-    assert {int(r["step"]) for r in cluster.steps()} == set(range(1, TOTAL_STEPS + 1))
-    print(f"TensorFlow cluster: {TOTAL_STEPS} steps over {cluster.plan().generation} generations, "
-          f"held-out digits accuracy {result['test_accuracy']:.4f}")
-    assert result["test_accuracy"] >= 0.9
-    cluster.wait_for(lambda: not any(n.alive() for n in cluster.nodes), 60, "every agent to exit")
-    assert {n.name: n.agent.returncode for n in cluster.nodes if not n.extra.get("killed")} == \
-        {n.name: 0 for n in cluster.nodes if not n.extra.get("killed")}
+    cluster.assert_completed(total_steps=TOTAL_STEPS, timeout=400, label="TensorFlow")

@@ -23,8 +23,6 @@ import pytest
 from cluster_fixtures import network  # noqa: F401 - a fixture
 from torch_harness import TORCH_PYTHON, TorchCluster
 
-from spot_training.training.examples.prepare_data import prepare_digits
-
 TOTAL_STEPS = 500
 SAVE_EVERY = 20
 BUDGET_S = 180.0  # torch imports and worker-group restarts on 2 shared cores
@@ -44,13 +42,10 @@ def _first_change(rows: list[dict], since: int, world_size: int) -> tuple[dict, 
 def cluster(tmp_path_factory, network):
     if not TORCH_PYTHON.exists():
         pytest.fail(f"{TORCH_PYTHON} missing: run `make setup`")
-    data = tmp_path_factory.mktemp("torch-digits")
-    prepare_digits(data)
-    c = TorchCluster(tmp_path_factory.mktemp("torch-cluster"), network, framework="pytorch", data_dir=data,
-                     trainer_module="spot_training.training.distributed.torch_ddp",
-                     trainer_args=["--steps", str(TOTAL_STEPS), "--batch-size", "64", "--save-every-steps",
-                                   str(SAVE_EVERY), "--min-step-seconds", "0.05"],
-                     num_servers=0, heartbeat_timeout_s=8.0, kill_grace_s=3.0, base_port=9300)
+    c = TorchCluster.digits_story(tmp_path_factory, network, framework="pytorch",
+                                  trainer_module="spot_training.training.distributed.torch_ddp", steps=TOTAL_STEPS,
+                                  save_every=SAVE_EVERY, min_step_seconds=0.05, num_servers=0, heartbeat_timeout_s=8.0,
+                                  kill_grace_s=3.0, base_port=9300)
     c.cluster_section["num_servers"] = 0
     yield c
     c.close()

@@ -15,12 +15,11 @@ import json
 import os
 import pwd
 import stat
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
+from root_helpers import training_user_tree
 
 from spot_training.agent.cluster_state import ClusterState, Plan, make_plan
 from spot_training.agent.safepath import UnsafePathError
@@ -35,18 +34,8 @@ USER = "nobody"
 @pytest.fixture()
 def efs():
     """``efs/`` owned by the training user ('nobody', as on a cluster's EFS), ``secret/`` root-only."""
-    base = Path(tempfile.mkdtemp(prefix="spot-efs-", dir="/tmp"))
-    os.chmod(base, 0o755)
-    account = pwd.getpwnam(USER)
-    (base / "efs").mkdir()
-    os.chown(base / "efs", account.pw_uid, account.pw_gid)
-    (base / "secret").mkdir(mode=0o700)
-    (base / "secret" / "shadow").write_text("root:secret\n")
-    os.chmod(base / "secret" / "shadow", 0o600)
-    try:
+    with training_user_tree("spot-efs-", "efs", USER) as base:
         yield base
-    finally:
-        subprocess.run(["rm", "-rf", str(base)], check=True)
 
 
 def plant(path: Path, *, symlink_to: Path | None = None, hardlink_to: Path | None = None, directory: bool = False) -> None:

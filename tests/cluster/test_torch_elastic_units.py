@@ -98,6 +98,14 @@ def test_coordinator_publishes_restarts_its_store_under_a_new_epoch_and_bumps_on
         os.kill(pid, 0)
 
 
+def _saving_on_sigterm(marker: Path, *, save_s: float, status: int) -> str:
+    """A torchrun stand-in's source: it writes ``<marker>.ready`` and sleeps; on SIGTERM it "saves" for
+    ``save_s`` seconds, writes ``ok`` to ``marker`` and exits ``status``."""
+    return (f"import signal, sys, time\n"
+            f"def stop(*a):\n    time.sleep({save_s}); open({str(marker)!r}, 'w').write('ok'); sys.exit({status})\n"
+            f"signal.signal(signal.SIGTERM, stop)\nopen({str(marker) + '.ready'!r}, 'w').write('')\ntime.sleep(60)\n")
+
+
 def _worker(tmp_path, script: str, monitors=()) -> TorchWorker:
     (tmp_path / "data").mkdir(exist_ok=True)
     (tmp_path / "data" / "x").write_text("1")
@@ -159,9 +167,7 @@ class _Notice:
 def test_worker_leaving_sigterms_only_its_torchrun_and_waits_for_it(tmp_path):
     marker = tmp_path / "saved"
     # torchrun stand-in: on SIGTERM it "checkpoints" for 1 s, then exits non-zero (as torchrun does).
-    script = (f"import signal, sys, time\n"
-              f"def stop(*a):\n    time.sleep(1); open({str(marker)!r}, 'w').write('ok'); sys.exit(143)\n"
-              f"signal.signal(signal.SIGTERM, stop)\nopen({str(marker) + '.ready'!r}, 'w').write('')\ntime.sleep(60)\n")
+    script = _saving_on_sigterm(marker, save_s=1, status=143)
     notice = _Notice()
     worker = _worker(tmp_path, script, monitors=[notice])
     _coordinator_publishes(worker.rdzv, worker, host="10.0.0.1", epoch=1, node_id="i-c")
@@ -226,9 +232,7 @@ def test_worker_keeps_training_through_an_imds_blip_and_leaves_through_a_checkpo
     notice's deadline minus the agent's margin (20 - 15 = 5 s here), not a fixed
     torch_shutdown_timeout_s + kill_grace_s (1 + 1 s here), which killed a 3 s save."""
     marker = tmp_path / "saved"
-    script = (f"import signal, sys, time\n"
-              f"def stop(*a):\n    time.sleep(3); open({str(marker)!r}, 'w').write('ok'); sys.exit(0)\n"
-              f"signal.signal(signal.SIGTERM, stop)\nopen({str(marker) + '.ready'!r}, 'w').write('')\ntime.sleep(60)\n")
+    script = _saving_on_sigterm(marker, save_s=3, status=0)
     monitor = _FlakyImdsThenNotice()
     worker = _worker(tmp_path, script, monitors=[monitor])
     worker.settings = _settings(tmp_path, torch_shutdown_timeout_s=1.0)

@@ -6,12 +6,10 @@ from __future__ import annotations
 
 import csv
 import json
-import os
-import signal
 
 from cluster_harness import REPO, Cluster
 
-from spot_training.agent.process_group import descendants
+from spot_training.agent.process_group import kill_tree
 from spot_training.agent.torch_elastic import RendezvousState
 
 TORCH_PYTHON = REPO / ".venv-torch" / "bin" / "python"
@@ -35,13 +33,8 @@ class TorchCluster(Cluster):
     def kill_node(self, node) -> None:
         """The instance is gone: SIGKILL its agent and every process under it (torchrun's ranks run in
         sessions of their own, so process groups alone would leave them running)."""
-        tree = [node.agent.pid, *descendants(node.agent.pid)]
         node.extra["killed"] = True
-        for pid in tree:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        kill_tree(node.agent.pid)
         node.agent.wait(timeout=10)
 
     def close(self) -> None:
@@ -61,11 +54,7 @@ class TorchCluster(Cluster):
         return RendezvousState(self.state_dir).read()
 
     def diagnostics(self) -> str:
-        parts = [f"rendezvous: {self.rdzv()}", f"last rows: {self.rows()[-5:]}"]
-        for path in sorted(self.log_dir.glob("*.log")) + [n.log_path for n in self.nodes]:
-            if path.exists():
-                parts.append(f"--- {path.name}\n" + "\n".join(path.read_text(errors="replace").splitlines()[-12:]))
-        return "\n".join(parts)
+        return "\n".join([f"rendezvous: {self.rdzv()}", f"last rows: {self.rows()[-5:]}", self.log_tails(12)])
 
     def wait_rows(self, predicate, what: str, timeout: float = BUDGET_S) -> list[dict]:
         """Wait until ``predicate(rows)`` holds; return the rows (training_log.csv of rank 0)."""

@@ -13,6 +13,10 @@ from infra_helpers import Synth, synth_cluster, synth_stack
 from spot_training.infra.cluster_config import ClusterSettings
 from spot_training.infra.config import StackSettings
 
+#: An explicit account and region with three pinned Availability Zones (no lookups).
+PINNED_ENVIRONMENT = {"account": "123456789012", "region": "eu-west-1",
+                      "availability_zones": ["eu-west-1a", "eu-west-1b", "eu-west-1c"]}
+
 
 @pytest.fixture(scope="session")
 def default_synth(tmp_path_factory: pytest.TempPathFactory) -> Synth:
@@ -31,9 +35,7 @@ def pinned_synth(tmp_path_factory: pytest.TempPathFactory) -> Synth:
     """Explicit account/region, three pinned AZs and non-default capacity settings."""
     settings = StackSettings.from_mapping(
         {
-            "account": "123456789012",
-            "region": "eu-west-1",
-            "availability_zones": ["eu-west-1a", "eu-west-1b", "eu-west-1c"],
+            **PINNED_ENVIRONMENT,
             "instance_types": "g5.xlarge,g4dn.xlarge",
             "target_capacity": "2",
             "allocation_strategy": "capacityOptimized",
@@ -62,9 +64,7 @@ def cluster_tf_synth(tmp_path_factory: pytest.TempPathFactory) -> Synth:
     an own interpreter (so nothing is pip-installed), flow logs off."""
     settings = ClusterSettings.from_mapping(
         {
-            "account": "123456789012",
-            "region": "eu-west-1",
-            "availability_zones": ["eu-west-1a", "eu-west-1b", "eu-west-1c"],
+            **PINNED_ENVIRONMENT,
             "vpc_flow_logs": "false",
             "cluster_stack_name": "TfCluster",
             "cluster_framework": "tensorflow",

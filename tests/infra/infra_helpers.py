@@ -176,3 +176,15 @@ def synth_app_as_cdk_does(outdir: Path) -> list[Path]:
     done = subprocess.run(command, cwd=root, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     return sorted(outdir.glob("*.template.json"))
+
+
+def assert_docs_list_context_keys(keys, doc: str) -> None:
+    """Every context key in ``keys`` (``ContextKey``s) has a table row ``| `name` ...`` in ``docs/<doc>``
+    that shows its default (``none`` for None, ``true``/``false`` for a bool, a list comma-separated)."""
+    text = (Path(__file__).resolve().parents[2] / "docs" / doc).read_text()
+    for key in keys:
+        row = next((line for line in text.splitlines() if line.startswith(f"| `{key.name}`")), None)
+        assert row is not None, f"docs/{doc} has no table row for context key {key.name!r}"
+        default = "none" if key.default is None else str(key.default).lower() if isinstance(key.default, bool) else key.default
+        shown = ", ".join(default) if isinstance(default, list) else str(default)
+        assert shown in row, f"docs/{doc} row for {key.name!r} does not show its default {shown!r}: {row}"

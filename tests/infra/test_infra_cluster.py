@@ -11,8 +11,8 @@ import aws_cdk as cdk
 import pytest
 from aws_cdk import assertions
 from aws_cdk import aws_ec2 as ec2
-from infra_helpers import (Synth, as_list, assert_resource_star_only_where_no_resource_level_permissions, cfn_lint_errors,
-                           launch_templates_by_role, render_intrinsics)
+from infra_helpers import (Synth, as_list, assert_docs_list_context_keys, assert_resource_star_only_where_no_resource_level_permissions,
+                           cfn_lint_errors, launch_templates_by_role, render_intrinsics)
 
 from spot_training.infra.cluster import AGENT_STOP_TIMEOUT_S, ClusterPorts, Framework, ParameterServerCluster
 from spot_training.infra.cluster_config import CLUSTER_CONTEXT_KEYS, ClusterSettings
@@ -519,15 +519,7 @@ def test_fails_on_unknown_cluster_setting() -> None:
 
 
 def test_docs_list_every_cluster_context_key_with_its_default() -> None:
-    from pathlib import Path
-
-    text = (Path(__file__).resolve().parents[2] / "docs" / "infra.md").read_text()
-    for key in CLUSTER_CONTEXT_KEYS:
-        row = next((line for line in text.splitlines() if line.startswith(f"| `{key.name}`")), None)
-        assert row is not None, f"docs/infra.md has no table row for context key {key.name!r}"
-        default = "none" if key.default is None else key.default
-        shown = ", ".join(default) if isinstance(default, list) else str(default)
-        assert shown in row, f"docs/infra.md row for {key.name!r} does not show its default {shown!r}: {row}"
+    assert_docs_list_context_keys(CLUSTER_CONTEXT_KEYS, "infra.md")
 
 
 def test_docs_cluster_example_synthesizes_clean(tmp_path: Any) -> None:

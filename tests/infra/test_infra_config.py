@@ -7,6 +7,7 @@ from pathlib import Path
 
 import aws_cdk as cdk
 import pytest
+from infra_helpers import assert_docs_list_context_keys
 
 from spot_training.infra.config import CONTEXT_KEYS, StackSettings
 from spot_training.infra.fleet import AllocationStrategy
@@ -146,13 +147,7 @@ def test_fails_when_training_requirements_are_not_pip_specifiers(value: object) 
 
 
 def test_docs_list_every_context_key_with_its_default() -> None:
-    text = DOCS.read_text()
-    for key in CONTEXT_KEYS:
-        row = next((line for line in text.splitlines() if line.startswith(f"| `{key.name}`")), None)
-        assert row is not None, f"docs/infra.md has no table row for context key {key.name!r}"
-        default = "none" if key.default is None else str(key.default).lower() if isinstance(key.default, bool) else key.default
-        shown = ", ".join(default) if isinstance(default, list) else str(default)
-        assert shown in row, f"docs/infra.md row for {key.name!r} does not show its default {shown!r}: {row}"
+    assert_docs_list_context_keys(CONTEXT_KEYS, "infra.md")
 
 
 def test_cdk_json_holds_every_context_key_at_its_default() -> None:

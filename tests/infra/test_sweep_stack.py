@@ -7,7 +7,7 @@ from pathlib import Path
 
 import aws_cdk as cdk
 import pytest
-from infra_helpers import Synth, _synth, as_list, cfn_lint_errors
+from infra_helpers import Synth, _synth, as_list, assert_docs_list_context_keys, cfn_lint_errors
 
 from spot_training import contract
 from spot_training.infra.sweep import SpotSweepStack, SweepSettings
@@ -97,7 +97,8 @@ def test_checkov_findings_acknowledged(sweep: Synth, sweep_on_demand: Synth) -> 
 
 
 @pytest.mark.parametrize("key, value", [("sweep_retry_attempts", "11"), ("sweep_gpus", "-1"), ("sweep_on_demand_fallback", "maybe"),
-                                        ("sweep_instance_types", "not a type"), ("sweep_max_vcpus", "2"), ("sweep_image", "bad image!")])
+                                        ("sweep_instance_types", "not a type"), ("sweep_max_vcpus", "2"), ("sweep_image", "bad image!"),
+                                        ("sweep_stack_name", "9lives"), ("sweep_stack_name", "a_b")])
 def test_bad_context_value_names_key(key: str, value: str) -> None:
     with pytest.raises(ValueError, match=key):
         SweepSettings.from_mapping({key: value})
@@ -110,11 +111,5 @@ def test_template_is_json_serializable(sweep: Synth) -> None:
 def test_docs_list_every_sweep_context_key_with_its_default() -> None:
     from spot_training.infra.sweep import SWEEP_CONTEXT_KEYS
 
-    text = (Path(__file__).resolve().parents[2] / "docs" / "sweeps.md").read_text()
-    for key in SWEEP_CONTEXT_KEYS:
-        row = next((line for line in text.splitlines() if line.startswith(f"| `{key.name}`")), None)
-        assert row is not None, f"docs/sweeps.md has no table row for context key {key.name!r}"
-        default = "none" if key.default is None else key.default
-        shown = ", ".join(default) if isinstance(default, list) else str(default)
-        assert shown in row, f"docs/sweeps.md row for {key.name!r} does not show its default {shown!r}: {row}"
+    assert_docs_list_context_keys(SWEEP_CONTEXT_KEYS, "sweeps.md")
     assert SweepSettings.from_mapping({k.name: k.default for k in SWEEP_CONTEXT_KEYS}) == SweepSettings()

@@ -35,26 +35,18 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory, digits_dir, network):
-    c = Cluster(tmp_path_factory.mktemp("mxnet-cluster"), network, framework="mxnet", data_dir=digits_dir,
-                trainer_module="spot_training.training.distributed.mxnet_dist",
-                trainer_args=["--steps", str(TOTAL_STEPS), "--batch-size", "64", "--save-every-steps",
-                              str(SAVE_EVERY), "--min-step-seconds", "0.04"],
-                heartbeat_timeout_s=HEARTBEAT_TIMEOUT_S, debounce_s=2.0, kill_grace_s=3.0)
+    c = Cluster.digits_story(tmp_path_factory, network, framework="mxnet", data_dir=digits_dir,
+                             trainer_module="spot_training.training.distributed.mxnet_dist", steps=TOTAL_STEPS,
+                             save_every=SAVE_EVERY, min_step_seconds=0.04, heartbeat_timeout_s=HEARTBEAT_TIMEOUT_S,
+                             debounce_s=2.0, kill_grace_s=3.0)
     yield c
     c.close()
 
 
 def test_two_servers_and_two_workers_train(cluster):
-    cluster.add_node("scheduler")
-    cluster.add_node("server")
-    cluster.add_node("server")
-    cluster.add_node("worker")
-    cluster.add_node("worker")
-    gen = cluster.wait_for(lambda: cluster.running_generation(workers=2), RESTART_BUDGET_S, "generation 1")
-    assert gen == 1
+    assert cluster.start_parameter_servers(restart_s=RESTART_BUDGET_S) == 1
     plan = cluster.plan()
     assert len(plan.servers) == 2 and [w["rank"] for w in plan.workers] == [0, 1]
-    cluster.wait_for_steps(1, 40, RESTART_BUDGET_S)
     rows = cluster.steps_in_generation(1)
     assert {r["node"] for r in rows} == {w["node_id"] for w in plan.workers}
     assert {r["num_workers"] for r in rows} == {"2"}
@@ -66,8 +58,7 @@ def test_third_worker_joins_and_training_continues_from_the_checkpoint(cluster):
                            "a generation with 3 workers")
     assert any(e["state"] == "checkpoint" and "joined" in e["reason"] for e in cluster.events())
     cluster.wait_for_steps(gen, 20, RESTART_BUDGET_S)
-    first, _ = cluster.step_range(gen)
-    _, last_before = cluster.step_range(gen - 1)
+    first, last_before = cluster.resumed_after(gen, gen - 1)
     # The workers stopped together at one step, rank 0 saved it, the new generation starts right after it.
     assert first == last_before + 1
     assert last_before in cluster.checkpoint_steps() or last_before < min(cluster.checkpoint_steps())
@@ -81,15 +72,7 @@ def test_worker_leaves_on_a_spot_notice_and_training_continues_without_it(cluste
     before = plan.generation
     leaver.imds.post_spot_interruption()
     noticed = time.time()
-    gen = cluster.wait_for(lambda: cluster.running_generation(generation_above=before, workers=2), RESTART_BUDGET_S,
-                           "a generation without the leaving worker")
-    assert leaver.instance_id not in {w["node_id"] for w in cluster.plan().workers}
-    cluster.wait_for_steps(gen, 10, RESTART_BUDGET_S)
-    first, _ = cluster.step_range(gen)
-    _, last_before = cluster.step_range(before)
-    assert first == last_before + 1  # checkpoint at the agreed stop step, nothing lost
-    cluster.wait_for(lambda: not leaver.alive(), 30, "the leaving worker's agent to exit")
-    assert leaver.agent.returncode == 0
+    gen = cluster.assert_left_cleanly(leaver, before=before, workers=2, restart_s=RESTART_BUDGET_S, why="leaving")
     rows = cluster.steps_in_generation(gen)
     print(f"leave: notice -> generation {gen} training {float(rows[0]['wall_time']) - noticed:.1f} s")
 
@@ -99,15 +82,7 @@ def test_worker_leaves_when_its_member_tag_is_removed(cluster):
     leaver = next(n for n in cluster.nodes if n.instance_id == plan.workers[-1]["node_id"])
     cluster.wait_for_steps(plan.generation, 10, RESTART_BUDGET_S)
     del leaver.imds.tags[MEMBER_TAG]  # what `aws ec2 delete-tags` does, seen through instance metadata tags
-    gen = cluster.wait_for(lambda: cluster.running_generation(generation_above=plan.generation, workers=1),
-                           RESTART_BUDGET_S, "a generation without the untagged worker")
-    assert leaver.instance_id not in {w["node_id"] for w in cluster.plan().workers}
-    cluster.wait_for_steps(gen, 10, RESTART_BUDGET_S)
-    first, _ = cluster.step_range(gen)
-    _, last_before = cluster.step_range(plan.generation)
-    assert first == last_before + 1
-    cluster.wait_for(lambda: not leaver.alive(), 30, "the untagged worker's agent to exit")
-    assert leaver.agent.returncode == 0
+    cluster.assert_left_cleanly(leaver, before=plan.generation, workers=1, restart_s=RESTART_BUDGET_S, why="untagged")
 
 
 def test_sigkilled_worker_process_restarts_the_generation_within_the_timeout(cluster):
@@ -120,8 +95,7 @@ def test_sigkilled_worker_process_restarts_the_generation_within_the_timeout(clu
                            "the generation to restart after a worker died")
     assert "exited" in cluster.plan().reason or "gone" in cluster.plan().reason
     cluster.wait_for_steps(gen, 10, RESTART_BUDGET_S)
-    first, _ = cluster.step_range(gen)
-    _, last_before = cluster.step_range(plan.generation)
+    first, last_before = cluster.resumed_after(gen, plan.generation)
     # Resumed from the newest checkpoint: steps after it are redone, none skipped.
     assert first - 1 in cluster.checkpoint_steps() or first - 1 <= last_before
     assert first - 1 <= last_before and last_before - (first - 1) <= SAVE_EVERY
@@ -130,33 +104,8 @@ def test_sigkilled_worker_process_restarts_the_generation_within_the_timeout(clu
 
 
 def test_sigkilled_server_node_is_replaced_and_training_resumes_from_the_checkpoint(cluster):
-    plan = cluster.plan()
-    victim = next(n for n in cluster.nodes if n.instance_id == plan.servers[0]["node_id"])
-    cluster.wait_for_steps(plan.generation, 15, RESTART_BUDGET_S)
-    cluster.kill_node(victim)
-    cluster.wait_for(lambda: cluster.plan().state in ("teardown", "waiting"), HEARTBEAT_TIMEOUT_S + 15,
-                     "the coordinator to notice the dead server")
-    replacement = cluster.add_node("server")  # what the servers' Auto Scaling group does
-    gen = cluster.wait_for(lambda: cluster.running_generation(generation_above=plan.generation), RESTART_BUDGET_S,
-                           "a generation with the replacement server")
-    assert replacement.instance_id in {s["node_id"] for s in cluster.plan().servers}
-    cluster.wait_for_steps(gen, 5, RESTART_BUDGET_S)
-    first, _ = cluster.step_range(gen)
-    _, last_before = cluster.step_range(plan.generation)
-    assert first - 1 <= last_before and last_before - (first - 1) <= SAVE_EVERY
+    cluster.replace_killed_server(notice_s=HEARTBEAT_TIMEOUT_S + 15, restart_s=RESTART_BUDGET_S, save_every=SAVE_EVERY)
 
 
 def test_training_completes_at_the_exact_step_with_test_accuracy(cluster):
-    cluster.wait_for(lambda: cluster.plan().state == "completed", 300, "training to complete")
-    result = cluster.result()
-    assert result is not None, cluster.diagnostics()
-    assert result["step"] == TOTAL_STEPS
-    assert max(cluster.checkpoint_steps()) == TOTAL_STEPS
-    logged = {int(r["step"]) for r in cluster.steps()}
-    assert logged == set(range(1, TOTAL_STEPS + 1))  # every step ran, none beyond the total
-    print(f"MXNet cluster: {TOTAL_STEPS} steps over {cluster.plan().generation} generations, "
-          f"held-out digits accuracy {result['test_accuracy']:.4f}")
-    assert result["test_accuracy"] >= 0.9
-    cluster.wait_for(lambda: not any(n.alive() for n in cluster.nodes), 60, "every agent to exit")
-    assert {n.name: n.agent.returncode for n in cluster.nodes if not n.extra.get("killed")} == \
-        {n.name: 0 for n in cluster.nodes if not n.extra.get("killed")}
+    cluster.assert_completed(total_steps=TOTAL_STEPS, timeout=300, label="MXNet")

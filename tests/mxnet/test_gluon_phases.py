@@ -5,16 +5,13 @@ SIGTERM). The evaluation takes about 40 s; the checkpoint must be committed long
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from gluon_jobs import REPO
+import gluon_jobs  # noqa: F401 - puts tests/ on sys.path for job_helpers
+from job_helpers import notice_during_phase
 
 JOB = Path(__file__).with_name("gluon_phase_job.py")
 EVAL_PASS_S = 40
@@ -23,29 +20,8 @@ pytestmark = [pytest.mark.slow]
 
 def test_sigterm_during_a_gluon_evaluation_saves_the_last_step_at_once_and_exits_0(tmp_path):
     ckpt = tmp_path / "ckpt"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SPOT_TRAINING_")}
-    env.update(PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
-    proc = subprocess.Popen([sys.executable, str(JOB), str(ckpt)], env=env, cwd=REPO,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        for line in proc.stdout:
-            if line.startswith("PHASE evaluation"):
-                break
-        else:
-            pytest.fail(f"no evaluation phase: {proc.wait()} {proc.stderr.read()[-3000:]}")
-        time.sleep(1.0)
-        sent = time.monotonic()
-        proc.send_signal(signal.SIGTERM)
-        try:
-            rc = proc.wait(timeout=EVAL_PASS_S)
-        except subprocess.TimeoutExpired:
-            pytest.fail("the notice waited for the evaluation loop to end")
-        took = time.monotonic() - sent
-        stderr = proc.stderr.read()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    rc, took, stderr = notice_during_phase([sys.executable, str(JOB), str(ckpt)], phase="evaluation",
+                                           wait_s=EVAL_PASS_S, OMP_NUM_THREADS="1")
     assert rc == 0, stderr[-3000:]
     assert took < EVAL_PASS_S / 2, f"{took:.1f} s from the notice to the exit"
     assert json.loads((ckpt / "LATEST").read_text())["step"] == 20, stderr[-2000:]
