@@ -531,13 +531,24 @@ def checkpoint_cost_bench(*, script, args, prefix: str, framework: str, build, m
        steps since the last epoch boundary: computed for the same kill steps with this dataset's
        epoch of 22 steps, and for a larger epoch of 1,000 steps for scale.
 
-    The framework's parts: ``build()`` returns a fresh ``(model, optimizer)``; ``make_step(model,
-    optimizer, x, y)`` the step function; ``count_params(model)`` its parameter count;
-    ``checkpointer(model, optimizer, directory, background, notices)`` the front-end's checkpointer (a
-    checkpoint driver, or one in its ``driver`` attribute: what :func:`paired_modes` uses and ``restore``;
-    and ``close``); ``timed_write(model, optimizer, store, step,
-    metadata)`` writes one checkpoint of a host copy into ``store`` and returns the seconds of the
-    write alone. ``params_file`` names the checkpoint's parameter file (its size is reported).
+    Args:
+        script: the benchmark's own file (run again with ``--worker`` for the lost-steps part).
+        args: its parsed command line (``pairs``, ``kills``, ...).
+        prefix: the scratch directory's name prefix.
+        framework: the checkpoint store's framework name (``"mxnet"``, ``"pytorch"``).
+        build: ``build()`` returns a fresh ``(model, optimizer)``.
+        make_step: ``make_step(model, optimizer, x, y)`` returns the step function (``step(i)``).
+        count_params: ``count_params(model)`` returns its parameter count.
+        checkpointer: ``checkpointer(model, optimizer, directory, background, notices)`` returns the
+            front-end's checkpointer (a checkpoint driver, or one in its ``driver`` attribute: what
+            :func:`paired_modes` uses and ``restore``; and ``close``).
+        timed_write: ``timed_write(model, optimizer, store, step, metadata)`` writes one checkpoint of a
+            host copy into ``store`` and returns the seconds of the write alone.
+        params_file: the checkpoint's parameter file (its size is reported).
+        version_key: the JSON key of the framework's version (``"torch_version"``).
+        version: the framework's version.
+        title: the report's title line.
+        size_note: a note printed beside the checkpoint size.
     """
     import time
 
@@ -576,9 +587,21 @@ def checkpoint_cost_bench(*, script, args, prefix: str, framework: str, build, m
 
 
 def checkpoint_worker(args, *, build, make_step, checkpointer, **_bench) -> int:
-    """The worker process of :func:`data_worker_trial` for :func:`checkpoint_cost_bench`'s framework parts
-    (the same keywords; the others are ignored): train on ``args.data_dir`` with background saves into
-    ``args.checkpoint_dir`` until signalled, printing each completed step (:func:`worker_steps`)."""
+    """The worker process of :func:`data_worker_trial` for :func:`checkpoint_cost_bench`'s framework parts.
+
+    Trains on ``args.data_dir`` with background saves into ``args.checkpoint_dir`` until signalled,
+    printing each completed step (:func:`worker_steps`).
+
+    Args:
+        args: the worker's parsed command line (``data_dir``, ``checkpoint_dir``).
+        build: as in :func:`checkpoint_cost_bench`.
+        make_step: as in :func:`checkpoint_cost_bench`.
+        checkpointer: as in :func:`checkpoint_cost_bench`.
+        **_bench: the bench's other keywords, ignored.
+
+    Returns:
+        the process's exit status (:func:`worker_steps`).
+    """
     from spot_training.training.datasets import load_digits
     from spot_training.training.notice import NoticeHandler
 
