@@ -89,6 +89,7 @@ class NoticeHandler:
         if self._watchers:
             self._start_wakeup()
         _INSTALLED.add(self)
+        _open_running_pipe()
         _register_fork_handler()
         return self
 
@@ -164,6 +165,8 @@ class NoticeHandler:
             signal.signal(sig, previous)  # type: ignore[arg-type]
         self._previous.clear()
         _INSTALLED.discard(self)
+        if not _INSTALLED:
+            _close_running_pipe()
 
     def __enter__(self) -> "NoticeHandler":
         return self.install()
@@ -208,27 +211,74 @@ class NoticeHandler:
 
 _INSTALLED: set[NoticeHandler] = set()
 _FORK_HANDLER = False
+#: ``(read end, write end)`` of a pipe the trainer holds open while a handler is installed, or None. A
+#: child forked meanwhile keeps only the read end (:data:`_CHILD_RUNNING_FD`) and reads end of file once
+#: the trainer has uninstalled its last handler (its stop checkpoint is committed) or is gone.
+_RUNNING: tuple[int, int] | None = None
+_CHILD_RUNNING_FD: int | None = None
+
+
+def _open_running_pipe() -> None:
+    global _RUNNING
+    if _RUNNING is None:
+        read, write = os.pipe()  # close-on-exec: only forked children share it
+        os.set_blocking(read, False)
+        _RUNNING = (read, write)
+
+
+def _close_running_pipe() -> None:
+    global _RUNNING
+    running, _RUNNING = _RUNNING, None
+    if running is not None:
+        for fd in running:
+            os.close(fd)
+
+
+def _stop_in_forked_child(signum, _frame) -> None:
+    """A forked child's handler of the trainer's stop signals: ignored while the trainer runs, the
+    signal's default action (the end of the process) once the trainer is done or gone.
+
+    ``multiprocessing.Pool.terminate`` (what MXNet's ``gluon.data.DataLoader`` runs when it is freed,
+    also while the trainer exits after its stop checkpoint) stops its workers with SIGTERM and then
+    joins them: ignored for good, the join blocked the trainer's exit until the agent's SIGKILL at the
+    end of the notice budget (seen in bench/notice/gluon.py). The agent's SIGTERM to the rest of the
+    group after the trainer exited ends such children the same way."""
+    try:
+        if _CHILD_RUNNING_FD is None or os.read(_CHILD_RUNNING_FD, 1):
+            return
+    except BlockingIOError:
+        return  # the trainer still runs: the notice is its to act on
+    except OSError:
+        pass  # the descriptor is gone: treat the trainer as gone
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
 
 
 def _in_forked_child() -> None:
     # A process forked by the trainer (a Keras PyDataset worker, a PyTorch DataLoader worker, a
     # multiprocessing pool) while notices are handled: a notice is the trainer's to act on, not
     # the worker's. The agent may signal the whole process group, so the worker ignores the stop
-    # signals (it ends when the trainer does: its pipe to the trainer closes) and must not write
-    # into the trainer's wakeup socket, which it inherited.
+    # signals while the trainer runs (it ends when the trainer does: its pipe to the trainer closes,
+    # or a stop signal arrives after the trainer is done, see _stop_in_forked_child) and must not
+    # write into the trainer's wakeup socket, which it inherited.
+    global _RUNNING, _CHILD_RUNNING_FD
     handlers = list(_INSTALLED)
     _INSTALLED.clear()
+    running, _RUNNING = _RUNNING, None
     if not handlers:
         return
     try:
         signal.set_wakeup_fd(-1)
     except ValueError:  # forked from a thread other than the main one: no wakeup fd to clear
         pass
+    if running is not None:
+        os.close(running[1])  # only the trainer holds the write end: end of file when it is done
+        _CHILD_RUNNING_FD = running[0]
     for handler in handlers:
         handler._previous.clear()
         handler._wakeup = None
         for sig in handler.stop_signals:
-            signal.signal(sig, signal.SIG_IGN)
+            signal.signal(sig, _stop_in_forked_child if running is not None else signal.SIG_IGN)
 
 
 def _register_fork_handler() -> None:

@@ -130,10 +130,47 @@ def test_stop_watcher_hears_the_signal_on_its_thread_and_forked_children_ignore_
     with notice:
         pid = os.fork()
         if pid == 0:  # a worker forked while the handlers are installed: the stop signal is ignored
-            os._exit(0 if signal.getsignal(signal.SIGUSR2) is signal.SIG_IGN else 1)
-        assert os.waitpid(pid, 0)[1] == 0, "the forked child kept the trainer's stop handler"
+            os.kill(os.getpid(), signal.SIGUSR2)
+            os._exit(0 if signal.getsignal(signal.SIGUSR2) not in (signal.SIG_DFL, notice._on_stop) else 1)
+        assert os.waitpid(pid, 0)[1] == 0, "the forked child kept the trainer's stop handler or died of the signal"
         os.kill(os.getpid(), signal.SIGUSR2)
         assert heard.wait(5), "the watcher thread did not hear the stop signal"
         assert notice.stop_requested and notice.stop_signal == signal.SIGUSR2
     assert signal.getsignal(signal.SIGUSR2) is signal.SIG_DFL
     assert signal.set_wakeup_fd(-1) == -1, "uninstall left the wakeup fd set"
+
+
+@pytest.mark.integration
+def test_a_forked_child_ignores_the_stop_signal_while_the_trainer_runs_and_ends_on_it_once_the_trainer_is_done():
+    # multiprocessing.Pool.terminate (MXNet's DataLoader runs it when freed, as the trainer exits after
+    # its stop checkpoint) ends its workers with SIGTERM and joins them: ignored for good, the join
+    # held the trainer's exit until the agent's SIGKILL at the end of the notice budget.
+    import time
+
+    notice = NoticeHandler(request_file=None, stop_signals=(signal.SIGUSR2,), checkpoint_signals=())
+    notice.add_stop_watcher(lambda: None)
+    notice.install()
+    try:
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # a loader worker: says it is ready, then waits to be stopped
+            os.close(read)
+            os.write(write, b"r")
+            time.sleep(30)
+            os._exit(0)
+        os.close(write)
+        assert os.read(read, 1) == b"r"
+        os.close(read)
+        os.kill(pid, signal.SIGUSR2)  # the trainer still runs: the child ignores the notice
+        time.sleep(0.3)
+        assert os.waitpid(pid, os.WNOHANG) == (0, 0), "the child died of a notice while the trainer ran"
+    finally:
+        notice.uninstall()  # the trainer is done: its stop checkpoint is committed
+    os.kill(pid, signal.SIGUSR2)  # Pool.terminate, or the agent's SIGTERM to the rest of the group
+    deadline = time.monotonic() + 10
+    while (status := os.waitpid(pid, os.WNOHANG)) == (0, 0) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    if status == (0, 0):
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    assert status[0] == pid and os.WIFSIGNALED(status[1]) and os.WTERMSIG(status[1]) == signal.SIGUSR2, status
