@@ -43,7 +43,13 @@ def phase(name: str) -> None:
 
 
 class SlowArrays:
-    """A Gluon dataset of ``(x[i], y[i])`` whose ``__getitem__`` sleeps ``delay`` seconds (a decode)."""
+    """A Gluon dataset of ``(x[i], y[i])`` whose ``__getitem__`` sleeps ``delay`` seconds (a decode).
+
+    Args:
+        x: inputs, shape ``(n, ...)``.
+        y: labels, shape ``(n,)``.
+        delay: seconds of sleep per item (0: none).
+    """
 
     def __init__(self, x, y, delay: float) -> None:
         self.x, self.y, self.delay = x, y, delay
@@ -58,7 +64,15 @@ class SlowArrays:
 
 
 class StepBatches:
-    """A Gluon batch sampler: ``batch_indices(step)`` for ``step`` in ``start .. total-1``."""
+    """A Gluon batch sampler: ``batch_indices(step)`` for ``step`` in ``start .. total-1``.
+
+    Args:
+        start: the first step (the restored step count).
+        total: the whole run's steps.
+        batch_size: examples per batch.
+        n: examples in the dataset.
+        seed: the shuffle seed (:func:`spot_training.training.datasets.batch_indices`).
+    """
 
     def __init__(self, *, start: int, total: int, batch_size: int, n: int, seed: int) -> None:
         self.start, self.total, self.batch_size, self.n, self.seed = start, total, batch_size, n, seed
@@ -74,6 +88,7 @@ class StepBatches:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
+    """The job's command line (``--help`` lists it); ``argv`` default: ``sys.argv[1:]``."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data-dir", type=Path, required=True)
     parser.add_argument("--checkpoint-dir", type=Path, required=True)
@@ -93,6 +108,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def main(argv=None) -> int:
+    """Train the phase job (module docstring); returns the exit status (0, or the contract's 74/78)."""
     phase("import")
     args = parse_args(argv)
     os.environ["OMP_NUM_THREADS"] = "1"  # before MXNet loads OpenMP: one summation order (the example's rule)
