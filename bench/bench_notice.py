@@ -56,7 +56,7 @@ def run_framework(name: str, *, trials: int, seed: int, phases: list[str] | None
     """One framework's trials in a process of its interpreter; returns the trial dicts.
 
     Raises:
-        RuntimeError: the runner failed or printed no JSON last line (its stderr's tail attached).
+        RuntimeError: the runner failed or printed no JSON last line.
     """
     module = FRAMEWORKS[name]
     python, _known = _module_attrs(module)
@@ -66,10 +66,11 @@ def run_framework(name: str, *, trials: int, seed: int, phases: list[str] | None
         command += ["--phases", *phases]
     if not resume:
         command.append("--no-resume")
-    proc = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=timeout_s)
+    # stderr passes through: one JSON line per finished trial, the progress of a long run.
+    proc = subprocess.run(command, cwd=REPO, stdout=subprocess.PIPE, text=True, timeout=timeout_s)
     lines = proc.stdout.strip().splitlines()
     if proc.returncode != 0 or not lines:
-        raise RuntimeError(f"{name}: {' '.join(command)} exited {proc.returncode}: {proc.stderr[-3000:]}")
+        raise RuntimeError(f"{name}: {' '.join(command)} exited {proc.returncode} (its stderr is above)")
     return json.loads(lines[-1])
 
 
