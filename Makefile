@@ -113,9 +113,10 @@ demo: setup
 $(addprefix bench-,$(BENCHES)): bench-%: setup
 	$(BIN)/python bench/bench_$*.py
 
-# bench-notice: the phase drill (PyTorch): notices sent as the agent sends them, per phase (bench/bench_notice.py).
+# bench-notice: the phase drill: notices sent as the agent sends them, per front-end and phase (bench/bench_notice.py;
+# each front-end's trials run in a process of its own environment, bench/notice/).
 bench-notice: setup
-	$(TORCH_VENV)/bin/python bench/bench_notice.py
+	$(BIN)/python bench/bench_notice.py
 
 clean:
 	rm -rf cdk.out out .pytest_cache

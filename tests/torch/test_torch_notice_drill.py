@@ -1,23 +1,24 @@
-"""The phase drill's short form (bench/bench_notice.py, ``make bench-notice`` in full): a notice at
-startup (a resume) and one during steps with two DataLoader workers, sent as the agent sends it."""
+"""The phase drill's short form for PyTorch (bench/notice/pytorch.py; ``make bench-notice`` in full): a
+notice at startup (a resume) and one during steps with two DataLoader workers, sent as the agent sends it."""
 
 from __future__ import annotations
 
-import importlib.util
+import sys
 from pathlib import Path
 
 import pytest
 
 pytestmark = [pytest.mark.torch, pytest.mark.slow]
 
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "bench_notice.py"
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_notice_drill_short_form_loses_nothing_and_exits_0() -> None:
-    spec = importlib.util.spec_from_file_location("bench_notice", BENCH)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    table = bench.run(trials=1, workers=[2], seed=1, phases=["startup", "step"])
+    sys.path.insert(0, str(REPO))
+    from bench.notice.common import summarise
+    from bench.notice.run import run_trials
+
+    table = summarise(run_trials("bench.notice.pytorch", trials=2, seed=1, phases=["startup", "step/w2"]))
     assert set(table) == {"startup", "step/w2"}
     for phase, row in table.items():
         assert row["committed"] == row["trials"], (phase, row)

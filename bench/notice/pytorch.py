@@ -1,0 +1,59 @@
+"""Phase drill, PyTorch: ``spot_training/training/examples/torch_resnet.py`` on the digits.
+
+Phases: ``startup`` (1-3 s after start, while torch is imported and the newest checkpoint restored:
+the directory already holds one, a resume); ``step/wN`` (after 3-15 steps of a run whose
+``DataLoader`` has N persistent workers); ``write`` (a checkpoint after every step, so a background
+write is in flight at nearly every notice). No resume is compared with a reference (bitwise: None).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import sys
+import time
+from pathlib import Path
+
+from bench.notice.common import result, rows, send_notice, wait_for
+from spot_training.agent.process_group import ProcessGroup
+from spot_training.training.examples.prepare_data import prepare_digits
+from spot_training.training.store import CheckpointStore
+
+PYTHON = "torch"
+PHASES = ("startup", "step/w0", "step/w2", "step/w4", "write")
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLE = REPO / "spot_training" / "training" / "examples" / "torch_resnet.py"
+
+
+def prepare(tmp: Path) -> dict:
+    """The digits under ``tmp/data``."""
+    prepare_digits(tmp / "data")
+    return {"data_dir": tmp / "data"}
+
+
+def trial(root: Path, ctx: dict, *, phase: str, rng: random.Random) -> dict:
+    """One run of the example and one notice inside ``phase``."""
+    workers = int(phase.split("/w")[1]) if phase.startswith("step/w") else 0
+    ckpt_dir, log_dir = root / "ckpt", root / "logs"
+    args = [sys.executable, str(EXAMPLE), "--steps", "400", "--batch-size", "32", "--device", "cpu",
+            "--data-dir", str(ctx["data_dir"]), "--checkpoint-dir", str(ckpt_dir), "--log-dir", str(log_dir),
+            "--num-workers", str(workers), "--step-delay", "0.02",
+            "--save-every-steps", "1" if phase == "write" else "25"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    if phase == "startup":  # a resume: one short run leaves a checkpoint to restore
+        first = ProcessGroup.start([*args[:2], "--steps", "5", *args[4:]], cwd=REPO, env=env,
+                                   log_path=root / "first.log")
+        first.proc.wait(timeout=300)
+        (ckpt_dir / "COMPLETED").unlink(missing_ok=True)
+    group = ProcessGroup.start(args, cwd=REPO, env=env, log_path=root / "trainer.log")
+    log = log_dir / "training_log.csv"
+    if phase == "startup":
+        time.sleep(rng.uniform(1.0, 3.0))
+    else:
+        target = rng.randint(3, 15)
+        wait_for(lambda: rows(log) >= target, group)
+    sent = send_notice(group, ctx["budget_s"])
+    latest = CheckpointStore(ckpt_dir, framework="pytorch").latest()
+    return result(phase, exit_status=group.poll(), ran=rows(log), latest=latest, sent=sent,
+                  log_text=(root / "trainer.log").read_text(errors="replace"),
+                  notice_to_exit_s=group.notice_to_exit_s)

@@ -1,0 +1,21 @@
+"""Phase drill, custom TensorFlow loop on ``TFCheckpointer`` (``bench/notice/tf_drill.py`` describes the phases)."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+from bench.notice import tf_drill
+
+PYTHON = "venv"
+PHASES = ("startup", "step", "validation", "first-trace", "write")
+
+
+def prepare(tmp: Path) -> dict:
+    """The uninterrupted reference run."""
+    return tf_drill.prepare(tmp, "tf")
+
+
+def trial(root: Path, ctx: dict, *, phase: str, rng: random.Random) -> dict:
+    """One notice inside ``phase`` and the resume to the end."""
+    return tf_drill.trial(root, ctx, phase=phase, rng=rng, mode="tf")
