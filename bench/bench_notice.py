@@ -55,7 +55,19 @@ def _module_attrs(module_name: str) -> tuple[str, tuple[str, ...]]:
 
 def run_framework(name: str, *, trials: int, seed: int, phases: list[str] | None = None,
                   budget_s: float = NOTICE_BUDGET_S, resume: bool = True, timeout_s: float = 7200.0) -> list[dict]:
-    """One framework's trials in a process of its interpreter; returns the trial dicts.
+    """One framework's trials in a process of its interpreter.
+
+    Args:
+        name: a key of :data:`FRAMEWORKS`.
+        trials: notices in all.
+        seed: the random source's seed.
+        phases: only these phases (default: the module's own).
+        budget_s: seconds from SIGTERM to SIGKILL (default 110).
+        resume: resume each run to the end and compare it bitwise (default True).
+        timeout_s: seconds the runner may take (default 7200).
+
+    Returns:
+        the trial dicts.
 
     Raises:
         RuntimeError: the runner failed or printed no JSON last line.
@@ -78,8 +90,19 @@ def run_framework(name: str, *, trials: int, seed: int, phases: list[str] | None
 
 def run(frameworks: list[str], *, trials: int, seed: int = 0, phases: list[str] | None = None,
         budget_s: float = NOTICE_BUDGET_S, resume: bool = True) -> dict:
-    """Every framework's trials; ``phases`` (optional) keeps, per framework, the ones it has (a
-    framework with none of them is skipped). Returns ``{framework: {phase: row}}`` (see summarise)."""
+    """Every framework's trials.
+
+    Args:
+        frameworks: keys of :data:`FRAMEWORKS`.
+        trials: notices per framework.
+        seed: the random source's seed.
+        phases: keeps, per framework, the ones it has (a framework with none of them is skipped).
+        budget_s: seconds from SIGTERM to SIGKILL (default 110).
+        resume: resume each run to the end and compare it bitwise (default True).
+
+    Returns:
+        ``{framework: {phase: row}}`` (:func:`bench.notice.common.summarise`).
+    """
     tables = {}
     for name in frameworks:
         _python, known = _module_attrs(FRAMEWORKS[name])
@@ -92,6 +115,7 @@ def run(frameworks: list[str], *, trials: int, seed: int = 0, phases: list[str] 
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The drill's command line (module docstring): prints a table, then a JSON last line; returns 0."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--frameworks", nargs="+", choices=list(FRAMEWORKS), default=list(FRAMEWORKS))
     parser.add_argument("--trials", type=int, default=20, help="notices per framework, over its phases (default 20)")

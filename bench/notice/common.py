@@ -26,7 +26,16 @@ def rows(log: Path) -> int:
 
 
 def wait_for(predicate, group, *, timeout_s: float = 300.0) -> bool:
-    """Poll ``predicate()`` every 10 ms until it holds, the trainer ends or ``timeout_s`` passes."""
+    """Poll ``predicate()`` every 10 ms until it holds, the trainer ends or ``timeout_s`` passes.
+
+    Args:
+        predicate: a callable without arguments.
+        group: the trainer's :class:`~spot_training.agent.process_group.ProcessGroup`.
+        timeout_s: seconds to wait at most (default 300).
+
+    Returns:
+        whether the predicate holds at the end.
+    """
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline and group.poll() is None:
         if predicate():
@@ -36,9 +45,18 @@ def wait_for(predicate, group, *, timeout_s: float = 300.0) -> bool:
 
 
 def send_notice(group, budget_s: float) -> float:
-    """The agent's notice: SIGTERM to the group now, SIGKILL once ``budget_s`` has passed; waits for
-    the trainer to end and returns the time (``time.time()``) the SIGTERM was sent. The seconds from
-    the SIGTERM to the trainer's end are left in ``group.notice_to_exit_s``."""
+    """The agent's notice: SIGTERM to the group now, SIGKILL once ``budget_s`` has passed.
+
+    Waits for the trainer to end; the seconds from the SIGTERM to the trainer's end are left in
+    ``group.notice_to_exit_s``.
+
+    Args:
+        group: the trainer's :class:`~spot_training.agent.process_group.ProcessGroup`.
+        budget_s: seconds from SIGTERM to SIGKILL.
+
+    Returns:
+        the time (``time.time()``) the SIGTERM was sent.
+    """
     sent = time.time()
     group.stop(kill_after=budget_s)
     while group.poll() is None:
@@ -50,10 +68,25 @@ def send_notice(group, budget_s: float) -> float:
 
 def result(phase: str, *, exit_status, ran: int, latest, sent: float, log_text: str,
            bitwise: bool | None = None, notice_to_exit_s: float | None = None) -> dict:
-    """One trial's figures. ``latest``: the newest :class:`~spot_training.training.store.Checkpoint`
-    (or None); committed: it holds every step that ran; notice -> committed: its manifest's
-    ``wall_time`` minus ``sent`` (0 when the notice found nothing new to save); notice -> exit: the
-    seconds until the trainer ended (SIGKILL included), when measured."""
+    """One trial's figures.
+
+    Committed: the newest checkpoint holds every step that ran; notice -> committed: its manifest's
+    ``wall_time`` minus ``sent`` (0 when the notice found nothing new to save).
+
+    Args:
+        phase: the phase the notice aimed at.
+        exit_status: the trainer's exit status.
+        ran: steps the trainer logged.
+        latest: the newest :class:`~spot_training.training.store.Checkpoint`, or None.
+        sent: when the SIGTERM was sent (``time.time()``).
+        log_text: the trainer's log (a loader worker's death is looked for).
+        bitwise: the resumed run equals the reference (None: not compared).
+        notice_to_exit_s: seconds until the trainer ended (SIGKILL included), when measured.
+
+    Returns:
+        the trial dict (``phase``, ``exit``, ``ran``, ``saved``, ``lost``, ``committed``,
+        ``notice_to_committed_s``, ``worker_killed``, ``bitwise``, ``notice_to_exit_s``).
+    """
     saved = latest.step if latest is not None else 0
     committed_s = max(0.0, latest.manifest["wall_time"] - sent) if latest is not None and saved == ran else None
     if latest is None and ran == 0:
@@ -65,7 +98,15 @@ def result(phase: str, *, exit_status, ran: int, latest, sent: float, log_text: 
 
 
 def same_arrays(a: Path, b: Path) -> bool:
-    """Whether two ``.npz`` files hold the same keys with bitwise equal arrays (False if one is missing)."""
+    """Whether two ``.npz`` files hold the same keys with bitwise equal arrays.
+
+    Args:
+        a: one ``.npz`` file.
+        b: the other.
+
+    Returns:
+        True when both exist and every array is bitwise equal; False if one is missing.
+    """
     if not (a.exists() and b.exists()):
         return False
     with np.load(a) as x, np.load(b) as y:
@@ -75,7 +116,15 @@ def same_arrays(a: Path, b: Path) -> bool:
 
 
 def percentile(values: list[float], q: float) -> float | None:
-    """The ``q`` quantile (0-1) of ``values`` by nearest rank; None when empty."""
+    """The ``q`` quantile of ``values`` by nearest rank.
+
+    Args:
+        values: the samples.
+        q: the quantile, 0 to 1.
+
+    Returns:
+        the sample at that rank; None when ``values`` is empty.
+    """
     if not values:
         return None
     values = sorted(values)

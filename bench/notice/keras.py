@@ -17,5 +17,15 @@ def prepare(tmp: Path) -> dict:
 
 
 def trial(root: Path, ctx: dict, *, phase: str, rng: random.Random) -> dict:
-    """One notice inside ``phase`` and the resume to the end."""
+    """One notice inside ``phase`` and the resume to the end.
+
+    Args:
+        root: the trial's own empty directory (checkpoints, logs).
+        ctx: what ``prepare`` returned, plus the runner's ``budget_s`` and ``resume``.
+        phase: one of ``PHASES``.
+        rng: the drill's random source (when in the phase the notice lands).
+
+    Returns:
+        the trial's figures (:func:`bench.notice.common.result`).
+    """
     return tf_drill.trial(root, ctx, phase=phase, rng=rng, mode="keras")

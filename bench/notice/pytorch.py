@@ -32,7 +32,17 @@ def prepare(tmp: Path) -> dict:
 
 
 def trial(root: Path, ctx: dict, *, phase: str, rng: random.Random) -> dict:
-    """One run of the example and one notice inside ``phase``."""
+    """One run of the example and one notice inside ``phase``.
+
+    Args:
+        root: the trial's own empty directory (checkpoints, logs).
+        ctx: what ``prepare`` returned, plus the runner's ``budget_s`` and ``resume``.
+        phase: one of ``PHASES``.
+        rng: the drill's random source (when in the phase the notice lands).
+
+    Returns:
+        the trial's figures (:func:`bench.notice.common.result`).
+    """
     workers = int(phase.split("/w")[1]) if phase.startswith("step/w") else 0
     ckpt_dir, log_dir = root / "ckpt", root / "logs"
     args = [sys.executable, str(EXAMPLE), "--steps", "400", "--batch-size", "32", "--device", "cpu",

@@ -26,13 +26,32 @@ from bench.notice.common import NOTICE_BUDGET_S  # noqa: E402
 
 
 def plan(phases: list[str], trials: int) -> list[str]:
-    """``trials`` phases, round-robin over ``phases``, so every phase gets one before any gets two."""
+    """``trials`` phases, round-robin over ``phases``, so every phase gets one before any gets two.
+
+    Args:
+        phases: the phases, in order.
+        trials: how many notices in all.
+
+    Returns:
+        the phase of each trial.
+    """
     return [phases[i % len(phases)] for i in range(trials)]
 
 
 def run_trials(module_name: str, *, trials: int, seed: int, phases: list[str] | None = None,
                budget_s: float = NOTICE_BUDGET_S, resume: bool = True) -> list[dict]:
-    """Import the module, prepare its context in a temporary directory, run the trials; returns their dicts.
+    """Import the module, prepare its context in a temporary directory, run the trials.
+
+    Args:
+        module_name: the framework's module, e.g. ``bench.notice.keras``.
+        trials: notices in all.
+        seed: the random source's seed.
+        phases: only these phases (default: the module's ``PHASES``).
+        budget_s: seconds from SIGTERM to SIGKILL (default 110).
+        resume: resume each run to the end and compare it bitwise (default True).
+
+    Returns:
+        the trials' dicts.
 
     Raises:
         ValueError: a phase the module does not know (the message lists the ones it knows).
@@ -57,6 +76,7 @@ def run_trials(module_name: str, *, trials: int, seed: int, phases: list[str] | 
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The runner's command line (module docstring); prints the trials as a JSON last line, returns 0."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("module", help="the framework's module, e.g. bench.notice.keras")
     parser.add_argument("--trials", type=int, default=20, help="notices in all (default 20)")

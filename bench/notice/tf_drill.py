@@ -32,7 +32,15 @@ def _command(mode: str, root: Path, *extra: str, epochs: int = EPOCHS) -> list[s
 
 def prepare(tmp: Path, mode: str) -> dict:
     """Where the uninterrupted reference run's variables go (``tmp/reference.npz``); the first trial
-    that resumes runs it."""
+    that resumes runs it.
+
+    Args:
+        tmp: the drill's temporary directory.
+        mode: ``"keras"`` (``model.fit``) or ``"tf"`` (the custom loop).
+
+    Returns:
+        ``{"reference": <path>, "mode": mode}``.
+    """
     return {"reference": tmp / "reference.npz", "mode": mode}
 
 
@@ -45,7 +53,18 @@ def _reference(ctx: dict) -> Path:
 
 
 def trial(root: Path, ctx: dict, *, phase: str, rng: random.Random, mode: str) -> dict:
-    """One run of ``tf_job.py`` with one notice inside ``phase``, then its resume to the end."""
+    """One run of ``tf_job.py`` with one notice inside ``phase``, then its resume to the end.
+
+    Args:
+        root: the trial's own empty directory (checkpoints, logs).
+        ctx: what ``prepare`` returned, plus the runner's ``budget_s`` and ``resume``.
+        phase: one of ``PHASES``.
+        rng: the drill's random source (when in the phase the notice lands).
+        mode: ``"keras"`` or ``"tf"``.
+
+    Returns:
+        the trial's figures (:func:`bench.notice.common.result`).
+    """
     budget = ctx["budget_s"]
     validation_s = budget * VALIDATION_OVER_BUDGET
     extra = ["--save-every-steps", "1" if phase == "write" else "7"]

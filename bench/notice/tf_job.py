@@ -30,6 +30,7 @@ SPE, BATCH, FEATURES, WIDTH, VAL_BATCHES = 10, 16, 16, 512, 20
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Train the phase job in ``mode`` (module docstring); returns the exit status (0 after a notice)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("mode", choices=("keras", "tf"))
     parser.add_argument("--checkpoint-dir", type=Path, required=True)
