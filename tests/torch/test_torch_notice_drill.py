@@ -18,7 +18,8 @@ def test_notice_drill_short_form_loses_nothing_and_exits_0() -> None:
     from bench.notice.common import summarise
     from bench.notice.run import run_trials
 
-    table = summarise(run_trials("bench.notice.pytorch", trials=2, seed=1, phases=["startup", "step/w2"]))
+    table = summarise(run_trials("bench.notice.pytorch", trials=2, seed=1, phases=["startup", "step/w2"],
+                                 resume=False))
     assert set(table) == {"startup", "step/w2"}
     for phase, row in table.items():
         assert row["committed"] == row["trials"], (phase, row)
