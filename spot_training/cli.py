@@ -164,8 +164,9 @@ class ProgressDisplay:
             return f"destroyed; orphans: {event['orphans'] or 'none'}"
         if kind == "read-back":
             savings = event.get("savings_pct")
+            as_of = f" (prices as of {event['prices_as_of']})" if event.get("prices_as_of") else ""
             return (f"read back from the local AWS (spot-train status / cost): {event['interruptions']} "
-                    f"interruption(s), savings {'n/a' if savings is None else f'{savings:.3f} %'}")
+                    f"interruption(s), savings {'n/a' if savings is None else f'{savings:.3f} %'}{as_of}")
         if kind in _EVENT_LINES:
             return _EVENT_LINES[kind].format_map({"reason": "", **event})
         return ""
@@ -228,6 +229,14 @@ def _read_back_lines(report: dict[str, Any]) -> list[str]:
              "moved" if h["volume_moved"] else ("stayed" if h["volume_moved"] is False else "-")]
             for n, h in enumerate(history)]))
     lines.append(ops.format_cost(cost).rstrip("\n"))
+    prices = report.get("prices")
+    if prices:
+        spot = "spot price history" if prices.get("spot_from_table") else "spot price history (some types not in it)"
+        on_demand = " and on-demand prices" if prices.get("on_demand_from_table") else ""
+        lines.append(f"prices: {spot}{on_demand} as of {prices['as_of']}, from {Path(prices['path']).name}")
+        import textwrap
+
+        lines += textwrap.wrap(prices["source"], width=100, initial_indent="  source: ", subsequent_indent="  ")
     return lines
 
 

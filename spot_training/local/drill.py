@@ -18,7 +18,9 @@ logged, over all runs), ``lost_steps`` (executed minus total: steps done twice),
 trainer reports it), ``baseline_test_accuracy``, ``matches_uninterrupted_baseline``,
 ``orphans_after_destroy`` (a list), ``wall_s``, ``phases_s`` (spot_training/agent/deploy/training/destroy),
 read back from the local AWS before destroy through ``spot-train status``/``cost``'s code
-(:func:`read_back`): ``aws_status``, ``aws_interruptions``, ``cost``, ``savings_pct``; and
+(:func:`read_back`): ``aws_status``, ``aws_interruptions``, ``cost``, ``savings_pct``; ``prices``: where
+the spot and on-demand prices come from (:func:`price_source`: the dated table the moto server's spot
+price history is seeded from, spot_training/local/spot_prices.json); and
 ``passed`` (completed, no lost step, matches the baseline, nothing orphaned, enough interruptions and moves).
 """
 
@@ -105,10 +107,10 @@ class DrillOptions:
             ``-c framework=...``; the nodes and the baseline run the framework's example with its
             local interpreter (:data:`DRILL_FRAMEWORKS`).
         instance_types: the fleet's instance types (default g5.xlarge, g4dn.xlarge: types the local
-            AWS has a spot price history for; moto has none for p3.2xlarge in us-east-1).
+            AWS's spot price history prices from its dated table, spot_training/local/spot_prices.json).
         on_demand_prices: the stated on-demand price in USD/hour of each type, an input of the cost
-            report (local mode cannot ask the AWS Price List API; default: the us-east-1 Linux list
-            prices g5.xlarge 1.006, g4dn.xlarge 0.526 as AWS published them for 2024-2025).
+            report (local mode cannot ask the AWS Price List API; default: the same table's us-east-1
+            Linux on-demand prices, g5.xlarge 1.006 and g4dn.xlarge 0.526).
         ebs_gb_month_price, snapshot_gb_month_price: stated USD per GB-month (default gp3 0.08,
             snapshots 0.05: us-east-1 list prices).
     """
@@ -127,7 +129,7 @@ class DrillOptions:
     framework: str = "tensorflow"
     instance_types: tuple[str, ...] = ("g5.xlarge", "g4dn.xlarge")
     on_demand_prices: dict[str, float] = dataclasses.field(
-        default_factory=lambda: {"g5.xlarge": 1.006, "g4dn.xlarge": 0.526})
+        default_factory=lambda: table_on_demand_prices(("g5.xlarge", "g4dn.xlarge")))
     ebs_gb_month_price: float = 0.08
     snapshot_gb_month_price: float = 0.05
 
@@ -174,6 +176,29 @@ class DrillOptions:
         return [*script, "--epochs", str(self.epochs), "--batch-size", str(self.batch_size), "--seed", str(self.seed),
                 "--save-every-steps", str(self.save_every_steps),
                 DRILL_FRAMEWORKS[self.framework].final_weights_option, f"{root}/{FINAL_WEIGHTS}"]
+
+
+def table_on_demand_prices(instance_types: Collection[str]) -> dict[str, float]:
+    """The on-demand USD/hour of ``instance_types`` from local mode's price table
+    (:data:`spot_training.local.spot_prices.TABLE_PATH`, the table the moto server's spot price history
+    comes from); a type the table lacks is left out (:meth:`DrillOptions.validate` then names it)."""
+    from spot_training.local.spot_prices import load_table
+
+    table = load_table()
+    return {t: table.on_demand[t] for t in instance_types if t in table.on_demand}
+
+
+def price_source(on_demand_prices: dict[str, float], instance_types: Collection[str]) -> dict[str, Any]:
+    """Where a drill's prices come from, for its report's ``prices``: the table's ``as_of``, ``source``,
+    ``path``, ``region`` and ``instance_types`` (:meth:`spot_training.local.spot_prices.PriceTable.describe`),
+    ``spot_from_table`` (every fleet type is in the table) and ``on_demand_from_table`` (every stated
+    on-demand price is the table's)."""
+    from spot_training.local.spot_prices import load_table
+
+    table = load_table()
+    return {**table.describe(),
+            "spot_from_table": all(t in table.spot for t in instance_types),
+            "on_demand_from_table": all(table.on_demand.get(t) == on_demand_prices.get(t) for t in instance_types)}
 
 
 def framework_python(framework: str) -> str:
@@ -351,6 +376,7 @@ def run_drill(options: DrillOptions, *, on_event: Callable[[dict[str, Any]], Non
         "test_accuracy": None, "baseline_test_accuracy": None, "matches_uninterrupted_baseline": False,
         "orphans_after_destroy": None, "wall_s": 0.0, "phases_s": {}, "options": options_dict(options),
         "error": None, "aws_status": None, "aws_interruptions": [], "cost": None, "savings_pct": None,
+        "prices": price_source(options.on_demand_prices, options.instance_types),
     }
     phases = report["phases_s"]
     baseline = _start_baseline(options, work_dir) if options.baseline else None
@@ -466,7 +492,8 @@ def add_read_back(report: dict[str, Any], endpoint_url: str, options: Any,
     try:
         report.update(read_back(endpoint_url, options))
         record({"event": "read-back", "savings_pct": report["savings_pct"],
-                "interruptions": len(report["aws_interruptions"])})
+                "interruptions": len(report["aws_interruptions"]),
+                "prices_as_of": (report.get("prices") or {}).get("as_of")})
     except Exception as error:  # noqa: BLE001 - the drill's own figures stand; say what failed
         report["read_back_error"] = f"{type(error).__name__}: {error}"
         record({"event": "error", "message": f"reading back from the local AWS failed: {report['read_back_error']}"})
