@@ -188,6 +188,12 @@ def format_report(report: dict[str, Any]) -> str:
         keys.insert(1, "framework")
     rows = [(key, fmt(report.get(key))) for key in keys]
     rows += [(f"phase {name} (s)", fmt(value)) for name, value in report.get("phases_s", {}).items()]
+    dataset = report.get("dataset")
+    if dataset:
+        rows.append(("dataset", f"{dataset['uri']} ({dataset['objects']} objects, {dataset['bytes']} bytes uploaded)"))
+        syncs = dataset.get("syncs") or []
+        rows.append(("dataset on the volume", ", ".join(
+            f"{s['status']}" + (f" {s['downloaded_bytes']} bytes" if s["status"] == "synced" else "") for s in syncs) or "-"))
     if report.get("error"):
         rows.append(("error", str(report["error"])))
     width = max(len(k) for k, _ in rows)
@@ -306,6 +312,10 @@ def cmd_drill(args: argparse.Namespace) -> int:
     if message:
         print(message, file=sys.stderr)
         return 2
+    if (args.cluster or args.sweep) and (args.dataset_uri is not None or args.dataset_dir is not None):
+        print("spot-train: error: --dataset-uri/--dataset-dir are options of the single-node drill, not of "
+              "--cluster or --sweep", file=sys.stderr)
+        return 2
     if args.cluster:
         return cmd_cluster_drill(args)
     if args.sweep:
@@ -320,7 +330,8 @@ def cmd_drill(args: argparse.Namespace) -> int:
     options = DrillOptions(work_dir=args.work_dir, interruptions=args.interruptions, az_moves=args.az_moves,
                            random_az=args.random_az, epochs=args.epochs, seed=args.seed,
                            baseline=not args.no_baseline, timeout_s=args.timeout, stack=args.stack,
-                           framework=args.framework if args.framework is not None else DrillOptions.framework)
+                           framework=args.framework if args.framework is not None else DrillOptions.framework,
+                           dataset_uri=args.dataset_uri, dataset_dir=args.dataset_dir)
     report = _run_reported(options, run_drill)
     if isinstance(report, int):
         return report
@@ -605,6 +616,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                             "mxnet or pytorch; pytorch trains with .venv-torch)")
     drill.add_argument("--steps", type=int, default=800, help="--cluster: total optimizer steps (default 800)")
     drill.add_argument("--workers", type=int, default=2, help="--cluster: workers at the start; one more joins (default 2)")
+    drill.add_argument("--dataset-uri", default=None, metavar="s3://BUCKET/PREFIX/",
+                       help="train from this prefix of the local S3, deployed as -c dataset_uri=...: the drill uploads "
+                            "--dataset-dir there first (as aws s3 sync would), the volume starts empty and the agent "
+                            "brings the prefix onto it (default: the stack's digits asset)")
+    drill.add_argument("--dataset-dir", type=Path, default=None,
+                       help="with --dataset-uri: the files to upload (default: the digits, written by prepare_digits)")
     drill.set_defaults(handler=cmd_drill)
 
     for name, handler, text in (("up", cmd_up, "start the moto server, cdk bootstrap and cdk deploy; leave it up"),

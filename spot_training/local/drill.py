@@ -113,6 +113,14 @@ class DrillOptions:
             Linux on-demand prices, g5.xlarge 1.006 and g4dn.xlarge 0.526).
         ebs_gb_month_price, snapshot_gb_month_price: stated USD per GB-month (default gp3 0.08,
             snapshots 0.05: us-east-1 list prices).
+        dataset_uri: ``s3://bucket/prefix/`` in the local S3 to train from, as ``-c dataset_uri=...``
+            deploys it (default None: the stack's digits asset). The drill first uploads
+            ``dataset_dir`` there, one object per file, as a user would with ``aws s3 sync DIR URI``
+            (creating the bucket if missing); the data volume starts empty and the agent brings the
+            prefix onto it (spot_training/agent/dataset.py).
+        dataset_dir: the user's files for ``dataset_uri`` (default: the digits, written by the
+            examples' ``prepare_digits`` into ``<work_dir>/user-data``); the trainer reads them under
+            ``datasets/`` as it reads the digits, and so does the baseline.
     """
 
     work_dir: Path = Path("out/demo")
@@ -132,6 +140,8 @@ class DrillOptions:
         default_factory=lambda: table_on_demand_prices(("g5.xlarge", "g4dn.xlarge")))
     ebs_gb_month_price: float = 0.08
     snapshot_gb_month_price: float = 0.05
+    dataset_uri: str | None = None
+    dataset_dir: Path | None = None
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming the bad option, its value and what is allowed."""
@@ -153,6 +163,13 @@ class DrillOptions:
             raise ValueError(f"on_demand_prices must give a positive USD/hour for every instance type "
                              f"{list(self.instance_types)}, got {self.on_demand_prices!r}")
         check_stack_and_framework(self.stack, self.framework, DRILL_FRAMEWORKS)
+        if self.dataset_uri is not None:
+            dataset_prefix(self.dataset_uri)
+        if self.dataset_dir is not None:
+            if self.dataset_uri is None:
+                raise ValueError(f"dataset_dir {str(self.dataset_dir)!r} needs a dataset_uri (s3://bucket/prefix/) to upload it to")
+            if not Path(self.dataset_dir).is_dir() or not any(p.is_file() for p in Path(self.dataset_dir).rglob("*")):
+                raise ValueError(f"dataset_dir must be a directory holding the dataset's files, got {str(self.dataset_dir)!r}")
 
     @property
     def trainer_python(self) -> str:
@@ -176,6 +193,74 @@ class DrillOptions:
         return [*script, "--epochs", str(self.epochs), "--batch-size", str(self.batch_size), "--seed", str(self.seed),
                 "--save-every-steps", str(self.save_every_steps),
                 DRILL_FRAMEWORKS[self.framework].final_weights_option, f"{root}/{FINAL_WEIGHTS}"]
+
+
+#: ``s3://bucket/prefix/``: a bucket name as S3 allows it, then a prefix ending in ``/`` (or none).
+_DATASET_PREFIX_URI = re.compile(r"s3://([a-z0-9][a-z0-9.-]{1,61}[a-z0-9])/((?:[^\s*?]+/)?)")
+
+
+def dataset_prefix(uri: str) -> tuple[str, str]:
+    """``(bucket, prefix)`` of a drill's ``dataset_uri``.
+
+    Raises:
+        ValueError: ``uri`` is not ``s3://bucket/prefix/`` (a prefix ending in ``/``; the drill
+            uploads a directory, so one object ``s3://bucket/key`` is not what it can make), or
+            has a ``..`` part.
+    """
+    match = _DATASET_PREFIX_URI.fullmatch(uri) if isinstance(uri, str) else None
+    if match is None or ".." in match.group(2).split("/"):
+        raise ValueError(f"dataset_uri must be s3://bucket/prefix/ (a prefix ending in /, where the drill uploads "
+                         f"the dataset's files), got {uri!r}")
+    return match.group(1), match.group(2)
+
+
+def upload_dataset(s3: Any, uri: str, source: Path) -> dict[str, Any]:
+    """Put every file under ``source`` to ``uri`` (``s3://bucket/prefix/``) as ``aws s3 sync source uri``
+    does for a fresh prefix: key = prefix + the file's path relative to ``source`` (``/``-separated),
+    creating the bucket when it does not exist. Boto3's ``upload_file`` (managed transfer) sends each one.
+
+    Returns:
+        ``{"uri", "objects" (count), "bytes" (total), "keys" (sorted)}``.
+
+    Raises:
+        ValueError: a bad ``uri`` (:func:`dataset_prefix`) or no file under ``source``.
+        botocore.exceptions.ClientError: S3 refused a call.
+    """
+    bucket, prefix = dataset_prefix(uri)
+    files = sorted(p for p in Path(source).rglob("*") if p.is_file())
+    if not files:
+        raise ValueError(f"no file under {str(source)!r} to upload to {uri}")
+    try:
+        s3.head_bucket(Bucket=bucket)
+    except Exception:  # noqa: BLE001 - missing (404) here; create_bucket says what else is wrong
+        s3.create_bucket(Bucket=bucket)
+    keys = []
+    for path in files:
+        key = prefix + path.relative_to(source).as_posix()
+        s3.upload_file(str(path), bucket, key)
+        keys.append(key)
+    return {"uri": uri, "objects": len(keys), "bytes": sum(p.stat().st_size for p in files), "keys": keys}
+
+
+def dataset_syncs(log_paths: Collection[Path]) -> list[dict[str, Any]]:
+    """What each node's agent said about the dataset (its ``dataset ready`` log line) in time order:
+    ``{"time", "log", "status" ("synced": brought from S3 onto the volume; "present": the volume
+    already held it, verified when it was written), "objects", "downloaded_bytes"}``."""
+    syncs = []
+    for path in log_paths:
+        if not path.exists():
+            continue
+        for line in path.read_text(errors="replace").splitlines():
+            if '"dataset ready"' not in line:
+                continue
+            try:
+                entry = json.loads(line)
+                result = entry["dataset"]
+                syncs.append({"time": entry.get("time", ""), "log": str(path), "status": result.get("status"),
+                              "objects": result.get("objects"), "downloaded_bytes": result.get("downloaded_bytes")})
+            except (ValueError, KeyError, TypeError, AttributeError):
+                continue
+    return sorted(syncs, key=lambda sync: sync["time"])
 
 
 def table_on_demand_prices(instance_types: Collection[str]) -> dict[str, float]:
@@ -310,12 +395,16 @@ def _trigger_steps(options: DrillOptions) -> list[int]:
     return [round(options.planned_steps * (i + 1) / (n + 2)) for i in range(n)]
 
 
-def _start_baseline(options: DrillOptions, work_dir: Path) -> subprocess.Popen[bytes]:
-    """The same trainer, same arguments and seed, uninterrupted, in ``<work_dir>/baseline``."""
+def _start_baseline(options: DrillOptions, work_dir: Path, dataset: Path | None = None) -> subprocess.Popen[bytes]:
+    """The same trainer, same arguments and seed, uninterrupted, in ``<work_dir>/baseline``, on a copy
+    of ``dataset`` (the files uploaded to ``dataset_uri``) or, without one, the digits."""
     from spot_training.training.examples.prepare_data import prepare_digits
 
     root = work_dir / "baseline"
-    prepare_digits(root / "datasets")
+    if dataset is not None:
+        shutil.copytree(dataset, root / "datasets")
+    else:
+        prepare_digits(root / "datasets")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "SPOT_TRAINING_"))}
     env.update({"SPOT_TRAINING_DATA_DIR": str(root / "datasets"), "SPOT_TRAINING_CHECKPOINT_DIR": str(root / "checkpoints"),
                 "SPOT_TRAINING_LOG_DIR": str(root / "logs"), "PYTHONUNBUFFERED": "1", "TF_CPP_MIN_LOG_LEVEL": "2",
@@ -379,18 +468,32 @@ def run_drill(options: DrillOptions, *, on_event: Callable[[dict[str, Any]], Non
         "prices": price_source(options.on_demand_prices, options.instance_types),
     }
     phases = report["phases_s"]
-    baseline = _start_baseline(options, work_dir) if options.baseline else None
+    user_data = None
+    if options.dataset_uri is not None:
+        user_data = Path(options.dataset_dir).resolve() if options.dataset_dir is not None else work_dir / "user-data"
+        if options.dataset_dir is None:
+            from spot_training.training.examples.prepare_data import prepare_digits
+
+            prepare_digits(user_data)
+    baseline = _start_baseline(options, work_dir, user_data) if options.baseline else None
     server = MotoServer(work_dir / "moto")
     runner: NodeRunner | None = None
     cdk: CdkCli | None = None
+    extra = {"training_python": options.trainer_python, "instance_types": ",".join(options.instance_types),
+             "monitoring_interval_s": "1"}
+    if options.dataset_uri is not None:
+        extra["dataset_uri"] = options.dataset_uri  # as -c dataset_uri=s3://bucket/prefix/ deploys it
     context = local_context(training_command=["{python}", *options.trainer_args()], framework=options.framework,
-                            extra={"training_python": options.trainer_python,
-                                   "instance_types": ",".join(options.instance_types), "monitoring_interval_s": "1"})
+                            extra=extra)
     interruptions: list[Interruption] = []
     try:
         record({"event": "phase", "phase": "moto", "message": "starting the moto server on 127.0.0.1"})
         server.start()
         aws = clients(server.endpoint_url)
+        if options.dataset_uri is not None and user_data is not None:
+            report["dataset"] = upload_dataset(aws.s3, options.dataset_uri, user_data)
+            record({"event": "phase", "phase": "upload", "message": f"{user_data} -> {options.dataset_uri} "
+                    f"({report['dataset']['objects']} objects, {report['dataset']['bytes']} bytes), as aws s3 sync would"})
         cdk = CdkCli(server.endpoint_url, work_dir=work_dir)
         bootstrap_and_deploy(cdk, options.stack, context, record=record, phases=phases)
         stack = stack_resources(aws, options.stack)
@@ -446,6 +549,8 @@ def run_drill(options: DrillOptions, *, on_event: Callable[[dict[str, Any]], Non
         if node.process.returncode != 0:
             raise DrillError(f"the last node's agent exited {node.process.returncode}; see {node.log_path}")
         _collect(node, work_dir / "results")
+        if "dataset" in report:
+            report["dataset"]["syncs"] = dataset_syncs(list((work_dir / "nodes").glob("*/agent.log")))
         completed_file = work_dir / "results" / contract.COMPLETED_FILE
         report["completed"] = completed_file.exists()
         if report["completed"]:
