@@ -168,8 +168,9 @@ class ProgressDisplay:
             return f"destroyed; orphans: {event['orphans'] or 'none'}"
         if kind == "read-back":
             savings = event.get("savings_pct")
+            as_of = f" (prices as of {event['prices_as_of']})" if event.get("prices_as_of") else ""
             return (f"read back from the local AWS (spot-train status / cost): {event['interruptions']} "
-                    f"interruption(s), savings {'n/a' if savings is None else f'{savings:.3f} %'}")
+                    f"interruption(s), savings {'n/a' if savings is None else f'{savings:.3f} %'}{as_of}")
         if kind in _EVENT_LINES:
             return _EVENT_LINES[kind].format_map({"reason": "", **event})
         return ""
@@ -195,6 +196,12 @@ def format_report(report: dict[str, Any]) -> str:
         keys[2:2] = ["training_command", "code_dir", "agent_exit_status"]
     rows = [(key, fmt(report.get(key))) for key in keys]
     rows += [(f"phase {name} (s)", fmt(value)) for name, value in report.get("phases_s", {}).items()]
+    dataset = report.get("dataset")
+    if dataset:
+        rows.append(("dataset", f"{dataset['uri']} ({dataset['objects']} objects, {dataset['bytes']} bytes uploaded)"))
+        syncs = dataset.get("syncs") or []
+        rows.append(("dataset on the volume", ", ".join(
+            f"{s['status']}" + (f" {s['downloaded_bytes']} bytes" if s["status"] == "synced" else "") for s in syncs) or "-"))
     if report.get("error"):
         rows.append(("error", str(report["error"])))
     rows += [("checked", check) for check in report.get("checks") or []]
@@ -237,6 +244,14 @@ def _read_back_lines(report: dict[str, Any]) -> list[str]:
              "moved" if h["volume_moved"] else ("stayed" if h["volume_moved"] is False else "-")]
             for n, h in enumerate(history)]))
     lines.append(ops.format_cost(cost).rstrip("\n"))
+    prices = report.get("prices")
+    if prices:
+        spot = "spot price history" if prices.get("spot_from_table") else "spot price history (some types not in it)"
+        on_demand = " and on-demand prices" if prices.get("on_demand_from_table") else ""
+        lines.append(f"prices: {spot}{on_demand} as of {prices['as_of']}, from {Path(prices['path']).name}")
+        import textwrap
+
+        lines += textwrap.wrap(prices["source"], width=100, initial_indent="  source: ", subsequent_indent="  ")
     return lines
 
 
@@ -335,6 +350,10 @@ def cmd_drill(args: argparse.Namespace) -> int:
     if message:
         print(message, file=sys.stderr)
         return 2
+    if (args.cluster or args.sweep) and (args.dataset_uri is not None or args.dataset_dir is not None):
+        print("spot-train: error: --dataset-uri/--dataset-dir are options of the single-node drill, not of "
+              "--cluster or --sweep", file=sys.stderr)
+        return 2
     if args.cluster:
         return cmd_cluster_drill(args)
     if args.sweep:
@@ -360,7 +379,8 @@ def cmd_drill(args: argparse.Namespace) -> int:
                            baseline=not (args.no_baseline or own), timeout_s=args.timeout, stack=args.stack,
                            framework=args.framework if args.framework is not None else DrillOptions.framework,
                            training_command=args.training_command,
-                           code_dir=(args.code_dir if args.code_dir is not None else Path.cwd()) if own else None)
+                           code_dir=(args.code_dir if args.code_dir is not None else Path.cwd()) if own else None,
+                           dataset_uri=args.dataset_uri, dataset_dir=args.dataset_dir)
     report = _run_reported(options, run_drill)
     if isinstance(report, int):
         return report
@@ -803,6 +823,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     drill.add_argument("--jobs", type=int, default=None, metavar="N",
                        help="the jobs drill: N training jobs (2..4) in one stack, each interrupted --interruptions "
                             "times on its own volume and trained --steps steps; status and cost read back per job")
+    drill.add_argument("--dataset-uri", default=None, metavar="s3://BUCKET/PREFIX/",
+                       help="train from this prefix of the local S3, deployed as -c dataset_uri=...: the drill uploads "
+                            "--dataset-dir there first (as aws s3 sync would), the volume starts empty and the agent "
+                            "brings the prefix onto it (default: the stack's digits asset)")
+    drill.add_argument("--dataset-dir", type=Path, default=None,
+                       help="with --dataset-uri: the files to upload (default: the digits, written by prepare_digits)")
     drill.set_defaults(handler=cmd_drill)
 
     for name, handler, text in (("up", cmd_up, "start the moto server, cdk bootstrap, cdk deploy and the fleet's nodes; "

@@ -18,7 +18,9 @@ logged, over all runs), ``lost_steps`` (executed minus total: steps done twice),
 trainer reports it), ``baseline_test_accuracy``, ``matches_uninterrupted_baseline``,
 ``orphans_after_destroy`` (a list), ``wall_s``, ``phases_s`` (spot_training/agent/deploy/training/destroy),
 read back from the local AWS before destroy through ``spot-train status``/``cost``'s code
-(:func:`read_back`): ``aws_status``, ``aws_interruptions``, ``cost``, ``savings_pct``; and
+(:func:`read_back`): ``aws_status``, ``aws_interruptions``, ``cost``, ``savings_pct``; ``prices``: where
+the spot and on-demand prices come from (:func:`price_source`: the dated table the moto server's spot
+price history is seeded from, spot_training/local/spot_prices.json); and
 ``passed`` (completed, no lost step, matches the baseline, nothing orphaned, enough interruptions and moves).
 """
 
@@ -106,10 +108,10 @@ class DrillOptions:
             ``-c framework=...``; the nodes and the baseline run the framework's example with its
             local interpreter (:data:`DRILL_FRAMEWORKS`).
         instance_types: the fleet's instance types (default g5.xlarge, g4dn.xlarge: types the local
-            AWS has a spot price history for; moto has none for p3.2xlarge in us-east-1).
+            AWS's spot price history prices from its dated table, spot_training/local/spot_prices.json).
         on_demand_prices: the stated on-demand price in USD/hour of each type, an input of the cost
-            report (local mode cannot ask the AWS Price List API; default: the us-east-1 Linux list
-            prices g5.xlarge 1.006, g4dn.xlarge 0.526 as AWS published them for 2024-2025).
+            report (local mode cannot ask the AWS Price List API; default: the same table's us-east-1
+            Linux on-demand prices, g5.xlarge 1.006 and g4dn.xlarge 0.526).
         ebs_gb_month_price: stated USD per GB-month of the data volume (default 0.08: gp3's
             us-east-1 list price).
         snapshot_gb_month_price: stated USD per GB-month of snapshots (default 0.05: the us-east-1
@@ -120,6 +122,14 @@ class DrillOptions:
             ships it (docs/localmode.md, "Your own script"). Needs ``baseline`` false. What the drill
             checks for it: :data:`USER_COMMAND_CHECKS`.
         code_dir: the directory holding your script (default: the current directory).
+        dataset_uri: ``s3://bucket/prefix/`` in the local S3 to train from, as ``-c dataset_uri=...``
+            deploys it (default None: the stack's digits asset). The drill first uploads
+            ``dataset_dir`` there, one object per file, as a user would with ``aws s3 sync DIR URI``
+            (creating the bucket if missing); the data volume starts empty and the agent brings the
+            prefix onto it (spot_training/agent/dataset.py).
+        dataset_dir: the user's files for ``dataset_uri`` (default: the digits, written by the
+            examples' ``prepare_digits`` into ``<work_dir>/user-data``); the trainer reads them under
+            ``datasets/`` as it reads the digits, and so does the baseline.
     """
 
     work_dir: Path = Path("out/demo")
@@ -136,11 +146,13 @@ class DrillOptions:
     framework: str = "tensorflow"
     instance_types: tuple[str, ...] = ("g5.xlarge", "g4dn.xlarge")
     on_demand_prices: dict[str, float] = dataclasses.field(
-        default_factory=lambda: {"g5.xlarge": 1.006, "g4dn.xlarge": 0.526})
+        default_factory=lambda: table_on_demand_prices(("g5.xlarge", "g4dn.xlarge")))
     ebs_gb_month_price: float = 0.08
     snapshot_gb_month_price: float = 0.05
     training_command: str | None = None
     code_dir: Path | None = None
+    dataset_uri: str | None = None
+    dataset_dir: Path | None = None
 
     @property
     def user_command(self) -> list[str] | None:
@@ -191,6 +203,13 @@ class DrillOptions:
             raise ValueError(f"on_demand_prices must give a positive USD/hour for every instance type "
                              f"{list(self.instance_types)}, got {self.on_demand_prices!r}")
         check_stack_and_framework(self.stack, self.framework, DRILL_FRAMEWORKS)
+        if self.dataset_uri is not None:
+            dataset_prefix(self.dataset_uri)
+        if self.dataset_dir is not None:
+            if self.dataset_uri is None:
+                raise ValueError(f"dataset_dir {str(self.dataset_dir)!r} needs a dataset_uri (s3://bucket/prefix/) to upload it to")
+            if not Path(self.dataset_dir).is_dir() or not any(p.is_file() for p in Path(self.dataset_dir).rglob("*")):
+                raise ValueError(f"dataset_dir must be a directory holding the dataset's files, got {str(self.dataset_dir)!r}")
 
     @property
     def trainer_python(self) -> str:
@@ -228,6 +247,97 @@ USER_COMMAND_CHECKS = (
     "the trainer ended with the contract's completion: exit 0 and COMPLETED in the checkpoint directory",
     "nothing is left after cdk destroy",
 )
+
+
+#: ``s3://bucket/prefix/``: a bucket name as S3 allows it, then a prefix ending in ``/`` (or none).
+_DATASET_PREFIX_URI = re.compile(r"s3://([a-z0-9][a-z0-9.-]{1,61}[a-z0-9])/((?:[^\s*?]+/)?)")
+
+
+def dataset_prefix(uri: str) -> tuple[str, str]:
+    """``(bucket, prefix)`` of a drill's ``dataset_uri``.
+
+    Raises:
+        ValueError: ``uri`` is not ``s3://bucket/prefix/`` (a prefix ending in ``/``; the drill
+            uploads a directory, so one object ``s3://bucket/key`` is not what it can make), or
+            has a ``..`` part.
+    """
+    match = _DATASET_PREFIX_URI.fullmatch(uri) if isinstance(uri, str) else None
+    if match is None or ".." in match.group(2).split("/"):
+        raise ValueError(f"dataset_uri must be s3://bucket/prefix/ (a prefix ending in /, where the drill uploads "
+                         f"the dataset's files), got {uri!r}")
+    return match.group(1), match.group(2)
+
+
+def upload_dataset(s3: Any, uri: str, source: Path) -> dict[str, Any]:
+    """Put every file under ``source`` to ``uri`` (``s3://bucket/prefix/``) as ``aws s3 sync source uri``
+    does for a fresh prefix: key = prefix + the file's path relative to ``source`` (``/``-separated),
+    creating the bucket when it does not exist. Boto3's ``upload_file`` (managed transfer) sends each one.
+
+    Returns:
+        ``{"uri", "objects" (count), "bytes" (total), "keys" (sorted)}``.
+
+    Raises:
+        ValueError: a bad ``uri`` (:func:`dataset_prefix`) or no file under ``source``.
+        botocore.exceptions.ClientError: S3 refused a call.
+    """
+    bucket, prefix = dataset_prefix(uri)
+    files = sorted(p for p in Path(source).rglob("*") if p.is_file())
+    if not files:
+        raise ValueError(f"no file under {str(source)!r} to upload to {uri}")
+    try:
+        s3.head_bucket(Bucket=bucket)
+    except Exception:  # noqa: BLE001 - missing (404) here; create_bucket says what else is wrong
+        s3.create_bucket(Bucket=bucket)
+    keys = []
+    for path in files:
+        key = prefix + path.relative_to(source).as_posix()
+        s3.upload_file(str(path), bucket, key)
+        keys.append(key)
+    return {"uri": uri, "objects": len(keys), "bytes": sum(p.stat().st_size for p in files), "keys": keys}
+
+
+def dataset_syncs(log_paths: Collection[Path]) -> list[dict[str, Any]]:
+    """What each node's agent said about the dataset (its ``dataset ready`` log line) in time order:
+    ``{"time", "log", "status" ("synced": brought from S3 onto the volume; "present": the volume
+    already held it, verified when it was written), "objects", "downloaded_bytes"}``."""
+    syncs = []
+    for path in log_paths:
+        if not path.exists():
+            continue
+        for line in path.read_text(errors="replace").splitlines():
+            if '"dataset ready"' not in line:
+                continue
+            try:
+                entry = json.loads(line)
+                result = entry["dataset"]
+                syncs.append({"time": entry.get("time", ""), "log": str(path), "status": result.get("status"),
+                              "objects": result.get("objects"), "downloaded_bytes": result.get("downloaded_bytes")})
+            except (ValueError, KeyError, TypeError, AttributeError):
+                continue
+    return sorted(syncs, key=lambda sync: sync["time"])
+
+
+def table_on_demand_prices(instance_types: Collection[str]) -> dict[str, float]:
+    """The on-demand USD/hour of ``instance_types`` from local mode's price table
+    (:data:`spot_training.local.spot_prices.TABLE_PATH`, the table the moto server's spot price history
+    comes from); a type the table lacks is left out (:meth:`DrillOptions.validate` then names it)."""
+    from spot_training.local.spot_prices import load_table
+
+    table = load_table()
+    return {t: table.on_demand[t] for t in instance_types if t in table.on_demand}
+
+
+def price_source(on_demand_prices: dict[str, float], instance_types: Collection[str]) -> dict[str, Any]:
+    """Where a drill's prices come from, for its report's ``prices``: the table's ``as_of``, ``source``,
+    ``path``, ``region`` and ``instance_types`` (:meth:`spot_training.local.spot_prices.PriceTable.describe`),
+    ``spot_from_table`` (every fleet type is in the table) and ``on_demand_from_table`` (every stated
+    on-demand price is the table's)."""
+    from spot_training.local.spot_prices import load_table
+
+    table = load_table()
+    return {**table.describe(),
+            "spot_from_table": all(t in table.spot for t in instance_types),
+            "on_demand_from_table": all(table.on_demand.get(t) == on_demand_prices.get(t) for t in instance_types)}
 
 
 def framework_python(framework: str) -> str:
@@ -368,12 +478,16 @@ def _trigger_steps(options: DrillOptions) -> list[int]:
     return [round(options.planned_steps * (i + 1) / (n + 2)) for i in range(n)]
 
 
-def _start_baseline(options: DrillOptions, work_dir: Path) -> subprocess.Popen[bytes]:
-    """The same trainer, same arguments and seed, uninterrupted, in ``<work_dir>/baseline``."""
+def _start_baseline(options: DrillOptions, work_dir: Path, dataset: Path | None = None) -> subprocess.Popen[bytes]:
+    """The same trainer, same arguments and seed, uninterrupted, in ``<work_dir>/baseline``, on a copy
+    of ``dataset`` (the files uploaded to ``dataset_uri``) or, without one, the digits."""
     from spot_training.training.examples.prepare_data import prepare_digits
 
     root = work_dir / "baseline"
-    prepare_digits(root / "datasets")
+    if dataset is not None:
+        shutil.copytree(dataset, root / "datasets")
+    else:
+        prepare_digits(root / "datasets")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "SPOT_TRAINING_"))}
     env.update({contract.ENV_DATA_DIR: str(root / "datasets"), contract.ENV_CHECKPOINT_DIR: str(root / "checkpoints"),
                 contract.ENV_LOG_DIR: str(root / "logs"), "PYTHONUNBUFFERED": "1", "TF_CPP_MIN_LOG_LEVEL": "2",
@@ -447,15 +561,25 @@ def run_drill(options: DrillOptions, *, on_event: Callable[[dict[str, Any]], Non
         "test_accuracy": None, "baseline_test_accuracy": None, "matches_uninterrupted_baseline": False,
         "orphans_after_destroy": None, "wall_s": 0.0, "phases_s": {}, "options": options_dict(options),
         "error": None, "aws_status": None, "aws_interruptions": [], "cost": None, "savings_pct": None,
+        "prices": price_source(options.on_demand_prices, options.instance_types),
     }
     phases = report["phases_s"]
-    baseline = _start_baseline(options, work_dir) if options.baseline else None
+    user_data = None
+    if options.dataset_uri is not None:
+        user_data = Path(options.dataset_dir).resolve() if options.dataset_dir is not None else work_dir / "user-data"
+        if options.dataset_dir is None:
+            from spot_training.training.examples.prepare_data import prepare_digits
+
+            prepare_digits(user_data)
+    baseline = _start_baseline(options, work_dir, user_data) if options.baseline else None
     server = MotoServer(work_dir / "moto")
     runner: NodeRunner | None = None
     cdk: CdkCli | None = None
     foreign = options.training_command is not None
     extra = {"training_python": options.trainer_python, "instance_types": ",".join(options.instance_types),
              "monitoring_interval_s": "1"}
+    if options.dataset_uri is not None:
+        extra["dataset_uri"] = options.dataset_uri  # as -c dataset_uri=s3://bucket/prefix/ deploys it
     if foreign:
         extra.update(user_code_context(Path(options.code_dir if options.code_dir is not None else "."), work_dir))
         report.update({"training_command": options.training_command, "code_dir": extra["code_dir"],
@@ -467,6 +591,10 @@ def run_drill(options: DrillOptions, *, on_event: Callable[[dict[str, Any]], Non
         record({"event": "phase", "phase": "moto", "message": "starting the moto server on 127.0.0.1"})
         server.start()
         aws = clients(server.endpoint_url)
+        if options.dataset_uri is not None and user_data is not None:
+            report["dataset"] = upload_dataset(aws.s3, options.dataset_uri, user_data)
+            record({"event": "phase", "phase": "upload", "message": f"{user_data} -> {options.dataset_uri} "
+                    f"({report['dataset']['objects']} objects, {report['dataset']['bytes']} bytes), as aws s3 sync would"})
         cdk = CdkCli(server.endpoint_url, work_dir=work_dir)
         bootstrap_and_deploy(cdk, options.stack, context, record=record, phases=phases)
         stack = stack_resources(aws, options.stack)
@@ -532,6 +660,8 @@ def run_drill(options: DrillOptions, *, on_event: Callable[[dict[str, Any]], Non
         if node.process.returncode != 0:
             raise DrillError(f"the last node's agent exited {node.process.returncode}; see {node.log_path}")
         _collect(node, work_dir / "results")
+        if "dataset" in report:
+            report["dataset"]["syncs"] = dataset_syncs(list((work_dir / "nodes").glob("*/agent.log")))
         completed_file = work_dir / "results" / contract.COMPLETED_FILE
         report["completed"] = completed_file.exists()
         if report["completed"]:
@@ -622,7 +752,8 @@ def add_read_back(report: dict[str, Any], endpoint_url: str, options: Any,
     try:
         report.update(read_back(endpoint_url, options))
         record({"event": "read-back", "savings_pct": report["savings_pct"],
-                "interruptions": len(report["aws_interruptions"])})
+                "interruptions": len(report["aws_interruptions"]),
+                "prices_as_of": (report.get("prices") or {}).get("as_of")})
     except Exception as error:  # noqa: BLE001 - the drill's own figures stand; say what failed
         report["read_back_error"] = f"{type(error).__name__}: {error}"
         record({"event": "error", "message": f"reading back from the local AWS failed: {report['read_back_error']}"})

@@ -5,7 +5,8 @@ AWS: boto3 clients pointed at ``endpoint_url`` (or ``AWS_ENDPOINT_URL``) with fa
 
 The server is started through our own entry (``python -m spot_training.local.moto_server _serve ...``) that
 imports moto, applies :func:`spot_training.local.moto_compat.apply` (moto 5.2.5's gaps, plus the local EBS data
-plane: a volume's bytes are a directory under ``<work_dir>/ebs``), then runs moto's own server
+plane: a volume's bytes are a directory under ``<work_dir>/ebs``) and :func:`spot_training.local.spot_prices.apply`
+(``DescribeSpotPriceHistory`` answers from a dated table of real prices, not moto's placeholder), then runs moto's own server
 (``moto.server.main``). Nothing here is needed on AWS.
 
 Usage::
@@ -227,9 +228,10 @@ class MotoServer:
 def _serve(host: str, port: int, ebs_dir: str, compat: bool) -> None:
     """Inside the server process: apply the compatibility patches, then run moto's own server."""
     if compat:
-        from spot_training.local import cfn_compat, moto_batch, moto_compat
+        from spot_training.local import cfn_compat, moto_batch, moto_compat, spot_prices
 
         moto_compat.apply(ebs_dir=Path(ebs_dir))
+        spot_prices.apply()  # real, dated spot prices instead of moto's placeholder (spot_prices.json)
         moto_batch.apply()
         cfn_compat.apply(endpoint_url=f"http://{host}:{port}", work_dir=Path(ebs_dir).parent)
     from moto import server

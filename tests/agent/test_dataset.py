@@ -113,6 +113,75 @@ def test_a_sync_cut_mid_object_resumes_from_the_partial_file_and_verifies(s3, tm
     assert _tree(target) == FILES and not partial.exists()
 
 
+#: A node's agent syncing the dataset in a process of its own; its GetObject of the big object hands over
+#: one block, then says so in ``<target>.cut`` and hangs, as a transfer does when the instance is reclaimed.
+_SYNC_UNTIL_KILLED = """
+import sys, time
+from pathlib import Path
+import boto3
+from botocore.config import Config
+from spot_training.agent import dataset
+
+endpoint, uri, target, key, block = sys.argv[1], sys.argv[2], Path(sys.argv[3]), sys.argv[4], int(sys.argv[5])
+client = boto3.client("s3", region_name="us-east-1", endpoint_url=endpoint, aws_access_key_id="testing",
+                      aws_secret_access_key="testing", config=Config(retries={"mode": "standard"}))
+
+class Hangs:
+    def __init__(self, body):
+        self.body, self.sent = body, False
+    def read(self, n=-1):
+        if self.sent:
+            Path(str(target) + ".cut").write_text("cut")
+            time.sleep(600)
+        self.sent = True
+        return self.body.read(block)
+
+class S3:
+    def __getattr__(self, name):
+        return getattr(client, name)
+    def get_object(self, **kwargs):
+        response = client.get_object(**kwargs)
+        return {**response, "Body": Hangs(response["Body"])} if kwargs["Key"] == key else response
+
+dataset.sync_dataset(S3(), uri, target)
+"""
+
+
+def test_a_sync_killed_by_an_interruption_resumes_on_the_replacement_and_verifies(s3, moto_server, tmp_path):
+    """The node is reclaimed mid-download (its agent killed with SIGKILL, as EC2 ends an instance when
+    the two-minute notice runs out); the replacement finds the volume as it was left: the objects
+    verified before the cut are skipped, the cut one continues from its partial file with a ranged GET,
+    and everything is verified before the marker is written."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    target = tmp_path / "vol" / "datasets"
+    uri, key = f"s3://{BUCKET}/jobs/one/", "jobs/one/digits/train.npz"
+    node = subprocess.Popen([sys.executable, "-c", _SYNC_UNTIL_KILLED, moto_server.endpoint_url, uri, str(target),
+                             key, "65536"], start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not Path(f"{target}.cut").exists():
+            assert node.poll() is None and time.monotonic() < deadline, "the node's sync ended before the cut"
+            time.sleep(0.05)
+    finally:
+        os.killpg(node.pid, signal.SIGKILL)
+        node.wait(timeout=10)
+    assert node.returncode == -signal.SIGKILL
+    partial = target / "digits" / f".train.npz{dataset.PARTIAL_SUFFIX}"
+    assert partial.stat().st_size == 65536 and not (target / dataset.MARKER_NAME).exists()
+
+    resumed = CountingS3(s3)
+    result = dataset.sync_dataset(resumed, uri, target)
+    assert result["status"] == "synced" and result["downloaded_bytes"] == len(FILES["digits/train.npz"]) - 65536
+    assert resumed.gets == [(key, "bytes=65536-")]  # README and test.npz were verified before the cut
+    assert _tree(target) == FILES and not partial.exists()
+    assert json.loads((target / dataset.MARKER_NAME).read_text())["complete"] is True
+
+
 def test_a_corrupt_partial_file_fails_verification_and_the_object_is_fetched_again(s3, tmp_path):
     target = tmp_path / "datasets"
     (target / "digits").mkdir(parents=True)

@@ -177,11 +177,11 @@ def test_what_the_agents_publish_is_what_status_logs_and_cost_read_back(moto_ser
     assert code == 0, err
     cost = json.loads(out)
     ec2 = _client(moto_server, "ec2")
-    price = float(ec2.describe_spot_price_history(InstanceTypes=["g5.xlarge"], AvailabilityZone="us-east-1a")[
-        "SpotPriceHistory"][0]["SpotPrice"])
     assert {(r["instance_type"], r["availability_zone"], r["instances"]) for r in cost["rows"]} == {
         ("g5.xlarge", "us-east-1a", 1), ("g5.xlarge", "us-east-1b", 1)}
-    for row in cost["rows"]:
+    for row in cost["rows"]:  # each zone at its own spot price, as EC2 prices them
+        price = float(ec2.describe_spot_price_history(InstanceTypes=["g5.xlarge"], AvailabilityZone=row["availability_zone"])[
+            "SpotPriceHistory"][0]["SpotPrice"])
         assert row["spot_cost_usd"] == pytest.approx(row["hours"] * price)
         assert row["on_demand_cost_usd"] == pytest.approx(row["hours"] * 1.006)
     assert cost["savings_pct"] == pytest.approx((1 - cost["spot_cost_usd"] / cost["on_demand_cost_usd"]) * 100)
