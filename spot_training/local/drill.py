@@ -273,6 +273,11 @@ def upload_dataset(s3: Any, uri: str, source: Path) -> dict[str, Any]:
     does for a fresh prefix: key = prefix + the file's path relative to ``source`` (``/``-separated),
     creating the bucket when it does not exist. Boto3's ``upload_file`` (managed transfer) sends each one.
 
+    Args:
+        s3: a boto3 S3 client of the local AWS.
+        uri: ``s3://bucket/prefix/``.
+        source: the directory whose files are uploaded.
+
     Returns:
         ``{"uri", "objects" (count), "bytes" (total), "keys" (sorted)}``.
 
@@ -328,10 +333,17 @@ def table_on_demand_prices(instance_types: Collection[str]) -> dict[str, float]:
 
 
 def price_source(on_demand_prices: dict[str, float], instance_types: Collection[str]) -> dict[str, Any]:
-    """Where a drill's prices come from, for its report's ``prices``: the table's ``as_of``, ``source``,
-    ``path``, ``region`` and ``instance_types`` (:meth:`spot_training.local.spot_prices.PriceTable.describe`),
-    ``spot_from_table`` (every fleet type is in the table) and ``on_demand_from_table`` (every stated
-    on-demand price is the table's)."""
+    """Where a drill's prices come from, for its report's ``prices``.
+
+    Args:
+        on_demand_prices: the drill's stated on-demand USD/hour per instance type.
+        instance_types: the fleet's instance types.
+
+    Returns:
+        the table's ``as_of``, ``source``, ``path``, ``region`` and ``instance_types``
+        (:meth:`spot_training.local.spot_prices.PriceTable.describe`), ``spot_from_table`` (every fleet
+        type is in the table) and ``on_demand_from_table`` (every stated on-demand price is the table's).
+    """
     from spot_training.local.spot_prices import load_table
 
     table = load_table()
