@@ -19,7 +19,7 @@ from spot_training.agent.cluster_state import ClusterSettings, ClusterState
 from spot_training.agent.imds import ImdsError
 from spot_training.agent.interruption import (DEFAULT_MARGIN_S, IMDS_FORBIDDEN, REBALANCE_RECOMMENDATION,
                                               SPOT_INTERRUPTION, poll_events, stop_wait_s)
-from spot_training.agent.safepath import open_directory, write_file_replacing
+from spot_training.agent.safepath import open_directory, write_bytes_atomic
 from spot_training.agent.process_group import ProcessGroup
 from spot_training.contract import COMPLETED_FILE, ENV_CHECKPOINT_REQUEST_FILE
 
@@ -149,7 +149,7 @@ class ClusterMember:
             return
         owner = None if self.preexec_user is None else self.preexec_user[:2]
         try:
-            write_file_replacing(path, json.dumps({"reason": event.kind, "time": self.clock()}).encode(), owner=owner)
+            write_bytes_atomic(path, json.dumps({"reason": event.kind, "time": self.clock()}).encode(), owner=owner)
         except OSError as exc:
             log.warning("could not ask the trainer for a checkpoint", extra={"path": path, "error": str(exc)})
             return

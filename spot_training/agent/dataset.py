@@ -59,7 +59,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any, Callable
 
 from spot_training.agent.errors import ConfigError, TemporaryError
-from spot_training.agent.safepath import UnsafePathError, open_directory, open_file, write_file_replacing
+from spot_training.agent.safepath import UnsafePathError, open_directory, open_file, write_bytes_atomic
 from spot_training.contract import split_dataset_uri
 
 log = logging.getLogger(__name__)
@@ -335,7 +335,7 @@ def _sync_once(s3: Any, uri: str, dataset_dir: Path, *, unpack: bool, owner: tup
             continue
         downloaded += _download(s3, bucket, entry, target, owner)
         done[entry.key] = entry.etag
-        write_file_replacing(progress_path, json.dumps({"uri": uri, "done": done}).encode(), owner=owner)
+        write_bytes_atomic(progress_path, json.dumps({"uri": uri, "done": done}).encode(), owner=owner)
         log.info("dataset object verified", extra={"event": "dataset_object", "key": entry.key, "bytes": entry.size})
     members = None
     if unpack:
@@ -343,7 +343,7 @@ def _sync_once(s3: Any, uri: str, dataset_dir: Path, *, unpack: bool, owner: tup
     total = sum(e.size for e in entries)
     marker = {"uri": uri, "complete": True, "objects": [e.to_dict() for e in entries], "unpacked": members,
               "completed_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
-    write_file_replacing(dataset_dir / MARKER_NAME, json.dumps(marker, indent=1).encode(), owner=owner)
+    write_bytes_atomic(dataset_dir / MARKER_NAME, json.dumps(marker, indent=1).encode(), owner=owner)
     try:
         os.unlink(progress_path)
     except FileNotFoundError:

@@ -165,41 +165,6 @@ def open_file(path: str | os.PathLike[str], flags: int, *, mode: int = 0o644, cr
         os.close(dir_fd)
 
 
-def write_file_replacing(path: str | os.PathLike[str], data: bytes, *, owner: tuple[int, int] | None = None) -> None:
-    """Write ``data`` to ``path`` by renaming a temporary ``.<name>.tmp`` over it, never following a planted symlink.
-
-    Neither name is followed: a link at the temporary name is removed, and rename(2) replaces a link at
-    the target.
-
-    Args:
-        path: absolute path of the file.
-        data: the bytes to write.
-        owner: ``(uid, gid)`` to give the file; None: the agent's.
-
-    Raises:
-        UnsafePathError: a user-controlled component of the directory is a symlink.
-        OSError: the write failed.
-    """
-    pure = PurePosixPath(os.fspath(path))
-    dir_fd = open_directory(pure.parent)
-    try:
-        tmp = f".{pure.name}.tmp"
-        try:
-            os.unlink(tmp, dir_fd=dir_fd)  # unlink never follows a symlink: it removes the link itself
-        except FileNotFoundError:
-            pass
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=dir_fd)
-        try:
-            if owner is not None:
-                os.fchown(fd, *owner)
-            os.write(fd, data)
-        finally:
-            os.close(fd)
-        os.rename(tmp, pure.name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)  # rename replaces a link, never follows it
-    finally:
-        os.close(dir_fd)
-
-
 def write_bytes_atomic(path: str | os.PathLike[str], data: bytes, *, owner: tuple[int, int] | None = None) -> None:
     """Write ``data`` to ``path`` so that a reader on another node sees the old file or the new one and
     the new one survives a power cut (the contract's ``write_json_atomic`` semantics: a temporary file

@@ -46,7 +46,7 @@ from spot_training.agent.config import AgentConfig
 from spot_training.agent.errors import (  # noqa: F401 - the give-up errors are re-exported for callers
     AgentError, CheckpointMismatchError, CheckpointStorageError, ConfigError, ExitCode, TemporaryError, give_up_error)
 from spot_training.agent.process_group import ProcessGroup, user_ids
-from spot_training.agent.safepath import write_file_replacing
+from spot_training.agent.safepath import write_bytes_atomic
 from spot_training.agent.workspace import (  # noqa: F401 - re-exported for callers
     EnvironmentBuildFailed, VolumeNotMountedError, Workspace)
 # File names are the contract's (docs/contracts.md); re-exported for callers.
@@ -326,7 +326,7 @@ class Supervisor:
         # Written without following links the user planted (spot_training.agent.safepath); owned by the training
         # user, who deletes it when the checkpoint is saved.
         body = json.dumps({"reason": "rebalance-recommendation", "time": time.time()}).encode()
-        write_file_replacing(self.request_file, body, owner=self.workspace.owner())
+        write_bytes_atomic(self.request_file, body, owner=self.workspace.owner())
         return True
 
     def request_stop(self) -> None:

@@ -692,12 +692,7 @@ class BackgroundSaver:
             RuntimeError: called after :meth:`close`.
             Exception: the previous background write's error.
         """
-        if self._closed:
-            raise RuntimeError("BackgroundSaver.submit() called after close()")
-        self._idle.wait()
-        self._raise_pending()
-        self._idle.clear()
-        self._queue.put((write, step, epoch, metadata))
+        self._enqueue("submit", (write, step, epoch, metadata))
 
     def submit_prepared(self, tmp: Path, finish: Callable[[], None], *, step: int, epoch: int,
                         metadata: dict | None = None) -> None:
@@ -718,12 +713,16 @@ class BackgroundSaver:
             RuntimeError: called after :meth:`close`.
             Exception: the previous background write's error.
         """
+        self._enqueue("submit_prepared", (("prepared", Path(tmp), finish), step, epoch, metadata))
+
+    def _enqueue(self, method: str, item: tuple) -> None:
+        """Wait for the previous save, re-raise its error, then queue ``item`` for the writer thread."""
         if self._closed:
-            raise RuntimeError("BackgroundSaver.submit_prepared() called after close()")
+            raise RuntimeError(f"BackgroundSaver.{method}() called after close()")
         self._idle.wait()
         self._raise_pending()
         self._idle.clear()
-        self._queue.put((("prepared", Path(tmp), finish), step, epoch, metadata))
+        self._queue.put(item)
 
     def wait(self) -> Checkpoint | None:
         """Block until no write is running; return the last checkpoint written (None if none)."""

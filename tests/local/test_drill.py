@@ -35,21 +35,42 @@ def _processes_mentioning(text: str) -> list[str]:
     return found
 
 
+def run_drill_cli(work: Path, *args: str, timeout: float, env: dict[str, str] | None = None,
+                  ) -> tuple[subprocess.CompletedProcess[str], dict]:
+    """Run ``spot-train local drill --work-dir WORK ARGS...`` through the console script's entry point
+    (as ``make demo`` does) with no ``AWS_*`` variables of this shell, and read its report.
+
+    Args:
+        work: the drill's work dir (``report.json`` lands there).
+        *args: the drill's other arguments.
+        timeout: seconds the drill may take.
+        env: extra environment variables for the drill.
+
+    Returns:
+        ``(completed, report)``: the finished process (stdout/stderr captured as text) and the parsed
+        ``report.json``; the caller asserts the exit status with what it wants to see on failure.
+
+    Raises:
+        AssertionError: the drill wrote no report (the message carries its output's tails).
+    """
+    run_env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")} | (env or {})
+    completed = subprocess.run(
+        [sys.executable, "-c", "import sys; from spot_training.cli import main; sys.exit(main())",
+         "local", "drill", "--work-dir", str(work), *args],
+        cwd=REPO_ROOT, env=run_env, capture_output=True, text=True, timeout=timeout,
+    )
+    report_path = work / "report.json"
+    assert report_path.exists(), completed.stdout[-3000:] + completed.stderr[-3000:]
+    return completed, json.loads(report_path.read_text())
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(1200)
 def test_single_node_drill_survives_an_interruption_with_an_az_move(tmp_path):
     work = tmp_path / "drill"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
-    env["PYTHONUNBUFFERED"] = "1"
-    # Through the console script's entry point, as `make demo` runs it (but shorter: 12 epochs, one interruption).
-    completed = subprocess.run(
-        [sys.executable, "-c", "import sys; from spot_training.cli import main; sys.exit(main())",
-         "local", "drill", "--work-dir", str(work), "--interruptions", "1", "--az-moves", "1", "--epochs", "12"],
-        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=1100,
-    )
-    report_path = work / "report.json"
-    assert report_path.exists(), completed.stdout[-3000:] + completed.stderr[-3000:]
-    report = json.loads(report_path.read_text())
+    # Shorter than `make demo`: 12 epochs, one interruption.
+    completed, report = run_drill_cli(work, "--interruptions", "1", "--az-moves", "1", "--epochs", "12",
+                                      timeout=1100, env={"PYTHONUNBUFFERED": "1"})
     assert completed.returncode == 0, (report.get("error"), completed.stdout[-3000:])
 
     assert report["passed"] is True

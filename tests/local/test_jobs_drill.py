@@ -8,32 +8,18 @@ costs the deploy, not the training.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from test_drill import _processes_mentioning
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from test_drill import _processes_mentioning, run_drill_cli
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_two_jobs_in_one_stack_each_train_through_an_interruption_on_their_own_volume(tmp_path: Path) -> None:
     work = tmp_path / "jobs"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
-    completed = subprocess.run(
-        [sys.executable, "-c", "import sys; from spot_training.cli import main; sys.exit(main())",
-         "local", "drill", "--jobs", "2", "--interruptions", "1", "--steps", "300", "--work-dir", str(work)],
-        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=850,
-    )
-    report_path = work / "report.json"
-    assert report_path.exists(), completed.stdout[-3000:] + completed.stderr[-3000:]
-    report = json.loads(report_path.read_text())
+    completed, report = run_drill_cli(work, "--jobs", "2", "--interruptions", "1", "--steps", "300", timeout=850)
     assert completed.returncode == 0, (report.get("error"), report.get("jobs"), completed.stdout[-3000:])
     assert report["passed"] is True and report["error"] is None
     job_a, job_b = report["job_ids"]

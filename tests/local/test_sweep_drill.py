@@ -3,30 +3,17 @@ the moto server, runs 8 children on local AWS Batch through reclaims and a code 
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from test_drill import _processes_mentioning
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from test_drill import _processes_mentioning, run_drill_cli
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_sweep_drill_survives_reclaims_and_fails_a_code_error_fast(tmp_path: Path) -> None:
     work = tmp_path / "sweep-drill"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
-    completed = subprocess.run(
-        [sys.executable, "-c", "import sys; from spot_training.cli import main; sys.exit(main())",
-         "local", "drill", "--sweep", "--work-dir", str(work)],
-        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=850)
-    report_path = work / "report.json"
-    assert report_path.exists(), completed.stdout[-3000:] + completed.stderr[-3000:]
-    report = json.loads(report_path.read_text())
+    completed, report = run_drill_cli(work, "--sweep", timeout=850)
     assert completed.returncode == 0, (report.get("error"), completed.stdout[-3000:])
     assert report["passed"] is True
 
