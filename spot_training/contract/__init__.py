@@ -21,6 +21,7 @@ import json
 import math
 import os
 import re
+import reprlib
 import uuid
 from pathlib import Path
 from types import MappingProxyType
@@ -110,6 +111,11 @@ DATASET_URI_FORMS = "s3://bucket/prefix/ (every object under the prefix) or s3:/
 _DATASET_URI = re.compile(r"^s3://(?P<bucket>[a-z0-9][a-z0-9.-]{1,61}[a-z0-9])/(?P<key>[^\s*?]*)$")
 
 
+#: ``repr`` for values in error messages: strings up to 300 characters in full, containers 3 levels deep.
+_VALUE_REPR = reprlib.Repr()
+_VALUE_REPR.maxstring, _VALUE_REPR.maxlevel, _VALUE_REPR.maxother = 300, 3, 300
+
+
 def split_dataset_uri(uri: str) -> tuple[str, str]:
     """Split a dataset URI into its bucket and key, the one check the stack and the agent share.
 
@@ -125,7 +131,8 @@ def split_dataset_uri(uri: str) -> tuple[str, str]:
     """
     match = _DATASET_URI.match(uri) if isinstance(uri, str) else None
     if match is None or ".." in match.group("key").split("/") or match.group("key").startswith("/"):
-        raise ValueError(f"expected {DATASET_URI_FORMS}, got {uri!r}")
+        # reprlib: a value from a hostile context (a list nested 5000 deep) must not exhaust the stack.
+        raise ValueError(f"expected {DATASET_URI_FORMS}, got {_VALUE_REPR.repr(uri)}")
     return match.group("bucket"), match.group("key")
 
 
