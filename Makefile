@@ -28,7 +28,10 @@ PYTEST := $(BIN)/python -m pytest
 BENCHES := synth checkpoint agent elastic boot move sweep
 .PHONY: setup system-deps test test-unit test-fast demo synth $(addprefix bench-,$(BENCHES)) bench-notice clean
 
-setup: system-deps $(STAMP) $(TORCH_STAMP) $(CHECKOV_STAMP) $(CDK)
+# The four environments are independent: a fresh setup builds them at the same time (pip and npm wait
+# on the network and the disk much of the time; one after the other they took about 4.5 minutes).
+setup:
+	@$(MAKE) --no-print-directory -j4 system-deps $(STAMP) $(TORCH_STAMP) $(CHECKOV_STAMP) $(CDK)
 
 # A warning, not a stop: the environments take about 5 GiB (.venv 3.4, .venv-torch 1.2) and a test run
 # about 3 GiB more under /tmp; a full disk otherwise shows up only as pip's "No space left on device".
@@ -66,17 +69,21 @@ $(CDK): package.json package-lock.json
 # TensorFlow, MXNet and PyTorch never share a process: the MXNet tests run in a pytest of their
 # own, the PyTorch tests in one of the PyTorch environment (--confcutdir: tests/conftest.py needs boto3).
 # `make test` (what CI runs) is every tier; each pytest prints its 30 slowest tests.
-# The MXNet and PyTorch runs (one after the other, about 11 minutes) run beside the main one, whose
-# tests spend much of their time waiting on agents and servers; their output is kept in files and
-# printed after the main run's, and `make test` fails when any of the three fails.
+# The main tests run on two pytest-xdist workers, a test file to a worker (--dist loadfile: a module's
+# fixtures, such as one synthesized template, are built once); each worker has its own moto server, and
+# every drill its own work dir, ports and network namespaces. Their tests spend much of their time
+# waiting on agents, servers and the CDK CLI. The MXNet and PyTorch runs (one after the other, about
+# 11 minutes) run beside them; their output is kept in files and printed after the main run's, and
+# `make test` fails when any of the three fails.
+MAIN_WORKERS ?= 2
 DURATIONS := --durations=30
 test: setup
 	@logs=$$(mktemp -d "$${TMPDIR:-/tmp}/spot-training-tests.XXXXXX"); \
 	( $(PYTEST) tests/mxnet $(DURATIONS) > $$logs/mxnet.log 2>&1; echo $$? > $$logs/mxnet.rc; \
 	  $(TORCH_PYTEST) tests/torch $(DURATIONS) > $$logs/torch.log 2>&1; echo $$? > $$logs/torch.rc ) & side=$$!; \
 	trap 'pkill -TERM -P $$side 2>/dev/null; kill $$side 2>/dev/null' INT TERM; \
-	echo "== main tests (MXNet and PyTorch tests run beside them, logs in $$logs)"; \
-	$(PYTEST) tests --ignore=tests/mxnet --ignore=tests/torch $(DURATIONS); main=$$?; \
+	echo "== main tests on $(MAIN_WORKERS) workers (MXNet and PyTorch tests run beside them, logs in $$logs)"; \
+	$(PYTEST) tests --ignore=tests/mxnet --ignore=tests/torch -n $(MAIN_WORKERS) --dist loadfile $(DURATIONS); main=$$?; \
 	wait $$side; \
 	echo "== MXNet tests (ran beside the main tests; exit $$(cat $$logs/mxnet.rc))"; cat $$logs/mxnet.log; \
 	echo "== PyTorch tests (ran beside the main tests; exit $$(cat $$logs/torch.rc))"; cat $$logs/torch.log; \
