@@ -55,9 +55,13 @@ import keras
 import numpy as np
 
 from spot_training.training.core import (CHECKPOINT_STORAGE_EXIT_CODE, DEFAULT, DEFAULT_KEEP, CheckpointDriver,
-                                        DriverFront, StateAdapter, renamed_option, warn_not_exact)
+                                        DriverFront, StateAdapter, renamed_option)
 from spot_training.training.datasets import batch_indices
 from spot_training.training.datasets import steps_per_epoch as steps_per_epoch_of
+# callback_state and set_callback_state are re-exported: scripts import them from here.
+from spot_training.training.keras_callbacks import (apply_callback_states, callback_state, capture_callback_states,
+                                                    read_callback_states, set_callback_state, write_callback_states)
+from spot_training.training.keras_data import ResumedPyDataset, class_weight_to_sample_weight, warn_if_reshuffling
 from spot_training.training.notice import NoticeHandler
 from spot_training.training.store import (
     Checkpoint,
@@ -275,51 +279,6 @@ class KerasCheckpointer:
 # ---------------------------------------------------------------------------------------------
 # Callback state (EarlyStopping, ReduceLROnPlateau, any callback with get/set_checkpoint_state)
 
-CALLBACKS_FILE = "keras.callbacks.json"
-CALLBACK_ARRAYS_FILE = "keras.callbacks.npz"
-
-
-def callback_state(callback) -> dict | None:
-    """The state of one callback that a checkpoint keeps, or None for a callback without state.
-
-    A callback of your own takes part by defining ``get_checkpoint_state() -> dict`` (JSON values,
-    or lists of numpy arrays under keys ending in ``_arrays``) and ``set_checkpoint_state(dict)``.
-    Built in: ``EarlyStopping`` (wait, stopped_epoch, best, best_epoch, best_weights) and
-    ``ReduceLROnPlateau`` (wait, cooldown_counter, best; the learning rate itself is an optimizer
-    variable). ``CSVLogger`` has no state: a resumed ``fit`` opens it in append mode.
-    """
-    if hasattr(callback, "get_checkpoint_state"):
-        return dict(callback.get_checkpoint_state())
-    if isinstance(callback, keras.callbacks.EarlyStopping):
-        return {"wait": int(callback.wait), "stopped_epoch": int(callback.stopped_epoch),
-                "best": None if getattr(callback, "best", None) is None else float(callback.best),
-                "best_epoch": int(getattr(callback, "best_epoch", 0)),
-                "best_weights_arrays": None if callback.best_weights is None else list(callback.best_weights)}
-    if isinstance(callback, keras.callbacks.ReduceLROnPlateau):
-        return {"wait": int(callback.wait), "cooldown_counter": int(callback.cooldown_counter),
-                "best": None if getattr(callback, "best", None) is None else float(callback.best)}
-    return None
-
-
-def set_callback_state(callback, state: dict) -> None:
-    """Put a :func:`callback_state` back into ``callback``.
-
-    Args:
-        callback: the Keras callback (its ``set_checkpoint_state`` is used when it has one).
-        state: the dict :func:`callback_state` returned for it (arrays under ``*_arrays`` keys).
-    """
-    if hasattr(callback, "set_checkpoint_state"):
-        callback.set_checkpoint_state(dict(state))
-        return
-    for key, value in state.items():
-        name = key[: -len("_arrays")] if key.endswith("_arrays") else key
-        setattr(callback, name, list(value) if isinstance(value, (list, tuple)) else value)
-
-
-def _callback_key(position: int, callback) -> str:
-    return f"{position:02d}-{type(callback).__name__}"
-
-
 class KerasAdapter(StateAdapter):
     """The Keras :class:`~spot_training.training.core.StateAdapter`: every model and optimizer variable (weights,
     BatchNorm statistics, the SeedGenerator states of Dropout and random-augmentation layers,
@@ -359,21 +318,11 @@ class KerasAdapter(StateAdapter):
         Returns:
             ``{key: state}`` for every callback :func:`callback_state` knows (others are left out).
         """
-        states = {}
-        for i, cb in enumerate(self.callbacks):
-            state = callback_state(cb)
-            if state is not None:
-                states[_callback_key(i, cb)] = state
-        return states
+        return capture_callback_states(self.callbacks)
 
     def apply_callbacks(self) -> None:
         """Put the restored callback states (:attr:`callback_states`) back into the callbacks; nothing if none."""
-        if not self.callback_states:
-            return
-        for i, cb in enumerate(self.callbacks):
-            state = self.callback_states.get(_callback_key(i, cb))
-            if state is not None:
-                set_callback_state(cb, state)
+        apply_callback_states(self.callbacks, self.callback_states)
 
     def snapshot(self, directory: Path):
         """Copy the variables into one of two reused host buffers, and the callbacks' states.
@@ -393,21 +342,7 @@ class KerasAdapter(StateAdapter):
 
         def write() -> dict:
             written = KerasCheckpointer.write_snapshot(arrays, index, directory)
-            if callbacks:
-                plain, packed = {}, {}
-                for key, state in callbacks.items():
-                    plain[key] = {}
-                    for name, value in state.items():
-                        if name.endswith("_arrays") and value is not None:
-                            plain[key][name] = len(value)
-                            for j, array in enumerate(value):
-                                packed[f"{key}/{name}/{j}"] = np.asarray(array)
-                        else:
-                            plain[key][name] = value
-                buffer = io.BytesIO()
-                np.savez(buffer, **packed)
-                written[CALLBACK_ARRAYS_FILE] = write_file(directory / CALLBACK_ARRAYS_FILE, [buffer.getbuffer()])
-                written[CALLBACKS_FILE] = write_file(directory / CALLBACKS_FILE, [json.dumps(plain).encode()])
+            written.update(write_callback_states(callbacks, directory))
             return written
 
         return write
@@ -423,16 +358,7 @@ class KerasAdapter(StateAdapter):
             OSError: a variable or callback file is missing or unreadable.
         """
         self.checkpointer.read(ckpt)
-        self.callback_states = None
-        path = ckpt.path / CALLBACKS_FILE
-        if path.is_file():
-            plain = json.loads(path.read_text())
-            with np.load(ckpt.path / CALLBACK_ARRAYS_FILE, allow_pickle=False) as packed:
-                for key, state in plain.items():
-                    for name, value in state.items():
-                        if name.endswith("_arrays") and value is not None:
-                            state[name] = [packed[f"{key}/{name}/{j}"] for j in range(int(value))]
-            self.callback_states = plain
+        self.callback_states = read_callback_states(ckpt.path)
 
 
 @dataclass
@@ -508,62 +434,6 @@ class _SaveCallback(keras.callbacks.Callback):
         if stopped:
             self.fitter.stopped = True
             raise _StopFit()
-
-
-class _ResumedPyDataset(keras.utils.PyDataset):
-    """The rest of one epoch of a user's ``PyDataset``, from batch ``offset`` on: batch ``i`` is the
-    user's batch ``offset + i``, fetched by Keras's own workers (``workers``, ``use_multiprocessing``
-    and ``max_queue_size`` are the user's). ``on_epoch_end`` is forwarded."""
-
-    def __init__(self, base: keras.utils.PyDataset, offset: int, steps_per_epoch: int) -> None:
-        super().__init__(workers=base.workers, use_multiprocessing=base.use_multiprocessing,
-                         max_queue_size=base.max_queue_size)
-        self.base, self.offset, self.length = base, offset, steps_per_epoch - offset
-
-    def __len__(self) -> int:
-        return self.length
-
-    def __getitem__(self, index):
-        return self.base[self.offset + index]
-
-    def on_epoch_end(self) -> None:
-        self.base.on_epoch_end()
-
-
-def _warn_if_reshuffling(dataset, first_batch) -> None:
-    """Read ``dataset``'s first batch a second time: when it differs from ``first_batch`` the
-    pipeline yields another order on each iteration (``shuffle(...)`` with the default
-    ``reshuffle_each_iteration=True``), and a resumed run cannot reproduce the interrupted order."""
-    import tensorflow as tf
-
-    again = next(iter(dataset.take(1)))
-    same = all(np.array_equal(np.asarray(a), np.asarray(b))
-               for a, b in zip(tf.nest.flatten(first_batch), tf.nest.flatten(again)))
-    if not same:
-        warn_not_exact("tf-data-reshuffle", (
-            "the tf.data.Dataset yields another first batch each time it is iterated (shuffle(...) with the "
-            "default reshuffle_each_iteration=True), so a resumed run reads another order than the interrupted "
-            "one; fix: shuffle(..., seed=S, reshuffle_each_iteration=False), or pass a function epoch -> Dataset "
-            "such as lambda e: ds.shuffle(1000, seed=e).batch(32) (docs/training.md, \"Your Keras script\")"),
-            logger=log)
-
-
-def _class_weight_to_sample_weight(y: np.ndarray, class_weight: dict) -> np.ndarray:
-    """Keras's rule (keras/src/trainers/data_adapters/data_adapter_utils.py): class indices from
-    ``y`` (argmax of one-hot rows), weight 1 for a class not in ``class_weight``; float32."""
-    y = np.asarray(y)
-    if y.ndim == 2 and y.shape[1] > 1:
-        classes = np.argmax(y, axis=1)
-    elif y.ndim == 2 and y.shape[1] == 1:
-        classes = y[:, 0]
-    elif y.ndim == 1:
-        classes = y
-    else:
-        raise ValueError(f"class_weight needs class labels or one-hot rows. Received: y with shape {y.shape}")
-    weights = np.ones(len(classes), dtype=np.float32)
-    for cls, weight in class_weight.items():
-        weights[classes == int(cls)] = weight
-    return weights
 
 
 class _FitDriver(CheckpointDriver):
@@ -685,7 +555,7 @@ class ResumableFit(DriverFront):
                     raise ValueError("ResumableFit needs dataset elements (x, y) or (x, y, sample_weight). "
                                      f"Received an element of type {type(element).__name__}")
                 if class_weight is not None:
-                    weights = _class_weight_to_sample_weight(element[1], class_weight)
+                    weights = class_weight_to_sample_weight(element[1], class_weight)
                     element = (element[0], element[1], weights if len(element) == 2 else element[2] * weights)
                 yield element
                 step += 1
@@ -785,7 +655,7 @@ class ResumableFit(DriverFront):
             self.checkpointer.ensure_built(np.asarray(sample[0]) if not isinstance(sample[0], dict) else None)
             if class_weight is not None:
                 fit_kwargs["class_weight"] = class_weight
-            batches = lambda start, count: x if start % spe == 0 else _ResumedPyDataset(x, start % spe, spe)  # noqa: E731
+            batches = lambda start, count: x if start % spe == 0 else ResumedPyDataset(x, start % spe, spe)  # noqa: E731
         elif is_dataset:
             for name, value in (("y", y), ("batch_size", batch_size), ("sample_weight", sample_weight)):
                 if value is not None:
@@ -806,7 +676,7 @@ class ResumableFit(DriverFront):
             check_int("steps_per_epoch", steps_per_epoch, 1)
             spe = steps_per_epoch
             sample = next(iter(first.take(1)))
-            _warn_if_reshuffling(first, sample)
+            warn_if_reshuffling(first, sample)
             self.checkpointer.ensure_built(np.asarray(sample[0]) if not isinstance(sample[0], dict) else None)
             batches = lambda start, count: self._dataset_batches(x, class_weight, start, count, spe)  # noqa: E731
         else:
@@ -830,7 +700,7 @@ class ResumableFit(DriverFront):
                 x, y = x[:split_at], y[:split_at]
                 sample_weight = None if sample_weight is None else sample_weight[:split_at]
             if class_weight is not None:
-                weights = _class_weight_to_sample_weight(y, class_weight)
+                weights = class_weight_to_sample_weight(y, class_weight)
                 sample_weight = weights if sample_weight is None else sample_weight * weights
             spe = steps_per_epoch_of(len(x), batch_size)
             self.checkpointer.ensure_built(x[:1])
