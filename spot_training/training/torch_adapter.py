@@ -799,11 +799,9 @@ class TorchCheckpointer(DriverFront):
     seconds cadence follows rank 0's clock and is agreed by all ranks.
 
     Args:
-        model: the ``nn.Module`` (plain, ``torch.compile``d, or wrapped in DistributedDataParallel).
-        optimizer: a ``torch.optim.Optimizer`` or None.
-        scheduler: an LR scheduler (anything with ``state_dict``/``load_state_dict``) or None.
-        scaler: a ``torch.amp.GradScaler`` or None.
-        extra: ``{name: object with state_dict/load_state_dict}`` checkpointed as well (default none).
+        model, optimizer, scheduler, scaler, extra: what is checkpointed, as for :class:`TorchAdapter`
+            (the ``nn.Module``; an optimizer, LR scheduler and ``GradScaler`` or None; named objects with
+            ``state_dict``).
         checkpoint_dir: default ``$SPOT_TRAINING_CHECKPOINT_DIR`` or ``/dltraining/checkpoints``.
         every_steps: save every this many completed steps (None: off); default
             ``$SPOT_TRAINING_CHECKPOINT_EVERY_STEPS`` or 50.
