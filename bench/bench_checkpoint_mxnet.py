@@ -88,11 +88,8 @@ def make_step(mx, autograd, gluon, net, trainer, x, y):
 
 
 def main() -> int:
-    """Run the MXNet checkpoint benchmark (module docstring); the last line printed is JSON.
-
-    Returns:
-        0 (the ``--worker`` mode returns its own status).
-    """
+    """Run the MXNet checkpoint benchmark (module docstring) and return 0 (``--worker``: the worker's status);
+    the last line printed is JSON."""
     args = parse_worker_bench_args(__doc__.split("\n\n")[0], WINDOW)
 
     import mxnet as mx

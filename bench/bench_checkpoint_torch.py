@@ -75,11 +75,8 @@ def make_step(torch, model, optimizer, x, y):
 
 
 def main() -> int:
-    """Run the PyTorch checkpoint benchmark (module docstring); the last line printed is JSON.
-
-    Returns:
-        0 (the ``--worker`` mode returns its own status).
-    """
+    """Run the PyTorch checkpoint benchmark (module docstring) and return 0 (``--worker``: the worker's status);
+    the last line printed is JSON."""
     args = parse_worker_bench_args(__doc__.split("\n\n")[0], WINDOW)
 
     import torch

@@ -99,17 +99,8 @@ def build_net(*, channels: int = 16, blocks: int = 2, classes: int = 10, width: 
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    """Parse and check the example's command line (``--help`` lists the options).
-
-    Args:
-        argv: the arguments without the program name; default ``sys.argv[1:]``.
-
-    Returns:
-        the parsed namespace.
-
-    Raises:
-        SystemExit: 2, naming a bad value.
-    """
+    """The example's command line from ``argv`` (default ``sys.argv[1:]``; ``--help`` lists the options),
+    checked: a bad value exits 2 naming it."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     length = parser.add_mutually_exclusive_group()
     length.add_argument("--steps", type=int, help="total optimizer steps (default: --epochs worth)")
@@ -169,18 +160,9 @@ def main(argv=None) -> int:
 
 
 def train(argv=None) -> int:
-    """Train the ResNet on the digits, resuming from the newest checkpoint (see the module docstring).
-
-    Args:
-        argv: the arguments (:func:`parse_args`); default ``sys.argv[1:]``.
-
-    Returns:
-        0 after the last step.
-
-    Raises:
-        SystemExit: 0 after a stop notice's checkpoint; 2 for bad options.
-        CheckpointError: a checkpoint no restart can fix (:func:`main` turns it into 74 or 78).
-    """
+    """Train the ResNet on the digits (module docstring): parse ``argv`` (:func:`parse_args`), resume from the newest
+    checkpoint, return 0 after the last step. A stop notice: ``SystemExit(0)`` after its checkpoint; a
+    checkpoint no restart can fix: ``CheckpointError`` (:func:`main` turns it into 74 or 78)."""
     args = parse_args(argv)
     os.environ["OMP_NUM_THREADS"] = str(args.threads)  # before MXNet loads its OpenMP runtime
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

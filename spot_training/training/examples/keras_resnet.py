@@ -83,17 +83,8 @@ def build_model(*, channels: int = 16, blocks: int = 2, classes: int = 10, dropo
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    """Parse and check the example's command line (``--help`` lists the options).
-
-    Args:
-        argv: the arguments without the program name; default ``sys.argv[1:]``.
-
-    Returns:
-        the parsed namespace.
-
-    Raises:
-        SystemExit: 2, naming a bad value.
-    """
+    """The example's command line from ``argv`` (default ``sys.argv[1:]``; ``--help`` lists the options),
+    checked: a bad value exits 2 naming it."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--epochs", type=int, default=5)
     parser.add_argument("--batch-size", type=int, default=32)
@@ -121,18 +112,10 @@ def main(argv=None) -> int:
 
 
 def train(argv=None) -> int:
-    """Train the ResNet on the digits with :class:`ResumableFit` (module docstring).
-
-    Args:
-        argv: the arguments (:func:`parse_args`); default ``sys.argv[1:]``.
-
-    Returns:
-        0 after the last epoch.
-
-    Raises:
-        SystemExit: 0 after a stop notice's checkpoint; 2 for bad options.
-        CheckpointError: a checkpoint no restart can fix (:func:`main` turns it into 74 or 78).
-    """
+    """Train the ResNet on the digits with :class:`ResumableFit` (module docstring): parse ``argv``
+    (:func:`parse_args`), resume from the newest checkpoint, return 0 after the last epoch. A stop notice:
+    ``SystemExit(0)`` after its checkpoint; a checkpoint no restart can fix: ``CheckpointError`` (:func:`main`
+    turns it into 74 or 78)."""
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # Before TensorFlow: SIGTERM during the ~3 s import or model build must not kill us half-way.

@@ -130,17 +130,8 @@ def augment(x, flip_prob: float):
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    """Parse and check the example's command line (``--help`` lists the options).
-
-    Args:
-        argv: the arguments without the program name; default ``sys.argv[1:]``.
-
-    Returns:
-        the parsed namespace.
-
-    Raises:
-        SystemExit: 2, naming a bad value.
-    """
+    """The example's command line from ``argv`` (default ``sys.argv[1:]``; ``--help`` lists the options),
+    checked: a bad value exits 2 naming it."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     length = parser.add_mutually_exclusive_group()
     length.add_argument("--steps", type=int, help="total optimizer steps (default: --epochs worth)")
