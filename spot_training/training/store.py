@@ -683,10 +683,7 @@ class BackgroundSaver:
         """Queue one save; waits for the previous one to finish first.
 
         Args:
-            write: as :meth:`CheckpointStore.save`.
-            step: as :meth:`CheckpointStore.save`.
-            epoch: as :meth:`CheckpointStore.save`.
-            metadata: as :meth:`CheckpointStore.save`.
+            write, step, epoch, metadata: as for :meth:`CheckpointStore.save`.
 
         Raises:
             RuntimeError: called after :meth:`close`.
@@ -705,9 +702,7 @@ class BackgroundSaver:
         Args:
             tmp: the temporary directory from :meth:`CheckpointStore.begin`.
             finish: called on the writer thread before the commit.
-            step: as :meth:`CheckpointStore.commit`.
-            epoch: as :meth:`CheckpointStore.commit`.
-            metadata: as :meth:`CheckpointStore.commit`.
+            step, epoch, metadata: as for :meth:`CheckpointStore.commit`.
 
         Raises:
             RuntimeError: called after :meth:`close`.
