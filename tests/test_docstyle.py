@@ -5,9 +5,7 @@ A static check with :mod:`ast` (no import, so it runs in the unit tier in well u
 - a public function, method or class (its name and its module's have no leading underscore) has a docstring;
 - a public function or method that takes two or more parameters besides ``self``/``cls`` documents them in
   an ``Args:`` section. A class's ``__init__`` may leave its ``Args:`` to the class docstring (Google style
-  allows either). A module-level function that implements a protocol documented once may point there
-  instead: its docstring says ``Protocol: :mod:`package.module``` and that module's docstring documents
-  the function's signature as ``name(...``.
+  allows either).
 
 Nested functions (closures) are not public and are not checked. :data:`PACKAGES` lists the parts of
 ``spot_training`` the check covers; :data:`ALLOWED` the names it lets pass, each with the reason.
@@ -52,21 +50,6 @@ def _is_setter(node: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
     return False
 
 
-PROTOCOL = re.compile(r"Protocol: :mod:`([\w.]+)`")
-
-
-def _documents_protocol(doc: str, name: str) -> bool:
-    """Whether ``doc`` names a protocol module whose docstring documents ``name(...``."""
-    found = PROTOCOL.search(doc)
-    if not found:
-        return False
-    base = REPO.joinpath(*found.group(1).split("."))
-    path = base / "__init__.py" if base.is_dir() else base.with_suffix(".py")
-    if not path.is_file():
-        return False
-    return f"``{name}(" in (ast.get_docstring(ast.parse(path.read_text())) or "")
-
-
 def problems(source: str, label: str) -> list[str]:
     """The style problems in one module's source.
 
@@ -102,7 +85,7 @@ def problems(source: str, label: str) -> list[str]:
                 continue
             if not doc:
                 found.append(f"{where}: no docstring")
-            elif len(_params(node)) >= 2 and "Args:" not in doc and not (prefix == "" and _documents_protocol(doc, node.name)):
+            elif len(_params(node)) >= 2 and "Args:" not in doc:
                 found.append(f"{where}: {len(_params(node))} parameters and no Args:")
 
     visit(ast.parse(source).body, "", None)
@@ -183,11 +166,6 @@ def test_allow_list_entries_still_exist_and_say_why() -> None:
          ["m.py:1 C: no docstring", "m.py:2 C.m: 2 parameters and no Args:"]),
         ("class C:\n    'C.'\n    def __init__(self, a, b):\n        pass\n",
          ["m.py:3 C.__init__: 2 parameters and no Args: (class or __init__)"]),
-        # A protocol only passes where the named module documents the function's signature.
-        ("def trial(a, b):\n    'One trial. Protocol: :mod:`bench.nowhere`.'\n", ["m.py:1 trial: 2 parameters and no Args:"]),
-        ("def other(a, b):\n    'One. Protocol: :mod:`bench.notice`.'\n", ["m.py:1 other: 2 parameters and no Args:"]),
-        ("class C:\n    'C.'\n    def trial(self, a, b):\n        'Protocol: :mod:`bench.notice`.'\n",
-         ["m.py:3 C.trial: 2 parameters and no Args:"]),
     ],
 )
 def test_the_check_finds_missing_docstrings(source: str, expected: list[str]) -> None:
@@ -203,7 +181,6 @@ def test_the_check_finds_missing_docstrings(source: str, expected: list[str]) ->
         "class C:\n    '''C.\n\n    Args:\n        a: one.\n        b: two.\n    '''\n"
         "    def __init__(self, a, b):\n        pass\n",
         "def f():\n    'F.'\n    def inner(a, b):\n        pass\n",
-        "def trial(root, ctx):\n    'One trial. Protocol: :mod:`bench.notice`.'\n",
     ],
 )
 def test_the_check_passes_documented_and_private_names(source: str) -> None:

@@ -67,7 +67,13 @@ def _reference(ctx: dict) -> Path:
 
 
 def trial(root: Path, ctx: dict, *, phase: str, rng: random.Random) -> dict:
-    """One run of the example and one notice inside ``phase``. Protocol: :mod:`bench.notice`.
+    """One run of the example and one notice inside ``phase``.
+
+    Args:
+        root: the trial's own empty directory (checkpoints, logs).
+        ctx: what ``prepare`` returned, plus the runner's ``budget_s`` and ``resume``.
+        phase: one of ``PHASES``.
+        rng: the drill's random source (when in the phase the notice lands).
 
     Returns:
         the trial's figures (:func:`bench.notice.common.result`).

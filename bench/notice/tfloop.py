@@ -2,13 +2,30 @@
 
 from __future__ import annotations
 
-import functools
+import random
+from pathlib import Path
 
 from bench.notice import tf_drill
 
 PYTHON = "venv"
 PHASES = ("startup", "step", "validation", "first-trace", "write")
 
-#: The module protocol (:mod:`bench.notice`): tf_drill's, in its ``tf`` mode.
-prepare = functools.partial(tf_drill.prepare, mode="tf")
-trial = functools.partial(tf_drill.trial, mode="tf")
+
+def prepare(tmp: Path) -> dict:
+    """The uninterrupted reference run."""
+    return tf_drill.prepare(tmp, "tf")
+
+
+def trial(root: Path, ctx: dict, *, phase: str, rng: random.Random) -> dict:
+    """One notice inside ``phase`` and the resume to the end.
+
+    Args:
+        root: the trial's own empty directory (checkpoints, logs).
+        ctx: what ``prepare`` returned, plus the runner's ``budget_s`` and ``resume``.
+        phase: one of ``PHASES``.
+        rng: the drill's random source (when in the phase the notice lands).
+
+    Returns:
+        the trial's figures (:func:`bench.notice.common.result`).
+    """
+    return tf_drill.trial(root, ctx, phase=phase, rng=rng, mode="tf")
