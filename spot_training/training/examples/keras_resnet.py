@@ -34,9 +34,13 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: make `spot_training.training` importable from the repo root
     sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
+# Before the slow imports (TensorFlow/Keras: seconds): a SIGTERM meanwhile is remembered and the run exits 0
+# at its start instead of dying by the signal (docs/training.md, "A notice in any phase").
+import spot_training.training.early_notice  # noqa: E402,F401
+
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import numpy as np
+import numpy as np  # noqa: E402
 
 from spot_training.contract import PROGRESS_FILE, TRAINING_LOG_FILE
 from spot_training.training.core import (add_checkpoint_arguments, cadence_flag, check_checkpoint_arguments,
