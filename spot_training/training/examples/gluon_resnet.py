@@ -162,12 +162,6 @@ class CsvLog:
         self._file.close()
 
 
-def main(argv=None) -> int:
-    """Train (resuming from the newest checkpoint) and return 0; a checkpoint error that no restart
-    can fix returns 74 or 78 (``spot_training.training.core.checkpoint_exit_code``, docs/contracts.md)."""
-    return run_script(train, argv)
-
-
 def train(argv=None) -> int:
     """Train the ResNet on the digits, resuming from the newest checkpoint (see the module docstring).
 
@@ -179,7 +173,7 @@ def train(argv=None) -> int:
 
     Raises:
         SystemExit: 0 after a stop notice's checkpoint; 2 for bad options.
-        CheckpointError: a checkpoint no restart can fix (:func:`main` turns it into 74 or 78).
+        CheckpointError: a checkpoint no restart can fix (``run_script`` below turns it into exit 74 or 78).
     """
     args = parse_args(argv)
     os.environ["OMP_NUM_THREADS"] = str(args.threads)  # before MXNet loads its OpenMP runtime
@@ -236,4 +230,5 @@ def train(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # run_script: a checkpoint error that no restart can fix exits 74 or 78 (docs/contracts.md), naming the path
+    sys.exit(run_script(train))

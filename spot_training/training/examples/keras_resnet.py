@@ -118,12 +118,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def main(argv=None) -> int:
-    """Train (resuming from the newest checkpoint) and return 0; a checkpoint error that no restart
-    can fix returns 74 or 78 (``spot_training.training.core.checkpoint_exit_code``, docs/contracts.md)."""
-    return run_script(train, argv)
-
-
 def train(argv=None) -> int:
     """Train the ResNet on the digits with :class:`ResumableFit` (module docstring).
 
@@ -135,7 +129,7 @@ def train(argv=None) -> int:
 
     Raises:
         SystemExit: 0 after a stop notice's checkpoint; 2 for bad options.
-        CheckpointError: a checkpoint no restart can fix (:func:`main` turns it into 74 or 78).
+        CheckpointError: a checkpoint no restart can fix (``run_script`` below turns it into exit 74 or 78).
     """
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -201,4 +195,5 @@ def train(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # run_script: a checkpoint error that no restart can fix exits 74 or 78 (docs/contracts.md), naming the path
+    sys.exit(run_script(train))

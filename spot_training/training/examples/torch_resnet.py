@@ -196,12 +196,6 @@ def state_arrays(model, optimizer) -> dict[str, np.ndarray]:
     return out
 
 
-def main(argv=None) -> int:
-    """Train (resuming from the newest checkpoint) and return 0; a checkpoint error that no restart
-    can fix returns 74 or 78 (``spot_training.training.core.checkpoint_exit_code``, docs/contracts.md)."""
-    return run_script(train, argv)
-
-
 def train(argv=None) -> int:
     """Parse ``argv``, train (resuming from the newest checkpoint), return 0; SIGTERM: SystemExit(0)."""
     args = parse_args(argv)
@@ -304,4 +298,5 @@ def train(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # run_script: a checkpoint error that no restart can fix exits 74 or 78 (docs/contracts.md), naming the path
+    sys.exit(run_script(train))
