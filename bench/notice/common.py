@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import csv
+import random
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 
@@ -13,6 +16,64 @@ import numpy as np
 NOTICE_BUDGET_S = 110.0
 #: The must-show's validation pass (150 s) against that budget: the drill's pass is this much longer.
 VALIDATION_OVER_BUDGET = 150.0 / 110.0
+
+
+class FrontEnd(Protocol):
+    """What each ``bench/notice/<name>.py`` module implements (:mod:`bench.notice` describes the harness).
+
+    A module's own ``prepare`` and ``trial`` say ``Implements :meth:`bench.notice.common.FrontEnd.trial`.``
+    (or ``.prepare``) in their docstrings instead of repeating the ``Args:`` below; the docstring check
+    (tests/test_docstyle.py) holds them to these parameters.
+    """
+
+    #: ``"venv"`` (``.venv/bin/python``: TensorFlow, MXNet) or ``"torch"`` (``.venv-torch/bin/python``).
+    PYTHON: str
+    #: The phases its trials can land a notice in.
+    PHASES: tuple[str, ...]
+
+    def prepare(self, tmp: Path) -> dict:
+        """Data and the uninterrupted reference run under ``tmp``.
+
+        Args:
+            tmp: the drill's temporary directory.
+
+        Returns:
+            the context every trial gets (the runner adds ``budget_s``: the notice budget in seconds, and
+            ``resume``: False in the short form, which skips the resume to the end and its comparison).
+        """
+
+    def trial(self, root: Path, ctx: dict, *, phase: str, rng: random.Random) -> dict:
+        """One run and one notice at a random time inside ``phase``.
+
+        Args:
+            root: the trial's own empty directory (checkpoints, logs).
+            ctx: what ``prepare`` returned, plus the runner's ``budget_s`` and ``resume``.
+            phase: one of ``PHASES``.
+            rng: the drill's random source (when in the phase the notice lands).
+
+        Returns:
+            the trial's figures (:func:`result`'s keys).
+        """
+
+
+def reference(path: Path, run: Callable[[Path], bool]) -> Path:
+    """The uninterrupted reference run's final state, run on first use: the short form never needs it.
+
+    Args:
+        path: where the run leaves its ``.npz`` (its parent directory is created).
+        run: makes the run that writes ``path``; returns whether it succeeded.
+
+    Returns:
+        ``path``.
+
+    Raises:
+        RuntimeError: the run failed.
+    """
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if not run(path):
+            raise RuntimeError(f"the uninterrupted reference run for {path} failed; see the logs beside it")
+    return path
 
 
 def rows(log: Path) -> int:

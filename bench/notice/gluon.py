@@ -147,11 +147,7 @@ def _wait(predicate, group: ProcessGroup, timeout: float = RUN_TIMEOUT_S, poll: 
 def trial(root: Path, ctx: dict, *, phase: str, rng: random.Random) -> dict:
     """One run with one notice in ``phase``, then the resume to the end.
 
-    Args:
-        root: the trial's own empty directory (checkpoints, logs).
-        ctx: what :func:`prepare` returned (data, reference run, ``budget_s``).
-        phase: one of :data:`PHASES`.
-        rng: the drill's random source (when in the phase the notice lands).
+    Implements :meth:`bench.notice.common.FrontEnd.trial` (``ctx``: data, reference run, ``budget_s``).
 
     Returns:
         ``phase``, ``exit`` (the notified run's status; goal 0), ``ran`` (steps it logged), ``saved``

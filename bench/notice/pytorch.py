@@ -19,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench.notice.common import result, rows, same_arrays, send_notice, wait_for
+from bench.notice.common import reference, result, rows, same_arrays, send_notice, wait_for
 from spot_training.agent.process_group import ProcessGroup
 from spot_training.training.examples.prepare_data import prepare_digits
 from spot_training.training.store import CheckpointStore
@@ -57,26 +57,14 @@ def _run_to_end(args: list[str], log_path: Path) -> int:
                               stderr=subprocess.STDOUT, timeout=900).returncode
 
 
-def _reference(ctx: dict) -> Path:
-    ref = ctx["reference"]
-    if not ref.exists():
-        ref.parent.mkdir(parents=True, exist_ok=True)
-        if _run_to_end(_args(ctx, ref.parent, workers=0, save_every=25, final=ref), ref.parent / "run.log") != 0:
-            raise RuntimeError(f"the uninterrupted reference run failed; see {ref.parent / 'run.log'}")
-    return ref
+def _reference_run(ctx: dict, ref: Path) -> bool:
+    return _run_to_end(_args(ctx, ref.parent, workers=0, save_every=25, final=ref), ref.parent / "run.log") == 0
 
 
 def trial(root: Path, ctx: dict, *, phase: str, rng: random.Random) -> dict:
     """One run of the example and one notice inside ``phase``.
 
-    Args:
-        root: the trial's own empty directory (checkpoints, logs).
-        ctx: what ``prepare`` returned, plus the runner's ``budget_s`` and ``resume``.
-        phase: one of ``PHASES``.
-        rng: the drill's random source (when in the phase the notice lands).
-
-    Returns:
-        the trial's figures (:func:`bench.notice.common.result`).
+    Implements :meth:`bench.notice.common.FrontEnd.trial`.
     """
     workers = int(phase.split("/w")[1]) if phase.startswith("step/w") else 0
     ckpt_dir, log_dir = root / "ckpt", root / "logs"
@@ -102,5 +90,6 @@ def trial(root: Path, ctx: dict, *, phase: str, rng: random.Random) -> dict:
     if ctx.get("resume") and phase != "startup":
         final = root / "final.npz"
         resumed = _run_to_end([*args, "--save-final-weights", str(final)], root / "resume.log")
-        figures["bitwise"] = resumed == 0 and same_arrays(final, _reference(ctx))
+        figures["bitwise"] = resumed == 0 and same_arrays(
+            final, reference(ctx["reference"], lambda ref: _reference_run(ctx, ref)))
     return figures

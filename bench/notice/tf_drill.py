@@ -17,7 +17,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from bench.notice.common import VALIDATION_OVER_BUDGET, result, rows, same_arrays, send_notice, wait_for
+from bench.notice.common import (VALIDATION_OVER_BUDGET, reference, result, rows, same_arrays, send_notice,
+                                 wait_for)
 from spot_training.agent.process_group import ProcessGroup
 from spot_training.training.store import CheckpointStore
 
@@ -44,27 +45,18 @@ def prepare(tmp: Path, mode: str) -> dict:
     return {"reference": tmp / "reference.npz", "mode": mode}
 
 
-def _reference(ctx: dict) -> Path:
-    ref = ctx["reference"]
-    if not ref.exists():
-        subprocess.run(_command(ctx["mode"], ref.with_suffix(""), "--final", str(ref)), cwd=REPO, check=True,
-                       capture_output=True, timeout=600)
-    return ref
+def _reference_run(mode: str, ref: Path) -> bool:
+    with open(ref.with_suffix(".log"), "wb") as log:
+        return subprocess.run(_command(mode, ref.with_suffix(""), "--final", str(ref)), cwd=REPO, stdout=log,
+                              stderr=subprocess.STDOUT, timeout=600).returncode == 0
 
 
-def trial(root: Path, ctx: dict, *, phase: str, rng: random.Random, mode: str) -> dict:
-    """One run of ``tf_job.py`` with one notice inside ``phase``, then its resume to the end.
+def trial(root: Path, ctx: dict, *, phase: str, rng: random.Random) -> dict:
+    """One run of ``tf_job.py`` (in ``ctx["mode"]``) with one notice inside ``phase``, then its resume to the end.
 
-    Args:
-        root: the trial's own empty directory (checkpoints, logs).
-        ctx: what ``prepare`` returned, plus the runner's ``budget_s`` and ``resume``.
-        phase: one of ``PHASES``.
-        rng: the drill's random source (when in the phase the notice lands).
-        mode: ``"keras"`` or ``"tf"``.
-
-    Returns:
-        the trial's figures (:func:`bench.notice.common.result`).
+    Implements :meth:`bench.notice.common.FrontEnd.trial`.
     """
+    mode = ctx["mode"]
     budget = ctx["budget_s"]
     validation_s = budget * VALIDATION_OVER_BUDGET
     extra = ["--save-every-steps", "1" if phase == "write" else "7"]
@@ -102,7 +94,8 @@ def trial(root: Path, ctx: dict, *, phase: str, rng: random.Random, mode: str) -
     if ctx.get("resume", True):  # to the end (without the validation pass: it changes no variable)
         resumed = subprocess.run(_command(mode, root, "--final", str(root / "final.npz")), cwd=REPO,
                                  capture_output=True, text=True, timeout=600)
-        bitwise = resumed.returncode == 0 and same_arrays(root / "final.npz", _reference(ctx))
+        bitwise = resumed.returncode == 0 and same_arrays(
+            root / "final.npz", reference(ctx["reference"], lambda ref: _reference_run(mode, ref)))
     out = result(phase, exit_status=exit_status, ran=ran, latest=latest, sent=sent, log_text=text, bitwise=bitwise,
                  notice_to_exit_s=group.notice_to_exit_s)
     out["worker_killed"] = out["worker_killed"] or "Traceback" in text

@@ -174,11 +174,7 @@ class _Cluster:
 def trial(root: Path, ctx: dict, *, phase: str, rng: random.Random) -> dict:
     """A two-node cluster, one notice to one node in ``phase``, until the other node resumed.
 
-    Args:
-        root: the trial's own empty directory (checkpoints, logs).
-        ctx: what :func:`prepare` returned (data, reference run, ``budget_s``).
-        phase: one of :data:`PHASES`.
-        rng: the drill's random source (when in the phase the notice lands).
+    Implements :meth:`bench.notice.common.FrontEnd.trial` (``ctx``: data, reference run, ``budget_s``).
 
     Returns:
         ``phase``, ``exit``, ``ran``, ``saved``, ``lost``, ``committed``, ``notice_to_committed_s``,

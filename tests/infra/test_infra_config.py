@@ -83,6 +83,13 @@ def test_fails_when_target_capacity_is_negative(capacity: object) -> None:
         ("image_id", "ubuntu", "an AMI id"),
         ("mount_point", "data", "an absolute directory path"),
         ("stack_name", "1stack", "a CloudFormation stack name"),
+        # monitoring (docs/operations.md)
+        ("log_retention_days", "31", "one of 1, 3, 5"),
+        ("alarm_no_progress_minutes", "0", r"an integer \(minutes\) from 1 to 1440"),
+        ("alarm_no_capacity_minutes", "4", r"an integer \(minutes\) from 5 to 1440"),
+        ("notification_email", "not-an-address", "an e-mail address"),
+        ("monitoring_interval_s", "0.5", "a number of seconds from 1 to 300"),
+        ("monitoring", "maybe", "true or false"),
     ],
 )
 def test_fails_when_other_keys_are_bad(key: str, value: object, allowed: str) -> None:

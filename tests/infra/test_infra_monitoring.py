@@ -136,20 +136,6 @@ def test_email_variant_is_cfn_lint_and_cdk_nag_clean(email_synth: Synth) -> None
     assert email_synth.nag_errors == []
 
 
-@pytest.mark.parametrize("key, value, allowed", [
-    ("log_retention_days", "31", "one of 1, 3, 5"),
-    ("alarm_no_progress_minutes", "0", "from 1 to 1440"),
-    ("alarm_no_capacity_minutes", "4", "from 5 to 1440"),
-    ("notification_email", "not-an-address", "an e-mail address"),
-    ("monitoring_interval_s", "0.5", "from 1 to 300"),
-    ("monitoring", "maybe", "true or false"),
-])
-def test_bad_monitoring_context_keys_fail_synth_naming_the_key(key: str, value: str, allowed: str) -> None:
-    with pytest.raises(ValueError) as error:
-        StackSettings.from_mapping({key: value})
-    assert f"context key {key!r}" in str(error.value) and allowed in str(error.value)
-
-
 def test_cluster_stack_has_the_same_monitoring_for_every_role(cluster_synth: Synth) -> None:
     from test_infra_cluster import _launch_templates
     from test_infra_cluster import _user_data as cluster_user_data

@@ -5,21 +5,20 @@ rank 0's node while it trains and writes a checkpoint after every step, as the c
 
 from __future__ import annotations
 
-import importlib.util
 import random
+import sys
 from pathlib import Path
 
 import pytest
 
 pytestmark = [pytest.mark.torch, pytest.mark.slow]
 
-MODULE = Path(__file__).resolve().parents[2] / "bench" / "notice" / "torchrun.py"
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: ``bench`` is there
+
+from bench.notice import torchrun as drill  # noqa: E402
 
 
 def test_torchrun_notice_drill_short_form_loses_nothing_and_the_other_node_resumes_there(tmp_path) -> None:
-    spec = importlib.util.spec_from_file_location("bench_notice_torchrun", MODULE)
-    drill = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(drill)
     ctx = drill.prepare(tmp_path)
     ctx["budget_s"] = 30.0
     row = drill.trial(tmp_path / "step", ctx, phase="write", rng=random.Random(1))

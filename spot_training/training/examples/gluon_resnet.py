@@ -153,16 +153,10 @@ class CsvLog:
         self._file.close()
 
 
-def main(argv=None) -> int:
-    """Train (resuming from the newest checkpoint) and return 0; a checkpoint error that no restart
-    can fix returns 74 or 78 (``spot_training.training.core.checkpoint_exit_code``, docs/contracts.md)."""
-    return run_script(train, argv)
-
-
 def train(argv=None) -> int:
-    """Train the ResNet on the digits (module docstring): parse ``argv`` (:func:`parse_args`), resume from the newest
-    checkpoint, return 0 after the last step. A stop notice: ``SystemExit(0)`` after its checkpoint; a
-    checkpoint no restart can fix: ``CheckpointError`` (:func:`main` turns it into 74 or 78)."""
+    """Train the ResNet on the digits (module docstring): parse ``argv`` (:func:`parse_args`), resume from
+    the newest checkpoint, return 0 after the last step. A stop notice: ``SystemExit(0)`` after its checkpoint;
+    a checkpoint no restart can fix: ``CheckpointError`` (``run_script`` below turns it into exit 74 or 78)."""
     args = parse_args(argv)
     os.environ["OMP_NUM_THREADS"] = str(args.threads)  # before MXNet loads its OpenMP runtime
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -218,4 +212,5 @@ def train(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # run_script: a checkpoint error that no restart can fix exits 74 or 78 (docs/contracts.md), naming the path
+    sys.exit(run_script(train))

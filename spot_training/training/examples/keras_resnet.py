@@ -34,9 +34,13 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: make `spot_training.training` importable from the repo root
     sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
+# Before the slow imports (TensorFlow/Keras: seconds): a SIGTERM meanwhile is remembered and the run exits 0
+# at its start instead of dying by the signal (docs/training.md, "A notice in any phase").
+import spot_training.training.early_notice  # noqa: E402,F401
+
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import numpy as np
+import numpy as np  # noqa: E402
 
 from spot_training.contract import PROGRESS_FILE, TRAINING_LOG_FILE
 from spot_training.training.core import (add_checkpoint_arguments, cadence_flag, check_checkpoint_arguments,
@@ -105,17 +109,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def main(argv=None) -> int:
-    """Train (resuming from the newest checkpoint) and return 0; a checkpoint error that no restart
-    can fix returns 74 or 78 (``spot_training.training.core.checkpoint_exit_code``, docs/contracts.md)."""
-    return run_script(train, argv)
-
-
 def train(argv=None) -> int:
     """Train the ResNet on the digits with :class:`ResumableFit` (module docstring): parse ``argv``
     (:func:`parse_args`), resume from the newest checkpoint, return 0 after the last epoch. A stop notice:
-    ``SystemExit(0)`` after its checkpoint; a checkpoint no restart can fix: ``CheckpointError`` (:func:`main`
-    turns it into 74 or 78)."""
+    ``SystemExit(0)`` after its checkpoint; a checkpoint no restart can fix: ``CheckpointError`` (``run_script``
+    below turns it into exit 74 or 78)."""
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # Before TensorFlow: SIGTERM during the ~3 s import or model build must not kill us half-way.
@@ -180,4 +178,5 @@ def train(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # run_script: a checkpoint error that no restart can fix exits 74 or 78 (docs/contracts.md), naming the path
+    sys.exit(run_script(train))

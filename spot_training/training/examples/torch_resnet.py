@@ -46,7 +46,11 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: make `spot_training.training` importable from the repo root
     sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
-import numpy as np
+# Before the slow imports (PyTorch: seconds): a SIGTERM meanwhile is remembered and the run exits 0
+# at its start instead of dying by the signal (docs/training.md, "A notice in any phase").
+import spot_training.training.early_notice  # noqa: E402,F401
+
+import numpy as np  # noqa: E402
 
 from spot_training.contract import PROGRESS_FILE, TRAINING_LOG_FILE
 from spot_training.training.core import (add_checkpoint_arguments, cadence_flag, check_checkpoint_arguments,
@@ -183,12 +187,6 @@ def state_arrays(model, optimizer) -> dict[str, np.ndarray]:
     return out
 
 
-def main(argv=None) -> int:
-    """Train (resuming from the newest checkpoint) and return 0; a checkpoint error that no restart
-    can fix returns 74 or 78 (``spot_training.training.core.checkpoint_exit_code``, docs/contracts.md)."""
-    return run_script(train, argv)
-
-
 def train(argv=None) -> int:
     """Parse ``argv``, train (resuming from the newest checkpoint), return 0; SIGTERM: SystemExit(0)."""
     args = parse_args(argv)
@@ -291,4 +289,5 @@ def train(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # run_script: a checkpoint error that no restart can fix exits 74 or 78 (docs/contracts.md), naming the path
+    sys.exit(run_script(train))
