@@ -52,7 +52,7 @@ from pathlib import Path
 from typing import Any
 
 from spot_training.local.deploy import ACCOUNT, AVAILABILITY_ZONES, LOCAL_IMAGE_ID, REGION, CdkCli, Clients, DeployedStack, \
-    client, clients, destroy_and_check, find_orphans
+    client, clients, find_orphans
 from spot_training.local.drill import EventLog, add_read_back, bootstrap_and_deploy, check_stack_and_framework, framework_python, \
     fresh_work_dir, options_dict
 from spot_training.local.moto_server import MotoServer
@@ -573,15 +573,20 @@ def run_cluster_drill(options: ClusterDrillOptions, *,
             except (OSError, ValueError) as error:
                 report["error"] = report["error"] or f"collect: {error}"
         if cdk is not None and server.process is not None:
-            # aws, autoscaling and efs exist: they are made before cdk.
-            error = destroy_and_check(cdk, options.stack, context=options.context(), report=report, record=record,
-                                      orphans=lambda: cluster_orphans(
-                                          aws, autoscaling, efs, options.stack,
-                                          fleet_request_ids=[cluster.stack.fleet_request_id] if cluster else [],
-                                          group_names=list(cluster.groups.values()) if cluster else [],
-                                          file_system_id=cluster.file_system_id if cluster else None))
-            if error is not None:
+            record({"event": "phase", "phase": "destroy", "message": "cdk destroy (real CLI), then the orphan check"})
+            t = time.time()
+            try:
+                cdk.destroy(options.stack, context=options.context())
+            except Exception as error:  # noqa: BLE001 - the orphan check below says what is left
                 report["error"] = report["error"] or f"destroy: {error}"
+            phases["destroy"] = round(time.time() - t, 3)
+            # aws, autoscaling and efs exist: they are made before cdk.
+            report["orphans_after_destroy"] = cluster_orphans(
+                aws, autoscaling, efs, options.stack,
+                fleet_request_ids=[cluster.stack.fleet_request_id] if cluster else [],
+                group_names=list(cluster.groups.values()) if cluster else [],
+                file_system_id=cluster.file_system_id if cluster else None)
+            record({"event": "destroyed", "orphans": report["orphans_after_destroy"]})
         server.stop()
         report["wall_s"] = round(time.time() - started, 3)
         report["passed"] = cluster_passed(report, options)

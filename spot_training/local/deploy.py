@@ -282,45 +282,6 @@ class CdkCli:
         return self._run("destroy", ["destroy", stack, "--force", *_context_args(context)])
 
 
-def destroy_and_check(cdk: CdkCli, stack: str, *, context: Mapping[str, str], report: dict[str, Any],
-                      record: Callable[[dict[str, Any]], None], orphans: Callable[[], list[str]],
-                      before: Callable[[], None] | None = None,
-                      message: str = "cdk destroy (real CLI), then the orphan check") -> str | None:
-    """The drills' teardown: ``cdk destroy`` with the real CLI, then the boto3 orphan check.
-
-    A failed destroy does not stop the check: what the destroy left is what the check reports (a CLI exit
-    code is never trusted against moto). Records ``{"event": "phase", "phase": "destroy"}`` before and
-    ``{"event": "destroyed", "orphans": [...]}`` after; sets ``report["phases_s"]["destroy"]`` (seconds)
-    and ``report["orphans_after_destroy"]``.
-
-    Args:
-        cdk: the CLI the stack was deployed with.
-        stack: the stack name.
-        context: the deploy's context values.
-        report: the drill's report (has a ``phases_s`` dict).
-        record: the drill's event recorder.
-        orphans: lists what is left (e.g. :func:`find_orphans` over the stack and each job id); called
-            after the destroy, failed or not.
-        before: run before ``cdk destroy`` inside the same guard (e.g. empty a bucket); default none.
-        message: the phase event's message.
-
-    Returns:
-        the destroy's error text (its last 2000 characters), or None when the CLI succeeded.
-    """
-    record({"event": "phase", "phase": "destroy", "message": message})
-    started, error_text = time.time(), None
-    try:
-        if before is not None:
-            before()
-        cdk.destroy(stack, context=context)
-    except Exception as error:  # noqa: BLE001 - the orphan check below says what it left
-        error_text = str(error)[-2000:]
-    report["phases_s"]["destroy"] = round(time.time() - started, 3)
-    report["orphans_after_destroy"] = left = orphans()
-    record({"event": "destroyed", "orphans": left})
-    return error_text
-
-
 def _context_args(context: Mapping[str, str]) -> list[str]:
     args: list[str] = []
     for key, value in context.items():
