@@ -52,7 +52,7 @@ from pathlib import Path
 from typing import Any
 
 from spot_training.local.deploy import ACCOUNT, AVAILABILITY_ZONES, LOCAL_IMAGE_ID, REGION, CdkCli, Clients, DeployedStack, \
-    client, clients, find_orphans
+    client, clients, destroy_and_check
 from spot_training.local.drill import EventLog, add_read_back, bootstrap_and_deploy, check_stack_and_framework, framework_python, \
     fresh_work_dir, options_dict
 from spot_training.local.moto_server import MotoServer
@@ -420,25 +420,24 @@ def membership_changes(events: list[dict[str, Any]]) -> tuple[int, int, int]:
     return joins, leaves, len(generations)
 
 
-def cluster_orphans(aws: Clients, autoscaling: Any, efs: Any, stack: str, *, fleet_request_ids: list[str],
-                    group_names: list[str], file_system_id: str | None) -> list[str]:
-    """:func:`spot_training.local.deploy.find_orphans` plus Auto Scaling groups and the file system.
+def cluster_orphans(autoscaling: Any, efs: Any, stack: str, *, group_names: list[str],
+                    file_system_id: str | None) -> list[str]:
+    """What of a cluster stack :func:`spot_training.local.deploy.find_orphans` does not look at: Auto Scaling
+    groups and the file system (:func:`spot_training.local.deploy.destroy_and_check` checks both).
 
     Callers leave the file system out when it is kept on purpose with ``retain_data``.
 
     Args:
-        aws: the local AWS clients.
         autoscaling: a boto3 Auto Scaling client.
         efs: a boto3 EFS client.
         stack: the stack name.
-        fleet_request_ids: the fleets the drill saw.
         group_names: the Auto Scaling groups the drill saw.
         file_system_id: the stack's file system, or None.
 
     Returns:
         ``"kind id (state)"`` strings; empty when nothing is left.
     """
-    orphans = find_orphans(aws, stack, fleet_request_ids=fleet_request_ids)
+    orphans: list[str] = []
     if group_names:
         for group in autoscaling.describe_auto_scaling_groups(AutoScalingGroupNames=group_names)["AutoScalingGroups"]:
             orphans.append(f"auto-scaling-group {group['AutoScalingGroupName']}")
@@ -573,20 +572,15 @@ def run_cluster_drill(options: ClusterDrillOptions, *,
             except (OSError, ValueError) as error:
                 report["error"] = report["error"] or f"collect: {error}"
         if cdk is not None and server.process is not None:
-            record({"event": "phase", "phase": "destroy", "message": "cdk destroy (real CLI), then the orphan check"})
-            t = time.time()
-            try:
-                cdk.destroy(options.stack, context=options.context())
-            except Exception as error:  # noqa: BLE001 - the orphan check below says what is left
-                report["error"] = report["error"] or f"destroy: {error}"
-            phases["destroy"] = round(time.time() - t, 3)
             # aws, autoscaling and efs exist: they are made before cdk.
-            report["orphans_after_destroy"] = cluster_orphans(
-                aws, autoscaling, efs, options.stack,
+            destroy_and_check(
+                cdk, aws, options.stack, context=options.context(), report=report, record=record,
                 fleet_request_ids=[cluster.stack.fleet_request_id] if cluster else [],
-                group_names=list(cluster.groups.values()) if cluster else [],
-                file_system_id=cluster.file_system_id if cluster else None)
-            record({"event": "destroyed", "orphans": report["orphans_after_destroy"]})
+                more_orphans=lambda: cluster_orphans(
+                    autoscaling, efs, options.stack, group_names=list(cluster.groups.values()) if cluster else [],
+                    file_system_id=cluster.file_system_id if cluster else None))
+            if report.get("destroy_error"):
+                report["error"] = report["error"] or f"destroy: {report['destroy_error']}"
         server.stop()
         report["wall_s"] = round(time.time() - started, 3)
         report["passed"] = cluster_passed(report, options)
