@@ -54,7 +54,7 @@ from typing import Any
 from spot_training.local.deploy import ACCOUNT, AVAILABILITY_ZONES, LOCAL_IMAGE_ID, REGION, CdkCli, Clients, DeployedStack, \
     client, clients, destroy_and_check
 from spot_training.local.drill import EventLog, add_read_back, bootstrap_and_deploy, check_stack_and_framework, framework_python, \
-    fresh_work_dir, options_dict
+    fresh_work_dir, options_dict, table_on_demand_prices
 from spot_training.local.moto_server import MotoServer
 from spot_training.local.netns import Network
 from spot_training.local.nodes import LocalNode, NodeError, NodeRunner, launch_template_user_data, signal_group
@@ -116,9 +116,9 @@ class ClusterDrillOptions:
         instance_types: the worker fleet's types (default g5.xlarge, g4dn.xlarge: types the local AWS
             has a spot price history for).
         on_demand_prices: the stated on-demand USD/hour of each type that runs, an input of the cost
-            read-back (local mode cannot ask the AWS Price List API; default: us-east-1 Linux list
-            prices g5.xlarge 1.006, g4dn.xlarge 0.526, and the on-demand scheduler's (PyTorch: the
-            coordinator's) m5.large 0.096 and servers' m5.xlarge 0.192).
+            read-back (local mode cannot ask the AWS Price List API; default: local mode's dated price
+            table, :func:`spot_training.local.drill.table_on_demand_prices`, for g5.xlarge, g4dn.xlarge, the
+            on-demand scheduler's (PyTorch: the coordinator's) m5.large and the servers' m5.xlarge).
         ebs_gb_month_price: USD per GB-month of EBS (the cluster has no data volume; stated for the
             same cost report as the single-node drill).
         snapshot_gb_month_price: USD per GB-month of snapshots (the cluster has none; as above).
@@ -137,8 +137,8 @@ class ClusterDrillOptions:
     seed: int = 0
     timeout_s: float = 480.0
     instance_types: tuple[str, ...] = ("g5.xlarge", "g4dn.xlarge")
-    on_demand_prices: dict[str, float] = dataclasses.field(default_factory=lambda: {
-        "g5.xlarge": 1.006, "g4dn.xlarge": 0.526, "m5.large": 0.096, "m5.xlarge": 0.192})
+    on_demand_prices: dict[str, float] = dataclasses.field(
+        default_factory=lambda: table_on_demand_prices(("g5.xlarge", "g4dn.xlarge", "m5.large", "m5.xlarge")))
     ebs_gb_month_price: float = 0.08
     snapshot_gb_month_price: float = 0.05
 
