@@ -3,6 +3,7 @@ CDK CLI and fake boto3 clients that answer the orphan check's describe calls fro
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -105,3 +106,25 @@ def test_a_failed_destroy_is_recorded_and_still_checked(aws):
     assert calls == ["empty bucket", "destroy Drill {'k': 'v'}"]
     assert report["destroy_error"] == "cdk destroy failed: DELETE_FAILED"
     assert orphans == ["instance i-left (running)"]
+
+
+def test_local_down_reports_what_destroy_left(aws, tmp_path, monkeypatch, capsys):
+    """``spot-train local down`` uses the same teardown: a failed destroy is printed, a leftover fails it."""
+    from spot_training import cli
+    from spot_training.local import deploy
+
+    calls: list[str] = []
+    aws.ec2.instances.append(_instance("i-left", {"aws:ec2spot:fleet-request-id": "sfr-9"}))
+    monkeypatch.setattr(deploy, "CdkCli", lambda endpoint_url, work_dir: FakeCdk(calls, fail=True))
+    monkeypatch.setattr(deploy, "clients", lambda endpoint_url: aws)
+    alive = iter([True, False])  # the moto server: up, then gone after SIGTERM
+    monkeypatch.setattr(cli, "_pid_alive", lambda pid: pid == 4242 and next(alive))
+    monkeypatch.setattr(cli.os, "killpg", lambda pid, sig: calls.append(f"killpg {pid}"))
+    state = {"pid": 4242, "keeper_pid": None, "endpoint_url": "http://127.0.0.1:1", "work_dir": str(tmp_path),
+             "stack": STACK, "context": {"k": "v"}, "fleet_request_id": "sfr-9"}
+    (tmp_path / cli.STATE_FILE).write_text(json.dumps(state))
+    assert cli.main(["local", "down", "--work-dir", str(tmp_path)]) == 1
+    assert calls == ["destroy Drill {'k': 'v'}", "killpg 4242"]
+    captured = capsys.readouterr()
+    assert "cdk destroy failed: cdk destroy failed: DELETE_FAILED" in captured.err
+    assert "orphans: ['instance i-left (running)']" in captured.out
