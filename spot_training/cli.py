@@ -470,7 +470,7 @@ def cmd_down(args: argparse.Namespace) -> int:
     Returns:
         0 when nothing is left; 1 when nothing was up, orphans remain, or the server was not running.
     """
-    from spot_training.local.deploy import CdkCli, clients, find_orphans
+    from spot_training.local.deploy import CdkCli, clients, destroy_and_check
 
     state_path = _state_path(args.work_dir)
     if not state_path.exists():
@@ -482,12 +482,12 @@ def cmd_down(args: argparse.Namespace) -> int:
     _stop_pid(state.get("keeper_pid"), str(state_path), timeout_s=KEEPER_STOP_TIMEOUT_S)
     if _pid_alive(state["pid"]):
         cdk = CdkCli(state["endpoint_url"], work_dir=Path(state["work_dir"]))
-        try:
-            cdk.destroy(state["stack"], context=state["context"])
-        except Exception as error:  # noqa: BLE001 - the orphan check says what is left
-            print(f"spot-train: cdk destroy failed: {error}", file=sys.stderr)
         fleets = [state["fleet_request_id"]] if state.get("fleet_request_id") else []
-        orphans = find_orphans(clients(state["endpoint_url"]), state["stack"], fleet_request_ids=fleets)
+        report: dict[str, Any] = {"phases_s": {}}
+        orphans = destroy_and_check(cdk, clients(state["endpoint_url"]), state["stack"], context=state["context"],
+                                    report=report, record=lambda event: None, fleet_request_ids=fleets)
+        if "destroy_error" in report:
+            print(f"spot-train: cdk destroy failed: {report['destroy_error']}", file=sys.stderr)
         try:
             os.killpg(state["pid"], signal.SIGTERM)
         except ProcessLookupError:

@@ -52,9 +52,9 @@ from pathlib import Path
 from typing import Any
 
 from spot_training.local.deploy import ACCOUNT, AVAILABILITY_ZONES, LOCAL_IMAGE_ID, REGION, CdkCli, Clients, DeployedStack, \
-    client, clients, find_orphans
+    client, clients, destroy_and_check
 from spot_training.local.drill import EventLog, add_read_back, bootstrap_and_deploy, check_stack_and_framework, framework_python, \
-    fresh_work_dir, options_dict
+    fresh_work_dir, options_dict, table_on_demand_prices
 from spot_training.local.moto_server import MotoServer
 from spot_training.local.netns import Network
 from spot_training.local.nodes import LocalNode, NodeError, NodeRunner, launch_template_user_data, signal_group
@@ -116,9 +116,9 @@ class ClusterDrillOptions:
         instance_types: the worker fleet's types (default g5.xlarge, g4dn.xlarge: types the local AWS
             has a spot price history for).
         on_demand_prices: the stated on-demand USD/hour of each type that runs, an input of the cost
-            read-back (local mode cannot ask the AWS Price List API; default: us-east-1 Linux list
-            prices g5.xlarge 1.006, g4dn.xlarge 0.526, and the on-demand scheduler's (PyTorch: the
-            coordinator's) m5.large 0.096 and servers' m5.xlarge 0.192).
+            read-back (local mode cannot ask the AWS Price List API; default: local mode's dated price
+            table, :func:`spot_training.local.drill.table_on_demand_prices`, for g5.xlarge, g4dn.xlarge, the
+            on-demand scheduler's (PyTorch: the coordinator's) m5.large and the servers' m5.xlarge).
         ebs_gb_month_price: USD per GB-month of EBS (the cluster has no data volume; stated for the
             same cost report as the single-node drill).
         snapshot_gb_month_price: USD per GB-month of snapshots (the cluster has none; as above).
@@ -137,8 +137,8 @@ class ClusterDrillOptions:
     seed: int = 0
     timeout_s: float = 480.0
     instance_types: tuple[str, ...] = ("g5.xlarge", "g4dn.xlarge")
-    on_demand_prices: dict[str, float] = dataclasses.field(default_factory=lambda: {
-        "g5.xlarge": 1.006, "g4dn.xlarge": 0.526, "m5.large": 0.096, "m5.xlarge": 0.192})
+    on_demand_prices: dict[str, float] = dataclasses.field(
+        default_factory=lambda: table_on_demand_prices(("g5.xlarge", "g4dn.xlarge", "m5.large", "m5.xlarge")))
     ebs_gb_month_price: float = 0.08
     snapshot_gb_month_price: float = 0.05
 
@@ -420,25 +420,24 @@ def membership_changes(events: list[dict[str, Any]]) -> tuple[int, int, int]:
     return joins, leaves, len(generations)
 
 
-def cluster_orphans(aws: Clients, autoscaling: Any, efs: Any, stack: str, *, fleet_request_ids: list[str],
-                    group_names: list[str], file_system_id: str | None) -> list[str]:
-    """:func:`spot_training.local.deploy.find_orphans` plus Auto Scaling groups and the file system.
+def cluster_orphans(autoscaling: Any, efs: Any, stack: str, *, group_names: list[str],
+                    file_system_id: str | None) -> list[str]:
+    """What of a cluster stack :func:`spot_training.local.deploy.find_orphans` does not look at: Auto Scaling
+    groups and the file system (:func:`spot_training.local.deploy.destroy_and_check` checks both).
 
     Callers leave the file system out when it is kept on purpose with ``retain_data``.
 
     Args:
-        aws: the local AWS clients.
         autoscaling: a boto3 Auto Scaling client.
         efs: a boto3 EFS client.
         stack: the stack name.
-        fleet_request_ids: the fleets the drill saw.
         group_names: the Auto Scaling groups the drill saw.
         file_system_id: the stack's file system, or None.
 
     Returns:
         ``"kind id (state)"`` strings; empty when nothing is left.
     """
-    orphans = find_orphans(aws, stack, fleet_request_ids=fleet_request_ids)
+    orphans: list[str] = []
     if group_names:
         for group in autoscaling.describe_auto_scaling_groups(AutoScalingGroupNames=group_names)["AutoScalingGroups"]:
             orphans.append(f"auto-scaling-group {group['AutoScalingGroupName']}")
@@ -573,20 +572,15 @@ def run_cluster_drill(options: ClusterDrillOptions, *,
             except (OSError, ValueError) as error:
                 report["error"] = report["error"] or f"collect: {error}"
         if cdk is not None and server.process is not None:
-            record({"event": "phase", "phase": "destroy", "message": "cdk destroy (real CLI), then the orphan check"})
-            t = time.time()
-            try:
-                cdk.destroy(options.stack, context=options.context())
-            except Exception as error:  # noqa: BLE001 - the orphan check below says what is left
-                report["error"] = report["error"] or f"destroy: {error}"
-            phases["destroy"] = round(time.time() - t, 3)
             # aws, autoscaling and efs exist: they are made before cdk.
-            report["orphans_after_destroy"] = cluster_orphans(
-                aws, autoscaling, efs, options.stack,
+            destroy_and_check(
+                cdk, aws, options.stack, context=options.context(), report=report, record=record,
                 fleet_request_ids=[cluster.stack.fleet_request_id] if cluster else [],
-                group_names=list(cluster.groups.values()) if cluster else [],
-                file_system_id=cluster.file_system_id if cluster else None)
-            record({"event": "destroyed", "orphans": report["orphans_after_destroy"]})
+                more_orphans=lambda: cluster_orphans(
+                    autoscaling, efs, options.stack, group_names=list(cluster.groups.values()) if cluster else [],
+                    file_system_id=cluster.file_system_id if cluster else None))
+            if report.get("destroy_error"):
+                report["error"] = report["error"] or f"destroy: {report['destroy_error']}"
         server.stop()
         report["wall_s"] = round(time.time() - started, 3)
         report["passed"] = cluster_passed(report, options)

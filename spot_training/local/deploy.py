@@ -424,3 +424,49 @@ def _job_parts(aws: Clients, stack: str, job: str, resources: dict[str, tuple[st
     if len(used) != 1:
         raise RuntimeError(f"stack {stack}: job {job!r}'s fleet refers to {len(used)} launch templates, expected 1")
     return fleets[0], launch_templates[used.pop()], volumes[0]
+
+
+def destroy_and_check(cdk: CdkCli, aws: Clients, stack: str, *, context: Mapping[str, str], report: dict[str, Any],
+                      record: Callable[[dict[str, Any]], None], fleet_request_ids: Sequence[str] = (),
+                      jobs: Mapping[str, Sequence[str]] | None = None, before_destroy: Callable[[], None] | None = None,
+                      more_orphans: Callable[[], list[str]] | None = None,
+                      message: str = "cdk destroy (real CLI), then the orphan check") -> list[str]:
+    """The drills' teardown: ``cdk destroy`` of ``stack``, then the orphan check of the stack and of its jobs.
+
+    A failed destroy does not stop the orphan check: the check says what the failure left.
+
+    Args:
+        cdk: the CDK CLI of the local AWS.
+        aws: boto3 clients of the same local AWS.
+        stack: the stack name.
+        context: the CDK context the stack was deployed with.
+        report: the drill's report; gets ``phases_s["destroy"]`` (seconds), ``orphans_after_destroy`` and,
+            when destroy raised, ``destroy_error`` (the error's last 2000 characters).
+        record: the drill's event log; gets a ``phase`` event before and a ``destroyed`` event after.
+        fleet_request_ids: spot fleet requests known to be the stack's (default none).
+        jobs: ``{job id: its fleet request ids}`` of jobs whose resources carry the job id as their
+            ``spot-training:stack`` tag (default none).
+        before_destroy: runs first inside the same error handling as destroy (e.g. empty a bucket).
+        more_orphans: what else a drill checks (Batch, Auto Scaling, EFS), ``"kind id (state)"`` strings.
+        message: the ``phase`` event's message.
+
+    Returns:
+        the orphans (also in ``report["orphans_after_destroy"]``); empty when nothing is left.
+    """
+    record({"event": "phase", "phase": "destroy", "message": message})
+    t = time.time()
+    try:
+        if before_destroy is not None:
+            before_destroy()
+        cdk.destroy(stack, context=context)
+    except Exception as error:  # noqa: BLE001 - the orphan check below says what it left
+        report["destroy_error"] = str(error)[-2000:]
+    report["phases_s"]["destroy"] = round(time.time() - t, 3)
+    orphans = find_orphans(aws, stack, fleet_request_ids=fleet_request_ids)
+    found = [find_orphans(aws, job, fleet_request_ids=fleets) for job, fleets in (jobs or {}).items()]
+    found.append(more_orphans() if more_orphans is not None else [])
+    for more in found:
+        orphans += [o for o in more if o not in orphans]
+    report["orphans_after_destroy"] = orphans
+    record({"event": "destroyed", "orphans": orphans})
+    return orphans

@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from spot_training import contract
-from spot_training.local.deploy import CdkCli, clients, find_orphans, local_context, stack_resources
+from spot_training.local.deploy import CdkCli, clients, destroy_and_check, local_context, stack_resources
 from spot_training.local.injector import LOG_NAME, Interruption, InterruptionInjector, read_training_log
 from spot_training.local.moto_server import MotoServer
 from spot_training.local.nodes import NodeRunner
@@ -817,17 +817,9 @@ def _teardown(report: dict[str, Any], options: DrillOptions, server: MotoServer,
         if runner is not None:
             runner.close()
         if cdk is not None and server.process is not None:
-            record({"event": "phase", "phase": "destroy", "message": "cdk destroy (real CLI), then the orphan check"})
-            t = time.time()
-            try:
-                cdk.destroy(options.stack, context=context)
-            except Exception as error:  # noqa: BLE001 - the orphan check below says what it left
-                report["destroy_error"] = str(error)[-2000:]
-            report["phases_s"]["destroy"] = round(time.time() - t, 3)
             fleets = [report["fleet_request_id"]] if report.get("fleet_request_id") else []
-            report["orphans_after_destroy"] = find_orphans(clients(server.endpoint_url), options.stack,
-                                                           fleet_request_ids=fleets)
-            record({"event": "destroyed", "orphans": report["orphans_after_destroy"]})
+            destroy_and_check(cdk, clients(server.endpoint_url), options.stack, context=context, report=report,
+                              record=record, fleet_request_ids=fleets)
     finally:
         server.stop()
 

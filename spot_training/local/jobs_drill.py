@@ -46,7 +46,7 @@ from typing import Any
 
 from spot_training import contract
 from spot_training.contract import DEFAULT_MOUNT_POINT as MOUNT_POINT
-from spot_training.local.deploy import CdkCli, DeployedStack, clients, find_orphans, local_context, stack_resources
+from spot_training.local.deploy import CdkCli, DeployedStack, clients, destroy_and_check, local_context, stack_resources
 from spot_training.local.drill import (
     FINAL_WEIGHTS,
     REPO_ROOT,
@@ -487,20 +487,8 @@ def _teardown(report: dict[str, Any], options: JobsDrillOptions, server: MotoSer
         for job in jobs:
             job.runner.close()
         if cdk is not None and server.process is not None:
-            record({"event": "phase", "phase": "destroy", "message": "cdk destroy (real CLI), then the orphan check"})
-            t = time.time()
-            try:
-                cdk.destroy(options.stack, context=context)
-            except Exception as error:  # noqa: BLE001 - the orphan check below says what it left
-                report["destroy_error"] = str(error)[-2000:]
-            report["phases_s"]["destroy"] = round(time.time() - t, 3)
-            aws = clients(server.endpoint_url)
-            orphans = find_orphans(aws, options.stack)
-            for job in jobs:
-                orphans += [o for o in find_orphans(aws, job.job_id, fleet_request_ids=[job.stack.fleet_request_id])
-                            if o not in orphans]
-            report["orphans_after_destroy"] = orphans
-            record({"event": "destroyed", "orphans": orphans})
+            destroy_and_check(cdk, clients(server.endpoint_url), options.stack, context=context, report=report,
+                              record=record, jobs={job.job_id: [job.stack.fleet_request_id] for job in jobs})
     finally:
         server.stop()
 

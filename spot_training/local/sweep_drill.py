@@ -30,7 +30,7 @@ from typing import Any
 from spot_training import contract
 from spot_training.agent import sweep_child
 from spot_training.local.batch import LocalBatch
-from spot_training.local.deploy import CdkCli, client, clients, find_orphans
+from spot_training.local.deploy import CdkCli, client, clients, destroy_and_check
 from spot_training.local.drill import EventLog, bootstrap_and_deploy, fresh_work_dir, options_dict, weights_match
 from spot_training.local.injector import read_training_log
 from spot_training.local.moto_server import MotoServer
@@ -298,17 +298,13 @@ def run_sweep_drill(options: SweepDrillOptions, *, on_event: Callable[[dict[str,
                 process.wait()
         try:
             if cdk is not None and server.process is not None:
-                record({"event": "phase", "phase": "destroy", "message": "empty the manifest bucket, cdk destroy, orphan check"})
-                t = time.time()
-                try:
-                    if stack is not None:
-                        empty_bucket(client(server.endpoint_url, "s3"), stack.bucket)
-                    cdk.destroy(options.stack, context=context)
-                except Exception as error:  # noqa: BLE001 - the orphan check says what is left
-                    report["destroy_error"] = str(error)[-2000:]
-                report["phases_s"]["destroy"] = round(time.time() - t, 3)
-                report["orphans_after_destroy"] = (find_orphans(clients(server.endpoint_url), options.stack)
-                                                   + batch_orphans(server.endpoint_url, options.stack))
+                manifests = stack.bucket if stack is not None else None
+                destroy_and_check(
+                    cdk, clients(server.endpoint_url), options.stack, context=context, report=report, record=record,
+                    before_destroy=None if manifests is None else (
+                        lambda: empty_bucket(client(server.endpoint_url, "s3"), manifests)),
+                    more_orphans=lambda: batch_orphans(server.endpoint_url, options.stack),
+                    message="empty the manifest bucket, cdk destroy, orphan check")
         finally:
             server.stop()
         report["wall_s"] = round(time.time() - started, 3)

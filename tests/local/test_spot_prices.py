@@ -4,6 +4,7 @@ savings are the ones a user would have seen on the table's date, and the drill's
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import json
 
@@ -13,6 +14,7 @@ from botocore.config import Config
 
 from spot_training.cli import _read_back_lines
 from spot_training.local import spot_prices
+from spot_training.local.cluster_drill import ClusterDrillOptions
 from spot_training.local.drill import DrillOptions, price_source, table_on_demand_prices
 from spot_training.ops import operations as ops
 
@@ -29,6 +31,14 @@ def test_the_shipped_table_is_dated_sourced_and_prices_the_drill_types():
     for itype in DrillOptions().instance_types:
         assert 0 < min(table.spot[itype].values()) < table.on_demand[itype]
     assert DrillOptions().on_demand_prices == {t: table.on_demand[t] for t in ("g5.xlarge", "g4dn.xlarge")}
+
+
+def test_the_cluster_drill_prices_come_from_the_same_table(monkeypatch):
+    table = spot_prices.load_table()
+    moved = dataclasses.replace(table, on_demand={t: price * 2 for t, price in table.on_demand.items()})
+    monkeypatch.setattr(spot_prices, "load_table", lambda: moved)
+    types = ("g5.xlarge", "g4dn.xlarge", "m5.large", "m5.xlarge")
+    assert ClusterDrillOptions().on_demand_prices == {t: table.on_demand[t] * 2 for t in types}
 
 
 @pytest.mark.parametrize("change, named", [
