@@ -47,6 +47,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable, TextIO
 
+from spot_training.contract import pid_alive
+
 #: jsii (aws-cdk-lib's Python bridge, imported by the settings and the local commands) prints a banner
 #: as raw bytes (b'!!...') on every start under a Node.js release it has not tested, deprecated or past
 #: its end of life (@jsii/check-node reads these variables when its Node process starts; the
@@ -415,7 +417,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     from spot_training.local.moto_server import MotoServer
 
     state_path = _state_path(args.work_dir)
-    if state_path.exists() and _pid_alive(json.loads(state_path.read_text()).get("pid")):
+    if state_path.exists() and pid_alive(json.loads(state_path.read_text()).get("pid")):
         print(f"spot-train: error: local mode is already up ({state_path}); run `spot-train local down` first",
               file=sys.stderr)
         return 1
@@ -480,7 +482,7 @@ def cmd_down(args: argparse.Namespace) -> int:
     orphans: list[str] | None = None
     # The nodes first: the keeper stops each node it started by PID (agents checkpoint their trainers).
     _stop_pid(state.get("keeper_pid"), str(state_path), timeout_s=KEEPER_STOP_TIMEOUT_S)
-    if _pid_alive(state["pid"]):
+    if pid_alive(state["pid"]):
         cdk = CdkCli(state["endpoint_url"], work_dir=Path(state["work_dir"]))
         fleets = [state["fleet_request_id"]] if state.get("fleet_request_id") else []
         report: dict[str, Any] = {"phases_s": {}}
@@ -493,7 +495,7 @@ def cmd_down(args: argparse.Namespace) -> int:
         except ProcessLookupError:
             pass
         for _ in range(100):
-            if not _pid_alive(state["pid"]):
+            if not pid_alive(state["pid"]):
                 break
             time.sleep(0.1)
     state_path.unlink()
@@ -560,7 +562,7 @@ def wait_for_nodes(work: Path, keeper: Any, timeout_s: float = 120.0) -> list[di
 def _stop_pid(pid: Any, mentions: str, *, timeout_s: float = 30.0) -> None:
     """SIGTERM process group ``pid`` (then SIGKILL after ``timeout_s``) if it is alive and its command
     line mentions ``mentions`` (ours, not a reused PID)."""
-    if not _pid_alive(pid):
+    if not pid_alive(pid):
         return
     try:
         if mentions not in Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"):
@@ -569,14 +571,14 @@ def _stop_pid(pid: Any, mentions: str, *, timeout_s: float = 30.0) -> None:
     except (OSError, ProcessLookupError):
         return
     deadline = time.monotonic() + timeout_s
-    while _pid_alive(pid) and time.monotonic() < deadline:
+    while pid_alive(pid) and time.monotonic() < deadline:
         try:  # our own child (Ctrl-C in `up`): reap it, else it stays a zombie that looks alive
             if os.waitpid(pid, os.WNOHANG)[0] == pid:
                 return
         except ChildProcessError:
             pass
         time.sleep(0.2)
-    if _pid_alive(pid):
+    if pid_alive(pid):
         try:
             os.killpg(pid, signal.SIGKILL)
         except ProcessLookupError:
@@ -597,7 +599,7 @@ def _deployed_target(args: argparse.Namespace) -> tuple[dict[str, Any], str] | N
         state_path = _state_path(work)
         if state_path.exists():
             state = json.loads(state_path.read_text())
-            if _pid_alive(state.get("pid")):
+            if pid_alive(state.get("pid")):
                 os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")  # moto takes any credentials
                 os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
                 return ({"region": "us-east-1", "endpoint_url": state["endpoint_url"]}, state["stack"])
@@ -752,18 +754,6 @@ def cmd_cost(args: argparse.Namespace) -> int:
         return 0
 
     return _operate(args, show)
-
-
-def _pid_alive(pid: Any) -> bool:
-    if not isinstance(pid, int):
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _seconds(text: str) -> float:

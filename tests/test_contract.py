@@ -275,3 +275,28 @@ def test_restart_policy_is_one_table_that_the_systemd_unit_renders():
     line = next(l for l in systemd_unit().splitlines() if l.startswith("RestartPreventExitStatus="))
     given_up = {s for s, d in contract.TRAINER_EXIT_POLICY.items() if d == contract.TRAINER_GIVE_UP}
     assert set(map(int, line.split("=", 1)[1].split())) == given_up | {contract.EXIT_CONFIG, contract.EXIT_UNAVAILABLE}
+
+
+@pytest.mark.integration  # starts a process
+def test_pid_alive_is_the_one_process_check(tmp_path: Path) -> None:
+    """A live process and its group exist; a reaped one does not; values ``kill`` would misread are false."""
+    import subprocess
+
+    import spot_training.agent.process_group as process_group
+    import spot_training.cli as cli
+    import spot_training.training.store as store
+
+    proc = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    try:
+        assert contract.pid_alive(proc.pid) and contract.pid_alive(proc.pid, group=True)
+        assert process_group.group_alive(proc.pid)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert not contract.pid_alive(proc.pid) and not contract.pid_alive(proc.pid, group=True)
+    assert not process_group.group_alive(proc.pid)
+    # 0 and -1 would ask kill(2) about the caller's own group or every process: both "exist".
+    for bad in (None, "123", True, 0, -1, 1.5):
+        assert contract.pid_alive(bad) is False, bad
+    assert contract.pid_alive(1)  # init: another user's process (EPERM for non-root) still counts
+    assert cli.pid_alive is contract.pid_alive and store.contract.pid_alive is contract.pid_alive

@@ -119,8 +119,9 @@ def main(argv=None) -> int:
 
     from spot_training.training.core import run_script
     from spot_training.training.datasets import load_digits, steps_per_epoch
-    from spot_training.training.examples.gluon_resnet import LOG_NAME, CsvLog, build_net
+    from spot_training.training.examples.gluon_resnet import build_net
     from spot_training.training.mxnet_adapter import GluonCheckpointer, batch_indices
+    from spot_training.training.training_log import TrainingLog
 
     def train(_argv) -> int:
         x_train, y_train = load_digits(args.data_dir, "train", layout="NCHW")
@@ -136,7 +137,7 @@ def main(argv=None) -> int:
         loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
         ckpt = GluonCheckpointer(net, trainer, checkpoint_dir=args.checkpoint_dir,
                                  every_steps=args.save_every_steps or None, every_seconds=None, steps_per_epoch=spe)
-        log = CsvLog(args.log_dir / LOG_NAME)
+        log = TrainingLog(args.log_dir, steps_total=args.steps)
         batches = first = None
         try:
             for step in ckpt.steps(args.steps):

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from spot_training.agent.safepath import open_file
+from spot_training.contract import pid_alive
 
 log = logging.getLogger("spot_training.agent.supervisor")
 
@@ -70,14 +71,8 @@ def kill_tree(pid: int) -> None:
 
 
 def group_alive(pgid: int) -> bool:
-    """True while any process of the process group ``pgid`` exists (``kill(-pgid, 0)``)."""
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # it exists, under another user
-    return True
+    """True while any process of the process group ``pgid`` exists (:func:`spot_training.contract.pid_alive`)."""
+    return pid_alive(pgid, group=True)
 
 
 def descendants(pid: int) -> list[int]:

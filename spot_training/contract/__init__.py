@@ -9,7 +9,9 @@ a test parses the imports). It owns only:
   runs on the node config at boot, so a value valid for one is valid for the other;
 - resource tag keys and values, environment variable names, file names, exit codes, ports, mount
   points (docs/contracts.md lists them for users);
-- :func:`write_json_atomic`, the one way every layer writes a JSON file that another process reads.
+- :func:`write_json_atomic`, the one way every layer writes a JSON file that another process reads;
+- :func:`pid_alive`, the one way every layer asks whether a process (or process group) it recorded
+  still exists.
 
 Standard library only; runs on Python 3.10 (the node's interpreter).
 """
@@ -422,6 +424,33 @@ def write_json_atomic(path: "str | os.PathLike[str]", payload: Mapping[str, Any]
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+# ---- processes other processes watch ------------------------------------------------------------
+def pid_alive(pid: Any, *, group: bool = False) -> bool:
+    """Whether the process ``pid`` (with ``group``: any process of the process group ``pid``) exists.
+
+    ``kill(pid, 0)`` / ``killpg(pid, 0)``, which checks without sending a signal (man page kill(2)): no
+    such process is false; one owned by another user (``EPERM``) exists and is true.
+
+    Args:
+        pid: the process id (or process group id) as recorded, read back from a file or a name; anything
+            but a positive ``int`` (``None``, a string, a bool, 0 or a negative number, which ``kill`` would
+            take for the caller's own group or every process) is false.
+        group: ask about the process group ``pid``; default false (the process).
+
+    Returns:
+        True while it exists.
+    """
+    if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        (os.killpg if group else os.kill)(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # it exists, under another user
+    return True
 
 
 # ---- parameter sweeps on AWS Batch (docs/sweeps.md) ------------------------------------------------

@@ -211,6 +211,50 @@ def add_checkpoint_arguments(parser: Any) -> None:
     parser.add_argument("--log-dir", type=Path, default=None, help="default $SPOT_TRAINING_LOG_DIR")
 
 
+def add_length_arguments(parser: Any, *, steps: bool = True, epochs: int = 5, batch_size: int = 32) -> None:
+    """Add how long and in what batches an example trainer trains to an ``argparse.ArgumentParser``.
+
+    ``--epochs`` (default ``epochs``) and, with ``steps``, ``--steps`` (total optimizer steps; default:
+    ``--epochs`` worth), mutually exclusive; ``--batch-size`` (default ``batch_size``, examples per step on
+    each process). Check them after parsing with :func:`parse_trainer_arguments`.
+
+    Args:
+        parser: the parser.
+        steps: also offer ``--steps``; default true.
+        epochs: ``--epochs``' default; default 5.
+        batch_size: ``--batch-size``' default; default 32.
+    """
+    length = parser.add_mutually_exclusive_group()
+    if steps:
+        length.add_argument("--steps", type=int, help="total optimizer steps (default: --epochs worth)")
+    length.add_argument("--epochs", type=int, default=epochs,
+                        help=f"total epochs{' when --steps is not given' if steps else ''} (default {epochs})")
+    parser.add_argument("--batch-size", type=int, default=batch_size,
+                        help=f"examples per step on each process (default {batch_size})")
+
+
+def parse_trainer_arguments(parser: Any, argv: Any, *positive: str) -> Any:
+    """Parse ``argv`` and check the flags of :func:`add_checkpoint_arguments` and :func:`add_length_arguments`.
+
+    Args:
+        parser: the ``argparse.ArgumentParser``.
+        argv: the arguments (None: ``sys.argv[1:]``).
+        positive: the destinations that must be >= 1 when given (:func:`check_positive_arguments`);
+            ``steps``, ``epochs`` and ``batch_size`` are always checked.
+
+    Returns:
+        the parsed namespace.
+
+    Raises:
+        SystemExit: 2, naming a bad value (or for ``--help``: 0).
+    """
+    args = parser.parse_args(argv)
+    check_positive_arguments(parser, args, *(name for name in ("steps", "epochs", "batch_size")
+                                              if hasattr(args, name) and name not in positive), *positive)
+    check_checkpoint_arguments(parser, args)
+    return args
+
+
 def check_checkpoint_arguments(parser: Any, args: Any) -> None:
     """Exit 2 through ``parser.error`` naming a bad flag of :func:`add_checkpoint_arguments`.
 

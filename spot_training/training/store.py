@@ -73,16 +73,6 @@ def _temp_suffix() -> str:
     return f"{_host_token()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # exists, owned by another user
-    return True
-
-
 def _newest_mtime(path: Path) -> float:
     try:
         newest = path.lstat().st_mtime
@@ -114,7 +104,7 @@ def is_stale_temp(path: Path, *, now: float | None = None) -> bool:
     parts = path.name.rsplit("-", 3)
     if len(parts) == 4 and parts[1] == _host_token() and parts[2].isdigit():
         pid = int(parts[2])
-        if pid != os.getpid() and not _pid_alive(pid):
+        if pid != os.getpid() and not contract.pid_alive(pid):
             return True
     # A live owner (its pid may also have been reused), another host, or no owner in the name.
     now = time.time() if now is None else now

@@ -118,7 +118,7 @@ def test_local_down_reports_what_destroy_left(aws, tmp_path, monkeypatch, capsys
     monkeypatch.setattr(deploy, "CdkCli", lambda endpoint_url, work_dir: FakeCdk(calls, fail=True))
     monkeypatch.setattr(deploy, "clients", lambda endpoint_url: aws)
     alive = iter([True, False])  # the moto server: up, then gone after SIGTERM
-    monkeypatch.setattr(cli, "_pid_alive", lambda pid: pid == 4242 and next(alive))
+    monkeypatch.setattr(cli, "pid_alive", lambda pid: pid == 4242 and next(alive))
     monkeypatch.setattr(cli.os, "killpg", lambda pid, sig: calls.append(f"killpg {pid}"))
     state = {"pid": 4242, "keeper_pid": None, "endpoint_url": "http://127.0.0.1:1", "work_dir": str(tmp_path),
              "stack": STACK, "context": {"k": "v"}, "fleet_request_id": "sfr-9"}

@@ -49,6 +49,8 @@ def test_sigterm_at_a_random_step_exits_0_and_resumes_bitwise_equal(job, referen
     assert_bitwise_equal(load_params(job.final_params), reference_params)
     completed = json.loads((job.checkpoint_dir / "COMPLETED").read_text())
     assert completed["step"] == TOTAL_STEPS
+    # The total the node agent publishes for an ETA, as the Keras and PyTorch examples write it.
+    assert json.loads(job.log_path.with_name("progress.json").read_text()) == {"steps_total": TOTAL_STEPS}
 
 
 @pytest.mark.slow

@@ -11,8 +11,6 @@ by ``B``, which is the mean over the global batch (the same update as one proces
 from __future__ import annotations
 
 import argparse
-import csv
-import json
 import logging
 import os
 import sys
@@ -22,9 +20,10 @@ from typing import Callable
 
 import numpy as np
 
-from spot_training.contract import ENV_GENERATION, ENV_NODE_ID, PROGRESS_FILE, TRAINING_LOG_FILE
+from spot_training.contract import ENV_GENERATION, ENV_NODE_ID, TRAINING_LOG_FILE, write_json_atomic
 from spot_training.training.core import DEFAULT_EVERY_STEPS, default_every_steps
 from spot_training.training.datasets import batch_indices, default_data_dir, default_log_dir, load_digits
+from spot_training.training.training_log import append_csv, write_progress
 
 __all__ = ["parse_args", "global_batch", "global_batch_size", "worker_shard", "StepLog", "write_result", "node_id",
            "generation", "pace", "run_and_exit", "flat_digits"]
@@ -169,12 +168,13 @@ class StepLog:
     ``learning_rate``, ``wall_time`` in seconds since the epoch). Appends across generations.
 
     Rank 0 also appends the row to ``<log_dir>/training_log.csv`` (:data:`TRAINING_LOG_FIELDS`) and, with
-    ``steps_total``, writes ``<log_dir>/progress.json`` once: the progress the node agent publishes
+    ``steps_total``, writes ``<log_dir>/progress.json`` once
+    (:mod:`spot_training.training.training_log`): the progress the node agent publishes
     (docs/contracts.md), so ``spot-train status`` shows a cluster's step, loss and ETA.
 
     Args:
         log_dir: the directory (created if missing); default ``$SPOT_TRAINING_LOG_DIR``
-            (:func:`~spot_training.training.core.default_log_dir`).
+            (:func:`~spot_training.training.datasets.default_log_dir`).
         steps_total: the job's total steps, written to ``progress.json`` by rank 0 (None: not written).
     """
 
@@ -184,17 +184,8 @@ class StepLog:
         self.directory = directory
         self.path = directory / f"steps-{node_id()}.csv"
         self.steps_total = steps_total
-        self._file, self._writer = self._open(self.path, STEP_LOG_FIELDS)
+        self._file, self._writer = append_csv(self.path, STEP_LOG_FIELDS)
         self._progress: tuple | None = None
-
-    @staticmethod
-    def _open(path: Path, fields: tuple[str, ...]):
-        new = not path.exists() or path.stat().st_size == 0
-        handle = open(path, "a", newline="", buffering=1)
-        writer = csv.writer(handle)
-        if new:
-            writer.writerow(fields)
-        return handle, writer
 
     def write(self, *, step: int, rank: int, num_workers: int, loss: float, learning_rate: float) -> None:
         """Append one row for a completed step (rank 0 also to the training log).
@@ -211,12 +202,9 @@ class StepLog:
         if rank != 0:
             return
         if self._progress is None:
-            self._progress = self._open(self.directory / TRAINING_LOG, TRAINING_LOG_FIELDS)
+            self._progress = append_csv(self.directory / TRAINING_LOG, TRAINING_LOG_FIELDS)
             if self.steps_total is not None:
-                progress = self.directory / PROGRESS_FILE
-                tmp = progress.with_name(f".progress.json.{os.getpid()}.tmp")
-                tmp.write_text(json.dumps({"steps_total": int(self.steps_total)}))
-                os.replace(tmp, progress)
+                write_progress(self.directory, int(self.steps_total))
         self._progress[1].writerow([step, generation(), num_workers, f"{loss:.6f}", f"{learning_rate:.6g}", now])
 
     def close(self) -> None:
@@ -227,7 +215,7 @@ class StepLog:
 
 
 def write_result(log_dir: Path | None, payload: dict) -> Path:
-    """Write ``<log_dir>/result.json`` atomically (final step, test accuracy, ...).
+    """Write ``<log_dir>/result.json`` atomically (:func:`spot_training.contract.write_json_atomic`; final step, test accuracy, ...).
 
     Args:
         log_dir: the directory; default ``$SPOT_TRAINING_LOG_DIR``.
@@ -238,9 +226,7 @@ def write_result(log_dir: Path | None, payload: dict) -> Path:
     """
     directory = Path(log_dir) if log_dir else default_log_dir()
     path = directory / "result.json"
-    tmp = path.with_name(f".tmp-result-{os.getpid()}")
-    tmp.write_text(json.dumps(payload, sort_keys=True))
-    os.replace(tmp, path)
+    write_json_atomic(path, payload)
     return path
 
 

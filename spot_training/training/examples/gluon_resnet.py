@@ -7,7 +7,8 @@ Reads ``<SPOT_TRAINING_DATA_DIR>/digits/{train,test}.npz`` (write it with
 ``python -m spot_training.training.examples.prepare_data``), checkpoints to ``SPOT_TRAINING_CHECKPOINT_DIR``,
 appends one row per step to ``<SPOT_TRAINING_LOG_DIR>/training_log.csv``
 (``step,epoch,loss,accuracy,wall_time``: step = completed optimizer steps after that step, epoch
-0-based, loss and accuracy of that step's batch, wall_time in seconds since the epoch). SIGTERM:
+0-based, loss and accuracy of that step's batch, wall_time in seconds since the epoch) and writes
+``progress.json`` (the total steps; :mod:`spot_training.training.training_log`). SIGTERM:
 finish the step, save, exit 0. SIGUSR1 or the request file: extra checkpoint. Run it again and it
 resumes at the exact step; after the last step it writes the final checkpoint and ``COMPLETED``.
 
@@ -25,11 +26,9 @@ results); ``MXNET_ENGINE_TYPE=NaiveEngine`` is not needed.
 from __future__ import annotations
 
 import argparse
-import csv
 import logging
 import os
 import sys
-import time
 from pathlib import Path
 
 if __package__ in (None, ""):  # run as a script: make `spot_training.training` importable from the repo root
@@ -41,19 +40,10 @@ import spot_training.training.early_notice  # noqa: E402,F401
 
 import numpy as np  # noqa: E402
 
-from spot_training.contract import TRAINING_LOG_FILE
-from spot_training.training.core import (add_checkpoint_arguments, cadence_flag, check_checkpoint_arguments,
-                           check_positive_arguments, run_script)
-from spot_training.training.datasets import (
-    batch_indices,
-    default_data_dir,
-    default_log_dir,
-    load_digits,
-    steps_per_epoch,
-)
-
-LOG_FIELDS = ("step", "epoch", "loss", "accuracy", "wall_time")
-LOG_NAME = TRAINING_LOG_FILE
+from spot_training.training.core import (add_checkpoint_arguments, add_length_arguments, cadence_flag,
+                                         parse_trainer_arguments, run_script)
+from spot_training.training.datasets import batch_indices, default_data_dir, load_digits, steps_per_epoch
+from spot_training.training.training_log import TrainingLog
 
 
 def build_net(*, channels: int = 16, blocks: int = 2, classes: int = 10, width: int | None = None):
@@ -102,10 +92,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     """The example's command line from ``argv`` (default ``sys.argv[1:]``; ``--help`` lists the options),
     checked: a bad value exits 2 naming it."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    length = parser.add_mutually_exclusive_group()
-    length.add_argument("--steps", type=int, help="total optimizer steps (default: --epochs worth)")
-    length.add_argument("--epochs", type=int, default=5, help="total epochs when --steps is not given (default 5)")
-    parser.add_argument("--batch-size", type=int, default=32)
+    add_length_arguments(parser)  # --steps or --epochs 5, --batch-size 32
     parser.add_argument("--learning-rate", type=float, default=1e-3, help="Adam learning rate (default 1e-3)")
     add_checkpoint_arguments(parser)  # cadence (no default of its own), --keep, --sync, the directories
     parser.add_argument("--seed", type=int, default=0)
@@ -116,41 +103,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--hybridize", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--save-final-params", type=Path, default=None,
                         help="also write the final parameters to this .npz (for comparisons)")
-    args = parser.parse_args(argv)
-    check_positive_arguments(parser, args, "batch_size", "threads", "steps", "epochs")
-    check_checkpoint_arguments(parser, args)
-    return args
-
-
-class CsvLog:
-    """Append-only CSV training log, one flushed line per step (a resumed run appends to it).
-
-    Args:
-        path: the CSV file (its directory is created; the header is written when the file is new or empty).
-    """
-
-    def __init__(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        new = not path.exists() or path.stat().st_size == 0
-        self._file = open(path, "a", newline="", buffering=1)
-        self._writer = csv.writer(self._file)
-        if new:
-            self._writer.writerow(LOG_FIELDS)
-
-    def write(self, step: int, epoch: int, loss: float, accuracy: float) -> None:
-        """Append one flushed row.
-
-        Args:
-            step: completed steps.
-            epoch: the step's epoch.
-            loss: the step's training loss.
-            accuracy: the step's training accuracy, 0..1.
-        """
-        self._writer.writerow([step, epoch, f"{loss:.6f}", f"{accuracy:.6f}", f"{time.time():.3f}"])
-
-    def close(self) -> None:
-        """Close the log file."""
-        self._file.close()
+    return parse_trainer_arguments(parser, argv, "threads")
 
 
 def train(argv=None) -> int:
@@ -188,7 +141,7 @@ def train(argv=None) -> int:
         every_seconds=cadence_flag(args.save_every_seconds), background=not args.sync, keep=args.keep,
         steps_per_epoch=spe,
     )
-    log = CsvLog((args.log_dir or default_log_dir()) / LOG_NAME)
+    log = TrainingLog(args.log_dir, steps_total=total_steps)  # training_log.csv and progress.json
     try:
         for step in ckpt.steps(total_steps):
             idx = batch_indices(step, batch_size=bs, n=n, seed=args.seed)

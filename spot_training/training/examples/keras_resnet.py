@@ -23,8 +23,6 @@ variable including the Dropout layer's random-generator state.
 from __future__ import annotations
 
 import argparse
-import csv
-import json
 import logging
 import os
 import sys
@@ -42,13 +40,10 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import numpy as np  # noqa: E402
 
-from spot_training.contract import PROGRESS_FILE, TRAINING_LOG_FILE
-from spot_training.training.core import (add_checkpoint_arguments, cadence_flag, check_checkpoint_arguments,
-                           check_positive_arguments, run_script)
-from spot_training.training.datasets import default_data_dir, default_log_dir, load_digits
-
-LOG_FIELDS = ("step", "epoch", "loss", "accuracy", "wall_time")
-LOG_NAME = TRAINING_LOG_FILE
+from spot_training.training.core import (add_checkpoint_arguments, add_length_arguments, cadence_flag,
+                                         parse_trainer_arguments, run_script)
+from spot_training.training.datasets import default_data_dir, load_digits
+from spot_training.training.training_log import TrainingLog
 
 
 def build_model(*, channels: int = 16, blocks: int = 2, classes: int = 10, dropout: float = 0.1,
@@ -90,8 +85,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     """The example's command line from ``argv`` (default ``sys.argv[1:]``; ``--help`` lists the options),
     checked: a bad value exits 2 naming it."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--epochs", type=int, default=5)
-    parser.add_argument("--batch-size", type=int, default=32)
+    add_length_arguments(parser, steps=False)  # --epochs 5, --batch-size 32
     parser.add_argument("--learning-rate", type=float, default=1e-3, help="Adam learning rate (default 1e-3)")
     add_checkpoint_arguments(parser)  # cadence (no default of its own), --keep, --sync, the directories
     parser.add_argument("--seed", type=int, default=0)
@@ -103,10 +97,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="sleep this many seconds after each step (tests use it to land signals mid-run)")
     parser.add_argument("--save-final-weights", type=Path, default=None,
                         help="also write the final weights and optimizer state to this .npz (for comparisons)")
-    args = parser.parse_args(argv)
-    check_positive_arguments(parser, args, "epochs", "batch_size", "threads")
-    check_checkpoint_arguments(parser, args)
-    return args
+    return parse_trainer_arguments(parser, argv, "threads")
 
 
 def train(argv=None) -> int:
@@ -136,34 +127,21 @@ def train(argv=None) -> int:
                           every_seconds=cadence_flag(args.save_every_seconds), background=not args.sync, keep=args.keep,
                           notices=notice)
 
-    log_path = (args.log_dir or default_log_dir()) / LOG_NAME
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-
     class StepLog(keras.callbacks.Callback):
-        """One flushed CSV row per step, appended across restarts (the article's CSV log, per step)."""
+        """training_log.csv, one flushed row per step, appended across restarts, and progress.json."""
 
         def on_train_begin(self, logs=None):
-            new = not log_path.exists() or log_path.stat().st_size == 0
-            self.file = open(log_path, "a", newline="", buffering=1)
-            self.writer = csv.writer(self.file)
-            if new:
-                self.writer.writerow(LOG_FIELDS)
-            # docs/contracts.md: progress.json tells the node agent (and `spot-train status`) the total.
-            progress = log_path.with_name(PROGRESS_FILE)
-            tmp = progress.with_name(".progress.json.tmp")
-            tmp.write_text(json.dumps({"steps_total": args.epochs * fitter.steps_per_epoch}))
-            os.replace(tmp, progress)
+            self.log = TrainingLog(args.log_dir, steps_total=args.epochs * fitter.steps_per_epoch)
 
         def on_train_batch_end(self, batch, logs=None):
             logs = logs or {}
-            self.writer.writerow([fitter.step, (fitter.step - 1) // fitter.steps_per_epoch,
-                                  f"{float(logs.get('loss', float('nan'))):.6f}",
-                                  f"{float(logs.get('accuracy', float('nan'))):.6f}", f"{time.time():.3f}"])
+            self.log.write(fitter.step, (fitter.step - 1) // fitter.steps_per_epoch, logs.get("loss", float("nan")),
+                           logs.get("accuracy", float("nan")))
             if args.step_delay:
                 time.sleep(args.step_delay)
 
         def on_train_end(self, logs=None):
-            self.file.close()
+            self.log.close()
 
     # On SIGTERM fit() writes the checkpoint and exits 0 (SystemExit): nothing below runs then.
     result = fitter.fit(x_train, y_train, batch_size=args.batch_size, epochs=args.epochs,

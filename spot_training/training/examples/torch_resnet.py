@@ -35,8 +35,6 @@ of every global batch; rank 0 writes the checkpoints, the log and the final weig
 from __future__ import annotations
 
 import argparse
-import csv
-import json
 import logging
 import os
 import sys
@@ -52,18 +50,10 @@ import spot_training.training.early_notice  # noqa: E402,F401
 
 import numpy as np  # noqa: E402
 
-from spot_training.contract import PROGRESS_FILE, TRAINING_LOG_FILE
-from spot_training.training.core import (add_checkpoint_arguments, cadence_flag, check_checkpoint_arguments,
-                           check_positive_arguments, run_script)
-from spot_training.training.datasets import default_data_dir, default_log_dir, load_digits, steps_per_epoch
-
-#: When the checkpoint directory or its content cannot serve this run, restarting cannot help: the
-#: script says why (naming the path) and exits 74 (storage full, read-only, a file instead of a
-#: directory) or 78 (another framework's or another model's checkpoint), as
-#: ``spot_training.training.core.checkpoint_exit_code`` says (docs/contracts.md); nothing in the directory is
-#: changed or deleted.
-LOG_FIELDS = ("step", "epoch", "loss", "accuracy", "wall_time")
-LOG_NAME = TRAINING_LOG_FILE
+from spot_training.training.core import (add_checkpoint_arguments, add_length_arguments, cadence_flag,
+                                         parse_trainer_arguments, run_script)
+from spot_training.training.datasets import default_data_dir, load_digits, steps_per_epoch
+from spot_training.training.training_log import TrainingLog
 
 
 def build_model(*, channels: int = 16, blocks: int = 2, classes: int = 10, dropout: float = 0.1, width: int = 0):
@@ -137,10 +127,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     """The example's command line from ``argv`` (default ``sys.argv[1:]``; ``--help`` lists the options),
     checked: a bad value exits 2 naming it."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    length = parser.add_mutually_exclusive_group()
-    length.add_argument("--steps", type=int, help="total optimizer steps (default: --epochs worth)")
-    length.add_argument("--epochs", type=int, default=5, help="total epochs when --steps is not given (default 5)")
-    parser.add_argument("--batch-size", type=int, default=32, help="examples per step on each rank")
+    add_length_arguments(parser)  # --steps or --epochs 5, --batch-size 32 (on each rank)
     parser.add_argument("--learning-rate", type=float, default=3e-3, help="OneCycleLR peak learning rate of AdamW")
     add_checkpoint_arguments(parser)  # cadence (no default of its own), --keep, --sync, the directories
     parser.add_argument("--seed", type=int, default=0)
@@ -160,10 +147,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="sleep this many seconds after each step (tests use it to land signals mid-run)")
     parser.add_argument("--save-final-weights", type=Path, default=None,
                         help="also write the final model and optimizer state to this .npz (for comparisons)")
-    args = parser.parse_args(argv)
-    check_positive_arguments(parser, args, "batch_size", "threads", "steps", "epochs")
-    check_checkpoint_arguments(parser, args)
-    return args
+    return parse_trainer_arguments(parser, argv, "threads")
 
 
 def state_arrays(model, optimizer) -> dict[str, np.ndarray]:
@@ -243,20 +227,8 @@ def train(argv=None) -> int:
     loader = DataLoader(dataset, batch_sampler=ckpt.batch_sampler(n, bs, seed=args.seed),  # resumable
                         num_workers=args.num_workers, persistent_workers=args.num_workers > 0)
 
-    log_path = (args.log_dir or default_log_dir()) / LOG_NAME
-    log_file = writer = None
-    if rank == 0:
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        new = not log_path.exists() or log_path.stat().st_size == 0
-        log_file = open(log_path, "a", newline="", buffering=1)
-        writer = csv.writer(log_file)
-        if new:
-            writer.writerow(LOG_FIELDS)
-        # docs/contracts.md: progress.json tells the node agent (and `spot-train status`) the total.
-        progress = log_path.with_name(PROGRESS_FILE)
-        tmp = progress.with_name(".progress.json.tmp")
-        tmp.write_text(json.dumps({"steps_total": total_steps}))
-        os.replace(tmp, progress)
+    # rank 0 writes training_log.csv and progress.json
+    log = TrainingLog(args.log_dir, steps_total=total_steps) if rank == 0 else None
     train_model.train()
     try:
         for step, (x, y) in ckpt.steps(total_steps, loader):  # resumable
@@ -267,14 +239,13 @@ def train(argv=None) -> int:
             loss.backward()
             optimizer.step()
             scheduler.step()
-            if writer is not None:
-                accuracy = float((logits.argmax(1) == y).float().mean())
-                writer.writerow([step + 1, step // spe, f"{loss.item():.6f}", f"{accuracy:.6f}", f"{time.time():.3f}"])
+            if log is not None:
+                log.write(step + 1, step // spe, loss.item(), float((logits.argmax(1) == y).float().mean()))
             if args.step_delay:
                 time.sleep(args.step_delay)
     finally:
-        if log_file is not None:
-            log_file.close()
+        if log is not None:
+            log.close()
 
     model.eval()
     with torch.no_grad():
