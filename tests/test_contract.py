@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import copy
+import re
 import sys
 from pathlib import Path
 
@@ -300,3 +301,32 @@ def test_pid_alive_is_the_one_process_check(tmp_path: Path) -> None:
         assert contract.pid_alive(bad) is False, bad
     assert contract.pid_alive(1)  # init: another user's process (EPERM for non-root) still counts
     assert cli.pid_alive is contract.pid_alive and store.contract.pid_alive is contract.pid_alive
+
+
+@pytest.mark.parametrize("value, zero, ok", [
+    (0.5, False, True), (3, False, True), (0, True, True), (0, False, False), (-1, True, False),
+    (float("nan"), True, False), (float("inf"), False, False), (True, False, False), ("5", False, False), (None, True, False),
+])
+def test_check_seconds_refuses_what_a_bare_comparison_lets_through(value, zero, ok) -> None:
+    """NaN passes ``value <= 0`` (every comparison with NaN is false) and a NaN or infinite timeout never expires."""
+    if ok:
+        assert contract.check_seconds("timeout_s", value, zero=zero) == float(value)
+    else:
+        with pytest.raises(ValueError, match=rf"^timeout_s must be {'>=' if zero else '>'} 0 seconds, got "):
+            contract.check_seconds("timeout_s", value, zero=zero)
+
+
+def test_the_agents_and_local_modes_duration_arguments_share_the_check() -> None:
+    """One NaN through each former hand-rolled check: each now names the argument."""
+    from spot_training.agent.imds import ImdsClient
+    from spot_training.agent.lease import VolumeLease
+    from spot_training.agent.retry import Deadline
+    from spot_training.local.drill import DrillOptions
+
+    cases = [(lambda: ImdsClient(timeout_s=float("nan")), "timeout_s"),
+             (lambda: VolumeLease(ec2=None, owner="i-1", settle_s=float("nan")), "settle_s"),
+             (lambda: Deadline(float("nan"), "mount"), "deadline for step 'mount'"),
+             (lambda: DrillOptions(timeout_s=float("nan")).validate(), "timeout_s")]
+    for make, name in cases:
+        with pytest.raises(ValueError, match=rf"^{re.escape(name)} must be >?=? ?0 seconds, got nan"):
+            make()

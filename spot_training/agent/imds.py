@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, TypeVar
 
 from spot_training.agent.errors import AgentError, ExitCode, TemporaryError
+from spot_training.contract import check_seconds
 
 DEFAULT_ENDPOINT = "http://169.254.169.254"
 ENDPOINT_ENV = "AWS_EC2_METADATA_SERVICE_ENDPOINT"
@@ -137,8 +138,7 @@ class ImdsClient:
             raise ValueError(f"attempts must be an integer >= 1, got {attempts!r}")
         if isinstance(token_ttl_s, bool) or not isinstance(token_ttl_s, int) or not 1 <= token_ttl_s <= 21600:
             raise ValueError(f"token_ttl_s must be an integer 1..21600 seconds, got {token_ttl_s!r}")
-        if timeout_s <= 0:
-            raise ValueError(f"timeout_s must be > 0 seconds, got {timeout_s!r}")
+        check_seconds("timeout_s", timeout_s)
         self.endpoint = resolve_endpoint(endpoint)
         self.timeout_s = timeout_s
         self.attempts = attempts

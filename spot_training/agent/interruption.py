@@ -27,7 +27,7 @@ from typing import Any, Callable, Iterable, Protocol
 from spot_training.agent.config import DEFAULT_NOTICE_POLL_INTERVAL_S
 from spot_training.agent.imds import ImdsClient, ImdsError, RebalanceRecommendation, SpotInstanceAction
 from spot_training.agent.logs import flush_logs
-from spot_training.contract import CLUSTER_MEMBER_TAG
+from spot_training.contract import CLUSTER_MEMBER_TAG, check_seconds
 
 log = logging.getLogger(__name__)
 
@@ -199,10 +199,8 @@ class InterruptionWatcher:
                  poll_interval_s: float = DEFAULT_NOTICE_POLL_INTERVAL_S, margin_s: float = DEFAULT_MARGIN_S,
                  clock: Callable[[], float] = time.monotonic, wall_clock: Callable[[], float] = time.time,
                  sync: Callable[[], None] = os.sync, flush: Callable[[], None] = flush_logs) -> None:
-        if poll_interval_s <= 0:
-            raise ValueError(f"poll_interval_s must be > 0 seconds, got {poll_interval_s!r}")
-        if margin_s < 0:
-            raise ValueError(f"margin_s must be >= 0 seconds, got {margin_s!r}")
+        check_seconds("poll_interval_s", poll_interval_s)
+        check_seconds("margin_s", margin_s, zero=True)
         self.monitors = list(monitors)
         self.control = control
         self.poll_interval_s = poll_interval_s

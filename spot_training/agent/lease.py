@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from spot_training.agent.errors import TemporaryError
-from spot_training.contract import LEASE_TAG  # tag keys: the contract's
+from spot_training.contract import LEASE_TAG, check_seconds  # tag keys: the contract's
 
 
 
@@ -113,12 +113,8 @@ class VolumeLease:
     ) -> None:
         if not owner or any(c.isspace() for c in owner):
             raise ValueError(f"lease owner must be a non-empty id without spaces, got {owner!r}")
-        for name, value in (("ttl_s", ttl_s), ("poll_s", poll_s)):
-            if value <= 0:
-                raise ValueError(f"{name} must be > 0 seconds, got {value!r}")
-        for name, value in (("settle_s", settle_s), ("wait_s", wait_s)):
-            if value < 0:
-                raise ValueError(f"{name} must be >= 0 seconds, got {value!r}")
+        for name, value in (("ttl_s", ttl_s), ("poll_s", poll_s), ("settle_s", settle_s), ("wait_s", wait_s)):
+            check_seconds(name, value, zero=name in ("settle_s", "wait_s"))
         self.ec2 = ec2
         self.owner = owner
         self.ttl_s = ttl_s

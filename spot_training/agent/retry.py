@@ -30,6 +30,7 @@ from botocore.config import Config
 from botocore.exceptions import ClientError, ConnectionError as BotocoreConnectionError, ReadTimeoutError
 
 from spot_training.agent.errors import TemporaryError
+from spot_training.contract import check_seconds
 
 T = TypeVar("T")
 
@@ -79,8 +80,7 @@ class Deadline:
     """
 
     def __init__(self, seconds: float, step: str, clock: Callable[[], float] = time.monotonic) -> None:
-        if seconds <= 0:
-            raise ValueError(f"deadline for step {step!r} must be > 0 seconds, got {seconds!r}")
+        check_seconds(f"deadline for step {step!r}", seconds)
         self.seconds = seconds
         self.step = step
         self._clock = clock

@@ -10,6 +10,7 @@ a test parses the imports). It owns only:
 - resource tag keys and values, environment variable names, file names, exit codes, ports, mount
   points (docs/contracts.md lists them for users);
 - :func:`write_json_atomic`, the one way every layer writes a JSON file that another process reads;
+- :func:`check_seconds`, the one check of a duration argument;
 - :func:`pid_alive`, the one way every layer asks whether a process (or process group) it recorded
   still exists.
 
@@ -384,6 +385,30 @@ def check(name: str, value: Any, *, label: Optional[str] = None) -> Any:
     if number < setting.minimum or (setting.maximum is not None and number > setting.maximum):
         raise SettingError(label, value, setting.allowed())
     return setting.kind(number)
+
+
+def check_seconds(name: str, value: Any, *, zero: bool = False) -> float:
+    """The one check of a duration argument (a timeout, an interval, a delay) in every layer.
+
+    A bool, a non-number, NaN and infinity are refused as well as the out-of-range values: NaN compares
+    false with everything, so a bare ``value <= 0`` lets it through, and a timeout of NaN or infinity
+    never expires.
+
+    Args:
+        name: how the error names the argument, e.g. ``"timeout_s"``.
+        value: the argument.
+        zero: 0 is allowed (a delay or a margin that may be none); default false (> 0).
+
+    Returns:
+        ``value`` as a float.
+
+    Raises:
+        ValueError: ``"<name> must be > 0 seconds, got <value>"`` (``>= 0`` with ``zero``).
+    """
+    if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
+            or value < 0 or (value == 0 and not zero)):
+        raise ValueError(f"{name} must be {'>=' if zero else '>'} 0 seconds, got {value!r}")
+    return float(value)
 
 
 # ---- files other processes read ------------------------------------------------------------------

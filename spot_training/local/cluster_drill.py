@@ -59,7 +59,7 @@ from spot_training.local.moto_server import MotoServer
 from spot_training.local.netns import Network
 from spot_training.local.nodes import LocalNode, NodeError, NodeRunner, launch_template_user_data, signal_group
 
-from spot_training.contract import COMPLETED_FILE  # noqa: E402
+from spot_training.contract import COMPLETED_FILE, check_seconds  # noqa: E402
 from spot_training.contract import STACK_TAG as STACK_TAG_KEY  # noqa: E402
 
 
@@ -152,8 +152,8 @@ class ClusterDrillOptions:
             raise ValueError(f"workers must be at most 7 (one more joins; the stack allows 8), got {self.workers}")
         if self.join_after_steps >= self.steps:
             raise ValueError(f"join_after_steps must be below steps={self.steps}, got {self.join_after_steps}")
-        if self.min_step_seconds < 0 or self.timeout_s <= 0:
-            raise ValueError(f"min_step_seconds must be >= 0 and timeout_s > 0, got {self.min_step_seconds!r}, {self.timeout_s!r}")
+        check_seconds("min_step_seconds", self.min_step_seconds, zero=True)
+        check_seconds("timeout_s", self.timeout_s)
         check_stack_and_framework(self.stack, self.framework, CLUSTER_FRAMEWORKS)
 
     @property

@@ -195,8 +195,7 @@ class DrillOptions:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
         if self.az_moves > self.interruptions and not self.random_az:
             raise ValueError(f"az_moves must be <= interruptions ({self.interruptions}), got {self.az_moves}")
-        if self.timeout_s <= 0:
-            raise ValueError(f"timeout_s must be > 0 seconds, got {self.timeout_s!r}")
+        contract.check_seconds("timeout_s", self.timeout_s)
         missing = [t for t in self.instance_types if not isinstance(self.on_demand_prices.get(t), (int, float))
                    or isinstance(self.on_demand_prices.get(t), bool) or self.on_demand_prices[t] <= 0]
         if not self.instance_types or missing:

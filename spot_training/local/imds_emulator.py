@@ -48,6 +48,8 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable, Mapping
 
+from spot_training.contract import check_seconds
+
 TOKEN_HEADER = "X-aws-ec2-metadata-token"
 TTL_HEADER = "X-aws-ec2-metadata-token-ttl-seconds"
 MAX_TTL_S = 21600
@@ -230,8 +232,7 @@ class ImdsEmulator:
         """
         if status is not None and not 400 <= status <= 599:
             raise ValueError(f"status must be an HTTP error status 400..599, got {status!r}")
-        if delay_s < 0:
-            raise ValueError(f"delay_s must be >= 0 seconds, got {delay_s!r}")
+        check_seconds("delay_s", delay_s, zero=True)
         with self._lock:
             self._fail_status, self._delay_s, self._fail_count = status, float(delay_s), count
 

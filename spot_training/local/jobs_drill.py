@@ -119,8 +119,7 @@ class JobsDrillOptions:
                              f"notice finds training running, got {self.steps}")
         if not 0 <= self.step_delay_s <= 1:
             raise ValueError(f"step_delay_s must be 0..1 seconds, got {self.step_delay_s!r}")
-        if self.timeout_s <= 0:
-            raise ValueError(f"timeout_s must be > 0 seconds, got {self.timeout_s!r}")
+        contract.check_seconds("timeout_s", self.timeout_s)
         if not self.instance_types or any(not isinstance(self.on_demand_prices.get(t), (int, float))
                                           or self.on_demand_prices[t] <= 0 for t in self.instance_types):
             raise ValueError(f"on_demand_prices must give a positive USD/hour for every instance type "

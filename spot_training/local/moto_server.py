@@ -36,6 +36,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from spot_training.contract import check_seconds
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 #: Fake credentials for the moto server: never real ones, so nothing can reach AWS by mistake.
@@ -91,8 +93,7 @@ class MotoServer:
     ) -> None:
         if host not in ("127.0.0.1", "localhost", "::1"):
             raise ValueError(f"host must be a loopback address (127.0.0.1), got host={host!r}")
-        if startup_timeout <= 0:
-            raise ValueError(f"startup_timeout must be > 0 seconds, got {startup_timeout!r}")
+        check_seconds("startup_timeout", startup_timeout)
         self.work_dir = Path(work_dir)
         self.host = host
         self._requested_port = port

@@ -1,13 +1,13 @@
 """A custom TensorFlow training loop (GradientTape) made resumable with TFCheckpointer; run by the tests.
 
-Same command line and CSV step log as spot_training/training/examples/keras_resnet.py, same model, so the two
-paths are tested alike. Deterministic: make_deterministic(seed), batches from the step number.
+The Keras example's CSV step log and progress file (spot_training.training.training_log) and model
+(spot_training/training/examples/keras_resnet.py), so the two paths are tested alike. Deterministic:
+make_deterministic(seed), batches from the step number.
 """
 
 from __future__ import annotations
 
 import argparse
-import csv
 import logging
 import os
 import sys
@@ -19,8 +19,9 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import numpy as np
 
-from spot_training.training.datasets import batch_indices, default_data_dir, default_log_dir, load_digits, steps_per_epoch
+from spot_training.training.datasets import batch_indices, default_data_dir, load_digits, steps_per_epoch
 from spot_training.training.notice import NoticeHandler
+from spot_training.training.training_log import TrainingLog
 
 
 def main() -> int:
@@ -56,23 +57,18 @@ def main() -> int:
     @tf.function
     def train_step(xb, yb):
         with tf.GradientTape() as tape:
-            loss = loss_fn(yb, model(xb, training=True))
+            logits = model(xb, training=True)
+            loss = loss_fn(yb, logits)
         optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
-        return loss
+        return loss, tf.reduce_mean(tf.cast(tf.equal(tf.cast(tf.argmax(logits, 1), yb.dtype), yb), tf.float32))
 
     ckpt = TFCheckpointer(model=model, optimizer=optimizer, every_steps=args.save_every_steps or None,
                           background=not args.sync, steps_per_epoch=spe, notices=notices)
-    log_path = default_log_dir() / "training_log.csv"
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    new = not log_path.exists()
-    with open(log_path, "a", newline="", buffering=1) as f:
-        writer = csv.writer(f)
-        if new:
-            writer.writerow(["step", "epoch", "loss", "wall_time"])
+    with TrainingLog(steps_total=args.epochs * spe) as log:
         for step in ckpt.steps(args.epochs * spe):
             idx = batch_indices(step, batch_size=bs, n=n, seed=args.seed)
-            loss = train_step(tf.constant(x[idx]), tf.constant(y[idx]))
-            writer.writerow([step + 1, step // spe, f"{float(loss):.6f}", f"{time.time():.3f}"])
+            loss, accuracy = train_step(tf.constant(x[idx]), tf.constant(y[idx]))
+            log.write(step + 1, step // spe, float(loss), float(accuracy))
             if args.step_delay:
                 time.sleep(args.step_delay)
     if args.save_final_weights:
