@@ -44,6 +44,7 @@ def test_region_hints_name_the_variable_boto3_reads() -> None:
         assert "/ AWS_REGION)" not in text and "set AWS_REGION" not in text and "AWS_REGION=us-east-1" not in text
 
 
+@pytest.mark.integration  # imports aws_cdk: jsii starts Node.js (tests/tier_guard.py)
 def test_preflight_without_credentials_exits_4_saying_so(monkeypatch: pytest.MonkeyPatch, tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
     for name in list(os.environ):
         if name.startswith("AWS_"):

@@ -7,6 +7,8 @@ import json
 import re
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text(encoding="utf-8")
 
@@ -68,6 +70,7 @@ def test_every_local_link_and_image_in_the_readme_exists() -> None:
     assert not absent, f"README.md links to missing files: {absent}"
 
 
+@pytest.mark.integration  # imports aws_cdk: jsii starts Node.js (tests/tier_guard.py)
 def test_context_key_tables_agree_with_the_contract() -> None:
     """Every context key whose default and limits the contract owns (spot_training.contract): the
     README row shows the contract's range, cdk.json holds the contract's default (or null, and the row
@@ -98,6 +101,7 @@ def test_context_key_tables_agree_with_the_contract() -> None:
     assert contract.EFS_MOUNT_POINT in " ".join(rows["efs"])
 
 
+@pytest.mark.integration  # imports aws_cdk: jsii starts Node.js (tests/tier_guard.py)
 def test_the_contract_check_of_the_readme_can_fail(monkeypatch) -> None:
     from spot_training import contract
 

@@ -54,7 +54,7 @@ from typing import Any
 from spot_training.local.deploy import ACCOUNT, AVAILABILITY_ZONES, LOCAL_IMAGE_ID, REGION, CdkCli, Clients, DeployedStack, \
     client, clients, destroy_and_check
 from spot_training.local.drill import EventLog, add_read_back, bootstrap_and_deploy, check_stack_and_framework, framework_python, \
-    fresh_work_dir, options_dict, table_on_demand_prices
+    check_on_demand_prices, fresh_work_dir, options_dict, table_on_demand_prices
 from spot_training.local.moto_server import MotoServer
 from spot_training.local.netns import Network
 from spot_training.local.nodes import LocalNode, NodeError, NodeRunner, launch_template_user_data, signal_group
@@ -154,6 +154,7 @@ class ClusterDrillOptions:
             raise ValueError(f"join_after_steps must be below steps={self.steps}, got {self.join_after_steps}")
         check_seconds("min_step_seconds", self.min_step_seconds, zero=True)
         check_seconds("timeout_s", self.timeout_s)
+        check_on_demand_prices(self.instance_types, self.on_demand_prices)
         check_stack_and_framework(self.stack, self.framework, CLUSTER_FRAMEWORKS)
 
     @property

@@ -196,11 +196,7 @@ class DrillOptions:
         if self.az_moves > self.interruptions and not self.random_az:
             raise ValueError(f"az_moves must be <= interruptions ({self.interruptions}), got {self.az_moves}")
         contract.check_seconds("timeout_s", self.timeout_s)
-        missing = [t for t in self.instance_types if not isinstance(self.on_demand_prices.get(t), (int, float))
-                   or isinstance(self.on_demand_prices.get(t), bool) or self.on_demand_prices[t] <= 0]
-        if not self.instance_types or missing:
-            raise ValueError(f"on_demand_prices must give a positive USD/hour for every instance type "
-                             f"{list(self.instance_types)}, got {self.on_demand_prices!r}")
+        check_on_demand_prices(self.instance_types, self.on_demand_prices)
         check_stack_and_framework(self.stack, self.framework, DRILL_FRAMEWORKS)
         if self.dataset_uri is not None:
             dataset_prefix(self.dataset_uri)
@@ -329,6 +325,25 @@ def table_on_demand_prices(instance_types: Collection[str]) -> dict[str, float]:
 
     table = load_table()
     return {t: table.on_demand[t] for t in instance_types if t in table.on_demand}
+
+
+def check_on_demand_prices(instance_types: Collection[str], on_demand_prices: Any) -> None:
+    """Check a drill's stated on-demand prices, an input of its cost report.
+
+    Args:
+        instance_types: the instance types that run (at least one).
+        on_demand_prices: USD/hour per instance type.
+
+    Raises:
+        ValueError: no instance type, or a type without a positive USD/hour number (a bool is none),
+            naming the types and the prices given.
+    """
+    prices = on_demand_prices if isinstance(on_demand_prices, dict) else {}
+    missing = [t for t in instance_types if isinstance(prices.get(t), bool)
+               or not isinstance(prices.get(t), (int, float)) or not prices[t] > 0]
+    if not instance_types or missing:
+        raise ValueError(f"on_demand_prices must give a positive USD/hour for every instance type "
+                         f"{list(instance_types)}, got {on_demand_prices!r}")
 
 
 def price_source(on_demand_prices: dict[str, float], instance_types: Collection[str]) -> dict[str, Any]:

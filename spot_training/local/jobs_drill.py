@@ -52,8 +52,10 @@ from spot_training.local.drill import (
     REPO_ROOT,
     EventLog,
     bootstrap_and_deploy,
+    check_on_demand_prices,
     fresh_work_dir,
     options_dict,
+    table_on_demand_prices,
     weights_match,
 )
 from spot_training.local.injector import LOG_NAME, Interruption, InterruptionInjector, read_training_log
@@ -102,7 +104,7 @@ class JobsDrillOptions:
     timeout_s: float = 600.0
     instance_types: tuple[str, ...] = ("g5.xlarge", "g4dn.xlarge")
     on_demand_prices: dict[str, float] = dataclasses.field(
-        default_factory=lambda: {"g5.xlarge": 1.006, "g4dn.xlarge": 0.526})
+        default_factory=lambda: table_on_demand_prices(("g5.xlarge", "g4dn.xlarge")))
     ebs_gb_month_price: float = 0.08
     snapshot_gb_month_price: float = 0.05
 
@@ -120,10 +122,7 @@ class JobsDrillOptions:
         if not 0 <= self.step_delay_s <= 1:
             raise ValueError(f"step_delay_s must be 0..1 seconds, got {self.step_delay_s!r}")
         contract.check_seconds("timeout_s", self.timeout_s)
-        if not self.instance_types or any(not isinstance(self.on_demand_prices.get(t), (int, float))
-                                          or self.on_demand_prices[t] <= 0 for t in self.instance_types):
-            raise ValueError(f"on_demand_prices must give a positive USD/hour for every instance type "
-                             f"{list(self.instance_types)}, got {self.on_demand_prices!r}")
+        check_on_demand_prices(self.instance_types, self.on_demand_prices)
         if not re.fullmatch(r"[A-Za-z][A-Za-z0-9-]{0,100}", self.stack):
             raise ValueError(f"stack must be a CloudFormation stack name (letters, digits, -; at most 101, so that "
                              f"the job ids <stack>-JobA fit), got {self.stack!r}")

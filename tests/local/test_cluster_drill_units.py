@@ -99,6 +99,10 @@ def test_cluster_drill_fails_on_any_shortfall(changes):
     ({"workers": 8}, r"workers must be at most 7"),
     ({"join_after_steps": 900}, r"join_after_steps must be below steps=800, got 900"),
     ({"stack": "9x"}, r"stack must be a CloudFormation stack name"),
+    ({"timeout_s": float("nan")}, r"timeout_s must be > 0 seconds, got nan"),
+    ({"min_step_seconds": -0.1}, r"min_step_seconds must be >= 0 seconds, got -0.1"),
+    # The cost read-back needs a price for every worker type that runs (the drills share the check).
+    ({"on_demand_prices": {"g5.xlarge": 1.0, "g4dn.xlarge": True}}, r"on_demand_prices must give a positive USD/hour"),
 ])
 def test_fails_when_cluster_drill_options_are_bad(changes, message):
     with pytest.raises(ValueError, match=message):
@@ -111,6 +115,7 @@ def test_cli_cluster_drill_rejects_bad_options_before_starting_anything(tmp_path
     assert not (tmp_path / "w").exists()
 
 
+@pytest.mark.integration  # the framework commands live in infra.config, which starts jsii's Node.js
 def test_the_deployed_trainer_command_carries_the_step_count():
     options = ClusterDrillOptions(steps=123)
     assert options.trainer_command()[:5] == ["{python}", "-m", "spot_training.training.distributed.mxnet_dist", "--steps", "123"]
@@ -119,6 +124,7 @@ def test_the_deployed_trainer_command_carries_the_step_count():
     assert context["cluster_workers"] == "2"
 
 
+@pytest.mark.integration  # the framework commands live in infra.config, which starts jsii's Node.js
 def test_pytorch_cluster_drill_deploys_torchelastic_with_its_own_interpreter():
     options = ClusterDrillOptions(framework="pytorch", steps=321)
     assert options.trainer_command()[:5] == ["{python}", "-m", "spot_training.training.distributed.torch_ddp", "--steps", "321"]

@@ -46,10 +46,20 @@ def test_options_name_the_jobs_and_spread_the_interruptions() -> None:
     ({"step_delay_s": 2.0}, "step_delay_s must be 0..1 seconds, got 2.0"),
     ({"stack": "bad_name"}, "stack must be a CloudFormation stack name"),
     ({"on_demand_prices": {"g5.xlarge": 1.0}}, "on_demand_prices must give a positive USD/hour for every instance type"),
+    ({"on_demand_prices": {"g5.xlarge": 1.0, "g4dn.xlarge": True}}, "on_demand_prices must give a positive USD/hour"),
+    ({"timeout_s": float("inf")}, "timeout_s must be > 0 seconds, got inf"),
 ])
 def test_bad_options_name_the_option(changes: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         JobsDrillOptions(**changes).validate()
+
+
+def test_the_jobs_drill_states_the_dated_tables_on_demand_prices() -> None:
+    """One price source for every drill: the jobs drill hard-coded its own copy of the table's prices."""
+    from spot_training.local.spot_prices import load_table
+
+    options = JobsDrillOptions()
+    assert options.on_demand_prices == {t: load_table().on_demand[t] for t in options.instance_types}
 
 
 def test_cli_jobs_drill_refuses_bad_options_before_starting_anything(capsys: pytest.CaptureFixture[str], tmp_path) -> None:

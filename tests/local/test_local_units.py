@@ -128,6 +128,7 @@ def test_weights_match_is_bitwise(tmp_path):
     assert not weights_match(tmp_path / "a.npz", tmp_path / "d.npz")
 
 
+@pytest.mark.integration  # imports aws_cdk: jsii starts Node.js (tests/tier_guard.py)
 def test_local_context_and_cli_env(tmp_path):
     context = local_context(training_command=["{python}", "x.py", "--epochs", "2"])
     assert context["account"] == "123456789012" and context["region"] == "us-east-1"
@@ -190,6 +191,7 @@ def test_down_fails_when_nothing_is_up(tmp_path, capsys):
     ("mxnet", "spot_training/training/examples/gluon_resnet.py", "--save-final-params"),
     ("pytorch", "spot_training/training/examples/torch_resnet.py", "--save-final-weights"),
 ])
+@pytest.mark.integration  # imports aws_cdk: jsii starts Node.js (tests/tier_guard.py)
 def test_drill_runs_the_command_the_stack_derives_from_the_framework(framework, script, option):
     from spot_training.infra.config import StackSettings
 

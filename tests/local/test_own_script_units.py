@@ -54,6 +54,7 @@ def test_code_dir_alone_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture
     assert not (tmp_path / "w").exists()
 
 
+@pytest.mark.integration  # imports aws_cdk: jsii starts Node.js (tests/tier_guard.py)
 def test_the_drills_work_dir_inside_the_code_dir_is_left_out_of_the_asset(tmp_path: Path) -> None:
     context = user_code_context(tmp_path, tmp_path / "out" / "demo")
     assert context["code_dir"] == str(tmp_path.resolve())
