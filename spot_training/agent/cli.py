@@ -329,8 +329,8 @@ def _supervise(config: AgentConfig, imds: Any, is_mounted: Callable[[], bool], p
 
     supervisor = Supervisor(config, is_mounted=is_mounted, run_as_current_user_if_missing=_local_mode(),
                             output=publisher.add_line if publisher is not None else None)
-    if not supervisor.completed():
-        supervisor.prepare_environment()
+    if not supervisor.workspace.completed():
+        supervisor.workspace.prepare_environment()
         if on_environment_ready is not None:
             on_environment_ready()
     watcher = InterruptionWatcher(imds_monitors(imds), supervisor, poll_interval_s=config.notice_poll_interval_s)

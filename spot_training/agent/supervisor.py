@@ -141,34 +141,6 @@ class Supervisor:
         self.starts = 0
         self.last_status: int | None = None
 
-    # ---- the workspace's, for callers of the supervisor ------------------------------------------
-    @property
-    def python(self) -> str:
-        """The trainer's interpreter (:attr:`Workspace.python`)."""
-        return self.workspace.python
-
-    @property
-    def request_file(self) -> Path:
-        """``<checkpoint_dir>/CHECKPOINT_REQUEST`` (SPOT_TRAINING_CHECKPOINT_REQUEST_FILE)."""
-        return self.workspace.request_file
-
-    @property
-    def completed_file(self) -> Path:
-        """``<checkpoint_dir>/COMPLETED``."""
-        return self.workspace.completed_file
-
-    def completed(self) -> bool:
-        """True when the trainer has written COMPLETED."""
-        return self.workspace.completed()
-
-    def prepare_code(self) -> Path:
-        """:meth:`Workspace.prepare_code`."""
-        return self.workspace.prepare_code()
-
-    def prepare_environment(self) -> str:
-        """:meth:`Workspace.prepare_environment`."""
-        return self.workspace.prepare_environment()
-
     # ---- running ----------------------------------------------------------------------------
     def start(self, workdir: Path) -> subprocess.Popen:
         """Start one trainer process in its own session/process group; returns the Popen."""
@@ -205,12 +177,12 @@ class Supervisor:
             TrainerFailedError: more than ``max_restarts`` consecutive crashes.
         """
         self.workspace.require_mounted()
-        if self.completed():
+        if self.workspace.completed():
             log.info("training already completed (COMPLETED found); not starting it",
-                     extra={"completed_file": str(self.completed_file)})
+                     extra={"completed_file": str(self.workspace.completed_file)})
             return Outcome.COMPLETED
-        workdir = self.prepare_code()
-        self.prepare_environment()
+        workdir = self.workspace.prepare_code()
+        self.workspace.prepare_environment()
         try:
             return self._supervise(workdir, watcher)
         except BaseException as exc:
@@ -237,8 +209,8 @@ class Supervisor:
             if self._stopped_by_us is not None:
                 log.info("trainer stopped by the agent", extra={"exit_status": status, "reason": self._stopped_by_us})
                 return self._stopped_outcome(watcher)
-            if status == 0 and self.completed():
-                log.info("training completed", extra={"run_s": round(ran_s, 1), "completed_file": str(self.completed_file)})
+            if status == 0 and self.workspace.completed():
+                log.info("training completed", extra={"run_s": round(ran_s, 1), "completed_file": str(self.workspace.completed_file)})
                 return Outcome.COMPLETED
             decision = trainer_exit_decision(status)
             if decision == TRAINER_GIVE_UP:
@@ -326,7 +298,7 @@ class Supervisor:
         # Written without following links the user planted (spot_training.agent.safepath); owned by the training
         # user, who deletes it when the checkpoint is saved.
         body = json.dumps({"reason": "rebalance-recommendation", "time": time.time()}).encode()
-        write_bytes_atomic(self.request_file, body, owner=self.workspace.owner())
+        write_bytes_atomic(self.workspace.request_file, body, owner=self.workspace.owner())
         return True
 
     def request_stop(self) -> None:

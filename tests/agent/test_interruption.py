@@ -106,7 +106,7 @@ def test_rebalance_recommendation_makes_the_trainer_save_an_extra_checkpoint(tmp
     # Exactly one extra checkpoint although the recommendation stayed up for many polls; training went on.
     assert kinds == ["start", "extra-checkpoint", "completed"]
     assert outcome == [Outcome.COMPLETED]
-    assert not sup.request_file.exists()  # the trainer consumed the request
+    assert not sup.workspace.request_file.exists()  # the trainer consumed the request
 
 
 @pytest.mark.integration

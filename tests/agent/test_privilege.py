@@ -171,7 +171,7 @@ def _source_repo(base: Path) -> tuple[Path, str]:
 def test_planted_git_hook_and_config_never_run_as_root(root):
     repo, _ = _source_repo(root)
     code = {"type": "git", "url": str(repo), "ref": "v1"}
-    workspace = supervisor(root, code).prepare_code()
+    workspace = supervisor(root, code).workspace.prepare_code()
     assert (workspace / "VERSION").read_text() == "1"
     # The training user plants a post-checkout hook and a core.fsmonitor command in the checkout.
     marks = root / "marks"
@@ -185,7 +185,7 @@ def test_planted_git_hook_and_config_never_run_as_root(root):
          cwd=workspace)
     os.lchown(workspace / ".git" / "config", pwd.getpwnam(USER).pw_uid, pwd.getpwnam(USER).pw_gid)
 
-    workspace = supervisor(root, dict(code, ref="v2")).prepare_code()  # the next boot switches refs
+    workspace = supervisor(root, dict(code, ref="v2")).workspace.prepare_code()  # the next boot switches refs
     assert (workspace / "VERSION").read_text() == "2"
     ran_as = [line for f in marks.iterdir() for line in f.read_text().split()]
     assert "0" not in ran_as, f"a planted command ran as root: {sorted(p.name for p in marks.iterdir())}"
@@ -203,7 +203,7 @@ def test_planted_workspace_symlink_is_not_followed_by_root(root):
     _git("checkout", "-q", "--detach", "v1", cwd=private)
     as_user(root / "volume" / "workspace", symlink_to=private)
     with pytest.raises(Exception) as info:
-        supervisor(root, {"type": "git", "url": str(repo), "ref": "v1"}).prepare_code()
+        supervisor(root, {"type": "git", "url": str(repo), "ref": "v1"}).workspace.prepare_code()
     assert getattr(info.value, "exit_code", None) == ExitCode.CONFIG
     owners = {os.lstat(os.path.join(d, n)).st_uid for d, dirs, files in os.walk(private) for n in dirs + files}
     assert owners == {0}  # nothing of root's checkout was given to the training user

@@ -311,29 +311,29 @@ def test_git_code_is_cloned_at_the_pinned_ref_idempotently(tmp_path):
 
     config = base_config(tmp_path, code={"type": "git", "url": str(repo), "ref": "v1"})
     sup = make_supervisor(tmp_path, config=config, env={"FAKE_STEPS": "1"})
-    workspace = sup.prepare_code()
+    workspace = sup.workspace.prepare_code()
     assert workspace == tmp_path / "dltraining" / "workspace"
     assert (workspace / "VERSION").read_text() == "1"
     inode = (workspace / ".git").stat().st_ino
-    assert make_supervisor(tmp_path, config=config).prepare_code() == workspace  # rerun: kept as is
+    assert make_supervisor(tmp_path, config=config).workspace.prepare_code() == workspace  # rerun: kept as is
     assert (workspace / ".git").stat().st_ino == inode
     assert sup.run() is Outcome.COMPLETED
     assert events(tmp_path)[0][4] == str(workspace)
 
     config["training"]["code"]["ref"] = v2  # a new pinned commit: fetched and switched
-    make_supervisor(tmp_path, config=config).prepare_code()
+    make_supervisor(tmp_path, config=config).workspace.prepare_code()
     assert (workspace / "VERSION").read_text() == "2"
 
     config["training"]["code"]["ref"] = "no-such-tag"
     with pytest.raises(ConfigError, match="training.code.ref: 'no-such-tag' cannot be checked out"):
-        make_supervisor(tmp_path, config=config).prepare_code()
+        make_supervisor(tmp_path, config=config).workspace.prepare_code()
     assert (workspace / "VERSION").read_text() == "2"  # the failed switch lost nothing
 
 
 def test_git_clone_needs_the_volume_mounted(tmp_path):
     config = base_config(tmp_path, code={"type": "git", "url": str(tmp_path / "repo"), "ref": "v1"})
     with pytest.raises(VolumeNotMountedError):
-        make_supervisor(tmp_path, config=config, is_mounted=lambda: False).prepare_code()
+        make_supervisor(tmp_path, config=config, is_mounted=lambda: False).workspace.prepare_code()
     assert not (tmp_path / "dltraining" / "workspace").exists()
 
 

@@ -189,7 +189,7 @@ def test_supervisor_reports_a_failed_build(tmp_path: Path, offline_pip: Path, mo
     supervisor = Supervisor(config, is_mounted=lambda: True, run_as_current_user_if_missing=True,
                             venv_attempts=2, venv_backoff_s=0.1)
     with pytest.raises(EnvironmentBuildFailed, match=r"spot-training-corrupt"):
-        supervisor.prepare_environment()
+        supervisor.workspace.prepare_environment()
 
 
 @pytest.mark.integration
@@ -199,7 +199,7 @@ def test_supervisor_reports_a_requirement_no_index_has_as_a_final_config_error(t
     supervisor = Supervisor(config, is_mounted=lambda: True, run_as_current_user_if_missing=True,
                             venv_attempts=3, venv_backoff_s=30.0)
     with pytest.raises(ConfigError, match=r"training.venv.requirements \['no-such-package-xyz'\]: .*retrying will not help"):
-        supervisor.prepare_environment()  # at once: no 30 s backoff
+        supervisor.workspace.prepare_environment()  # at once: no 30 s backoff
 
 
 def test_a_symlinked_environment_root_is_refused(tmp_path: Path) -> None:
@@ -212,7 +212,7 @@ def test_a_symlinked_environment_root_is_refused(tmp_path: Path) -> None:
     config = parse_config(_config(tmp_path, ["{python}", "-c", "pass"],
                                   {"requirements": ["x"], "root": str(tmp_path / "mnt" / "envs")}))
     with pytest.raises(ConfigError, match=r"training.venv.root: .* is not a plain directory"):
-        Supervisor(config, is_mounted=lambda: True, run_as_current_user_if_missing=True).prepare_environment()
+        Supervisor(config, is_mounted=lambda: True, run_as_current_user_if_missing=True).workspace.prepare_environment()
 
 
 def test_config_rejects_bad_venv_sections() -> None:
