@@ -357,7 +357,9 @@ def node_policy_statements(stack_tag_value: str, *, deployment_tag_value: str | 
         new_tags[f"aws:RequestTag/{DEPLOYMENT_TAG_KEY}"] = deployment_tag_value
     data = {"StringEquals": own}
     requested = {"StringEquals": new_tags}
-    identity_keys = [STACK_TAG_KEY, DEPLOYMENT_TAG_KEY]
+    # Tag writes on this deployment's resources that name neither identity tag: the one guard of both the
+    # retag and the untag statement, so a node can never move a resource to another stack or deployment.
+    keeps_identity = {**data, "ForAllValues:StringNotEquals": {"aws:TagKeys": [STACK_TAG_KEY, DEPLOYMENT_TAG_KEY]}}
     volume, snapshot, instance = _arn("volume/*"), _snapshot_arn(), _arn("instance/*")
     statements = [
         _describe_statement(),
@@ -379,28 +381,14 @@ def node_policy_statements(stack_tag_value: str, *, deployment_tag_value: str | 
                 }
             },
         ),
-        iam.PolicyStatement(
-            sid="RetagOwnResources",
-            actions=["ec2:CreateTags"],
-            resources=[volume, snapshot],
-            conditions={
-                **data,
-                "ForAllValues:StringNotEquals": {"aws:TagKeys": identity_keys},
-            },
-        ),
+        iam.PolicyStatement(sid="RetagOwnResources", actions=["ec2:CreateTags"], resources=[volume, snapshot],
+                            conditions=keeps_identity),
         # DeleteTags naming no tag deletes every tag (the stack tag too): only the agent's bookkeeping
         # tags, and only when named (Null: aws:TagKeys must be present).
-        iam.PolicyStatement(
-            sid="UntagOwnBookkeeping",
-            actions=["ec2:DeleteTags"],
-            resources=[volume, snapshot],
-            conditions={
-                **data,
-                "ForAllValues:StringNotEquals": {"aws:TagKeys": identity_keys},
-                "ForAllValues:StringEquals": {"aws:TagKeys": list(AGENT_BOOKKEEPING_TAG_KEYS)},
-                "Null": {"aws:TagKeys": "false"},
-            },
-        ),
+        iam.PolicyStatement(sid="UntagOwnBookkeeping", actions=["ec2:DeleteTags"], resources=[volume, snapshot],
+                            conditions={**keeps_identity,
+                                        "ForAllValues:StringEquals": {"aws:TagKeys": list(AGENT_BOOKKEEPING_TAG_KEYS)},
+                                        "Null": {"aws:TagKeys": "false"}}),
         # AttachVolume/DetachVolume are authorised on the volume and on the instance: the volume must
         # be this deployment's, the instance this stack's.
         iam.PolicyStatement(
