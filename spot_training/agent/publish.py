@@ -158,6 +158,10 @@ class Publisher:
         self.boot_time = boot_time if boot_time is not None else self.started
         self.max_buffered_lines = max_buffered_lines
         self.progress = progress
+        # StepsDone (the hang alarm's metric) is put only once the trainer has logged a step on this boot:
+        # before that the node is still preparing (volume, dataset, environment: a long dataset sync is no
+        # hang) or the script writes no training log at all; missing data does not breach the alarm.
+        self._steps_logged_this_boot = False
         self.warn_every_s = warn_every_s
         self._lock = threading.Lock()
         self._lines: collections.deque[tuple[int, str]] = collections.deque()
@@ -361,6 +365,7 @@ class Publisher:
         new = [r for r in rows if "step" in r]
         if new:
             last = new[-1]
+            self._steps_logged_this_boot |= any(r.get("wall_time", now) >= self.started for r in new)
             previous = self._last_published_step
             if previous is None:  # first round: count only the rows this boot's trainer wrote
                 done = sum(1 for r in new if r.get("wall_time", now) >= self.started)
@@ -377,9 +382,8 @@ class Publisher:
                                                             "boot_to_resume_s": round(seconds, 3)})
             self._last_row = last
             self._last_published_step = int(last["step"])
-            self.metric("StepsDone", done)
-        else:
-            self.metric("StepsDone", 0)
+        if self._steps_logged_this_boot:
+            self.metric("StepsDone", done if new else 0)
         if self._last_row is not None:
             self.metric("GlobalStep", self._last_row["step"])
             if "loss" in self._last_row:

@@ -215,7 +215,7 @@ CONTEXT_KEYS: tuple[ContextKey, ...] = (
     ContextKey("log_retention_days", 30, "days", "retention of the nodes' CloudWatch Logs group `/spot-training/<stack>`: one of " + ", ".join(map(str, LOG_RETENTION_DAYS))),
     ContextKey("monitoring_interval_s", None, "seconds", f"how often the agents publish, {_range('monitoring_interval_s')}; "
                f"default: the agent's ({contract.default('monitoring_interval_s'):g} s)"),
-    ContextKey("alarm_no_progress_minutes", 30, "minutes", "no training step for this long while a node runs raises the hang alarm, 1..1440"),
+    ContextKey("alarm_no_progress_minutes", 30, "minutes", "no training step for this long, once the trainer has logged one to training_log.csv on that node's boot, raises the hang alarm, 1..1440"),
     ContextKey("alarm_no_capacity_minutes", 60, "minutes", "the fleet below its target capacity this long raises the capacity alarm, 5..1440 (5-minute steps)"),
     ContextKey("notification_email", None, "-", "e-mail address told (SNS, encrypted topic) when training completes, fails, hangs or waits for capacity; default: no topic"),
 )

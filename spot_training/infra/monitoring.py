@@ -146,8 +146,8 @@ class TrainingMonitoring(constructs.Construct):
         self.alarms: list[cloudwatch.Alarm] = []
         self.no_progress_alarm = self._alarm(
             "NoProgress",
-            description=(f"{stack_tag_value}: no training step for {no_progress_minutes} min while a node runs "
-                         "(a hung trainer or agent); see spot-train status / logs"),
+            description=(f"{stack_tag_value}: no training step for {no_progress_minutes} min after the trainer's "
+                         "first on a node (a hung trainer or agent); see spot-train status / logs"),
             metric=self.metric("StepsDone", "Sum"),
             threshold=0,
             comparison=cloudwatch.ComparisonOperator.LESS_THAN_OR_EQUAL_TO_THRESHOLD,

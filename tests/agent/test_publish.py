@@ -298,3 +298,55 @@ def test_run_command_publishes_under_the_instance_id_stream(ec2, moto_server, tm
     assert texts.index("training completed") < texts.index("cancelled the spot fleet request and its instances (training completed)")
     assert _statistic(cloudwatch, "GlobalStep")[-1] == 20
     assert _statistic(cloudwatch, "Completed") == [1]
+
+
+class _FakeAws:
+    """Stands in for both clients in-process: records put_metric_data, accepts every log call."""
+
+    def __init__(self) -> None:
+        self.metrics: list[dict] = []
+
+    def put_metric_data(self, Namespace, MetricData):  # noqa: N803 - boto3's keyword names
+        self.metrics.extend(MetricData)
+        return {}
+
+    def __getattr__(self, name):
+        return lambda **kwargs: {"nextSequenceToken": "0"}
+
+
+def _steps_done(fake: _FakeAws) -> list[float]:
+    values = [m["Value"] for m in fake.metrics if m["MetricName"] == "StepsDone"]
+    fake.metrics.clear()
+    return values
+
+
+def _rows(log: Path, first: int, last: int, wall_time: float) -> None:
+    new = not log.exists()
+    with open(log, "a") as handle:
+        if new:
+            handle.write("step,epoch,loss,accuracy,wall_time\n")
+        handle.writelines(f"{s},0,1.0,0.5,{wall_time}\n" for s in range(first, last + 1))
+
+
+def test_the_hang_alarms_metric_waits_for_the_trainers_first_step_on_this_boot(tmp_path):
+    """StepsDone <= 0 for alarm_no_progress_minutes raises the hang alarm; missing data does not. A node
+    still preparing (a long dataset sync, an environment build) or a script that writes no training log
+    puts none; once the trainer logged a step on this boot, a round without a step puts 0."""
+    fake = _FakeAws()
+    publisher = _publisher(tmp_path, fake, fake)
+    log = publisher.log_dir / "training_log.csv"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    publisher.round()
+    assert _steps_done(fake) == []  # no training log yet: preparing, or a script without one
+    _rows(log, 1, 30, wall_time=publisher.started - 600)  # the previous boot's rows (a resumed job)
+    publisher.round()
+    publisher.round()
+    assert _steps_done(fake) == []
+    _rows(log, 31, 35, wall_time=publisher.started + 1)  # the trainer's first steps on this boot
+    publisher.round()
+    assert _steps_done(fake) == [5]
+    publisher.round()  # no step since: a hang starts to count
+    assert _steps_done(fake) == [0]
+    _rows(log, 36, 36, wall_time=publisher.started + 2)
+    publisher.round()
+    assert _steps_done(fake) == [1]
