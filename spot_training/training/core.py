@@ -67,6 +67,7 @@ from spot_training.training.store import (
     CheckpointError,
     CheckpointPathError,
     CheckpointStore,
+    MIN_KEEP,
     check_int,
     write_file,
 )
@@ -204,7 +205,7 @@ def add_checkpoint_arguments(parser: Any) -> None:
                         help=f"checkpoint cadence in steps (0: off; default: ${EVERY_STEPS_ENV} or {DEFAULT_EVERY_STEPS})")
     parser.add_argument("--save-every-seconds", type=float, default=None,
                         help=f"checkpoint cadence in seconds (default: ${EVERY_SECONDS_ENV} or off)")
-    parser.add_argument("--keep", type=int, default=DEFAULT_KEEP, help="checkpoints kept (>= 2)")
+    parser.add_argument("--keep", type=int, default=DEFAULT_KEEP, help=f"checkpoints kept (>= {MIN_KEEP}, default {DEFAULT_KEEP})")
     parser.add_argument("--sync", action="store_true", help="synchronous saves (default: background)")
     parser.add_argument("--data-dir", type=Path, default=None, help="default $SPOT_TRAINING_DATA_DIR")
     parser.add_argument("--checkpoint-dir", type=Path, default=None, help="default $SPOT_TRAINING_CHECKPOINT_DIR")
@@ -263,10 +264,12 @@ def check_checkpoint_arguments(parser: Any, args: Any) -> None:
         args: its parsed namespace.
 
     Raises:
-        SystemExit: 2, for ``--keep`` < 1 or a negative ``--save-every-steps``.
+        SystemExit: 2, for ``--keep`` below :data:`~spot_training.training.store.MIN_KEEP` (2) or a negative
+            ``--save-every-steps``.
     """
-    if args.keep < 1:
-        parser.error(f"--keep must be >= 1, got {args.keep}")
+    if args.keep < MIN_KEEP:
+        parser.error(f"--keep must be >= {MIN_KEEP} (a corrupt newest checkpoint needs an older one to fall back to), "
+                     f"got {args.keep}")
     if args.save_every_steps is not None and args.save_every_steps < 0:
         parser.error(f"--save-every-steps must be >= 0 (0 turns step-based saves off), got {args.save_every_steps}")
 

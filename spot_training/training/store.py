@@ -112,6 +112,8 @@ def is_stale_temp(path: Path, *, now: float | None = None) -> bool:
 FORMAT = "spot-training-checkpoint"
 FORMAT_VERSION = 1
 FRAMEWORKS = ("tensorflow", "mxnet", "pytorch", "numpy")
+#: The fewest checkpoints a store keeps: a corrupt newest one always has an older one to fall back to.
+MIN_KEEP = 2
 _HASH_CHUNK = 4 * 1024 * 1024
 
 
@@ -301,7 +303,7 @@ class CheckpointStore:
     ) -> None:
         if framework not in FRAMEWORKS:
             raise ValueError(f"framework must be one of {FRAMEWORKS}. Received: framework={framework!r}")
-        self.keep = check_int("keep", keep, 2)
+        self.keep = check_int("keep", keep, MIN_KEEP)
         self.framework = framework
         self.framework_version = str(framework_version)
         self.log = logger or logging.getLogger("spot_training.training.store")
