@@ -264,14 +264,21 @@ def check_checkpoint_arguments(parser: Any, args: Any) -> None:
         args: its parsed namespace.
 
     Raises:
-        SystemExit: 2, for ``--keep`` below :data:`~spot_training.training.store.MIN_KEEP` (2) or a negative
-            ``--save-every-steps``.
+        SystemExit: 2, for ``--keep`` below :data:`~spot_training.training.store.MIN_KEEP` (2) or a cadence outside
+            the contract's range (``checkpoint_every_steps``, ``checkpoint_every_seconds``) other than 0 (off).
     """
     if args.keep < MIN_KEEP:
         parser.error(f"--keep must be >= {MIN_KEEP} (a corrupt newest checkpoint needs an older one to fall back to), "
                      f"got {args.keep}")
-    if args.save_every_steps is not None and args.save_every_steps < 0:
-        parser.error(f"--save-every-steps must be >= 0 (0 turns step-based saves off), got {args.save_every_steps}")
+    # The cadence flags take the contract's range, the one the agent's environment variables are checked
+    # against, or 0 (off): a negative, NaN or too large value exits here, not in the driver as a crash.
+    for flag, setting in (("save_every_steps", "checkpoint_every_steps"), ("save_every_seconds", "checkpoint_every_seconds")):
+        value = getattr(args, flag)
+        if value is not None and value != 0:
+            try:
+                contract.check(setting, value, label=f"--{flag.replace('_', '-')}")
+            except contract.SettingError as error:
+                parser.error(f"{error}, or 0 (off)")
 
 
 def check_positive_arguments(parser: Any, args: Any, *names: str) -> None:

@@ -87,7 +87,9 @@ def test_the_examples_length_flags_default_and_exclude_each_other(capsys) -> Non
     (["--threads", "0"], "--threads must be >= 1, got 0"),
     # The store refuses fewer than 2; the flag said so in its help but let 1 through to a traceback.
     (["--keep", "1"], "--keep must be >= 2 (a corrupt newest checkpoint needs an older one to fall back to), got 1"),
-    (["--save-every-steps", "-2"], "--save-every-steps must be >= 0"),
+    (["--save-every-steps", "-2"], "--save-every-steps: got -2; allowed: an integer"),
+    (["--save-every-seconds", "nan"], "--save-every-seconds: got nan; allowed: a number"),
+    (["--save-every-seconds", "0.5"], "--save-every-seconds: got 0.5; allowed: a number"),
 ])
 def test_a_bad_flag_exits_2_naming_it(argv, message, capsys) -> None:
     with pytest.raises(SystemExit) as exit_info:
