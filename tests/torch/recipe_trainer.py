@@ -5,7 +5,7 @@ accumulation, early stopping with ``break``. The tests run it as a subprocess; e
 
 Usage: recipe_trainer.py CHECKPOINT_DIR DATA_DIR [--steps N] [--workers K] [--persistent] [--pin]
 [--accumulate K] [--stop-at S] [--optimizer sgd|adamw] [--batch-size B] [--step-delay S]
-[--random-dataset] [--final FILE]
+[--random-dataset] [--final FILE] [--log-dir DIR]
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from spot_training.training.datasets import load_digits
 from spot_training.training.torch_adapter import TorchCheckpointer
+from spot_training.training.training_log import TrainingLog
 
 
 class NoisyDigits(Dataset):
@@ -55,6 +56,7 @@ def main() -> None:
     p.add_argument("--every-steps", type=int, default=10)
     p.add_argument("--random-dataset", action="store_true")
     p.add_argument("--final", default=None, help="write the final model and optimizer state here (.npz)")
+    p.add_argument("--log-dir", default=None, help="write the recipe's optional progress files (TrainingLog) here")
     args = p.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     torch.set_num_threads(1)
@@ -74,9 +76,14 @@ def main() -> None:
                         num_workers=args.workers, persistent_workers=args.persistent and args.workers > 0,
                         pin_memory=args.pin)
     loss_fn = nn.CrossEntropyLoss()
+    log = TrainingLog(args.log_dir, steps_total=args.steps) if args.log_dir else None  # the docs' "Progress" lines
     for step, (xb, yb) in ckpt.steps(args.steps, loader):
-        loss = loss_fn(model(xb), yb) / args.accumulate
+        logits = model(xb)
+        loss = loss_fn(logits, yb) / args.accumulate
         loss.backward()
+        if log is not None:
+            log.write(step + 1, epoch=step // (len(ds) // args.batch_size), loss=loss.item(),
+                      accuracy=float((logits.argmax(1) == yb).float().mean()))
         if (step + 1) % args.accumulate == 0:
             optimizer.step()
             optimizer.zero_grad()

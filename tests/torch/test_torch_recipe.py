@@ -4,6 +4,7 @@ group (spot_training/agent/supervisor.py ``terminate``), DataLoader workers incl
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -92,12 +93,17 @@ def test_gradient_accumulation_resumes_bitwise_from_a_mid_accumulation_notice(tm
 
 def test_early_stop_with_finish_commits_the_step_and_completed(tmp_path, digits_dir):
     ckpt_dir = tmp_path / "ckpt"
-    first = run(ckpt_dir, digits_dir, "--steps", "40", "--stop-at", "14", "--finish-on-stop")
+    logs = tmp_path / "logs"  # the docs' optional progress lines (TrainingLog)
+    first = run(ckpt_dir, digits_dir, "--steps", "40", "--stop-at", "14", "--finish-on-stop", "--log-dir", str(logs))
     assert first.returncode == 0, first.stderr[-2000:]
     assert latest_step(ckpt_dir) == 15  # steps 0..14 ran: 15 completed
     assert (ckpt_dir / "COMPLETED").is_file()
-    again = run(ckpt_dir, digits_dir, "--steps", "40", "--stop-at", "14", "--finish-on-stop")
+    again = run(ckpt_dir, digits_dir, "--steps", "40", "--stop-at", "14", "--finish-on-stop", "--log-dir", str(logs))
     assert again.returncode == 0 and "step " not in again.stdout, again.stdout[-500:]
+    rows = (logs / "training_log.csv").read_text().splitlines()
+    assert rows[0] == "step,epoch,loss,accuracy,wall_time" and [r.split(",")[0] for r in rows[1:]] == [
+        str(s) for s in range(1, 16)]
+    assert json.loads((logs / "progress.json").read_text()) == {"steps_total": 40}
 
 
 def test_early_stop_with_a_bare_break_is_refused_loudly(tmp_path, digits_dir):
