@@ -10,7 +10,8 @@
   rebalance recommendations, volume moves), notice->checkpoint and boot->resume seconds, running
   instances by type and Availability Zone, and the alarms;
 - alarms: *no progress* (``StepsDone`` summed per minute is 0 for ``no_progress_minutes`` minutes
-  while an agent publishes; no data, i.e. no instance running, is not breaching), *no spot capacity*
+  while an agent publishes it, from its trainer's first logged step on that boot; no data, i.e. no
+  instance running or none past that step, is not breaching), *no spot capacity*
   (the fleet's ``AWS/EC2Spot`` ``TargetCapacity`` minus ``FulfilledCapacity`` above 0 for
   ``no_capacity_minutes``; SageMaker's ``MaxWaitTimeInSeconds`` idea, but an alarm instead of a stop),
   *completed* and *failed* (the agents' ``Completed`` / ``TrainerFailed`` metrics);
