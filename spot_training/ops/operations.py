@@ -358,14 +358,15 @@ def job_fleet_id(aws: Aws, job: str) -> str | None:
 
 
 def data_volumes(aws: Aws, stack: str) -> list[dict[str, Any]]:
-    """The stack's data volume(s) (both stack tags), with id, AZ, size (GiB), type, state, attachment.
+    """The stack's data volume(s): the volumes carrying both tags (stack and ``purpose=data-volume``).
 
     Args:
         aws: the clients.
         stack: the stack's tag value.
 
     Returns:
-        one dict per volume.
+        one dict per volume: ``volume_id``, ``availability_zone``, ``size_gib``, ``volume_type`` (None
+        where EC2 gives none), ``state``, ``create_time`` (UTC datetime), ``attached_to`` (instance ids).
 
     Raises:
         OperationsError: the call failed.
@@ -378,14 +379,15 @@ def data_volumes(aws: Aws, stack: str) -> list[dict[str, Any]]:
 
 
 def snapshots(aws: Aws, stack: str) -> list[dict[str, Any]]:
-    """The stack's snapshots (owned by this account): id, source volume size (GiB), start time.
+    """The stack's snapshots owned by this account (the stack tag; migration and periodic ones alike).
 
     Args:
         aws: the clients.
         stack: the stack's tag value.
 
     Returns:
-        one dict per snapshot.
+        one dict per snapshot: ``snapshot_id``, ``size_gib`` (the source volume's size), ``start_time``
+        (UTC datetime).
 
     Raises:
         OperationsError: the call failed.
