@@ -44,7 +44,7 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from spot_training.agent.cluster_state import ClusterSettings  # noqa: E402
+from spot_training.agent.cluster_state import ClusterConfig  # noqa: E402
 from spot_training.agent.process_group import ProcessGroup, descendants  # noqa: E402
 from spot_training.agent.torch_elastic import torchrun_argv  # noqa: E402
 from spot_training.contract import TORCHRUN_ENV  # noqa: E402
@@ -116,7 +116,7 @@ class _Cluster:
         self.root, self.ctx, self.save_every = root, ctx, save_every
         self.port = _free_port()
         self.groups: dict[str, ProcessGroup] = {}
-        self.settings = ClusterSettings(state_dir=root / "state", num_servers=0, min_workers=1, max_workers=len(NODES))
+        self.settings = ClusterConfig(state_dir=root / "state", num_servers=0, min_workers=1, max_workers=len(NODES))
 
     def env(self, node: str) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("SPOT_TRAINING_", "TORCHELASTIC_"))}

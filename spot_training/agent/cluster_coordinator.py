@@ -38,7 +38,7 @@ import logging
 import time
 from typing import Any, Callable, Mapping
 
-from spot_training.agent.cluster_state import (CHECKPOINT, COMPLETED, RUNNING, TEARDOWN, WAITING, ClusterSettings, ClusterState,
+from spot_training.agent.cluster_state import (CHECKPOINT, COMPLETED, RUNNING, TEARDOWN, WAITING, ClusterConfig, ClusterState,
                                      Plan, make_plan)
 
 log = logging.getLogger("spot_training.agent.cluster")
@@ -51,14 +51,14 @@ class Coordinator:
 
     Args:
         state: the cluster's state files (:class:`ClusterState`).
-        settings: the validated ``cluster`` section (:class:`ClusterSettings`).
+        settings: the validated ``cluster`` section (:class:`ClusterConfig`).
         framework: ``mxnet`` or ``tensorflow``.
         node_id: the scheduler node itself (always the plan's scheduler).
         completed: returns True once the trainer wrote ``COMPLETED``.
         clock: wall-clock seconds (heartbeats from other nodes carry wall time; default ``time.time``).
     """
 
-    def __init__(self, state: ClusterState, settings: ClusterSettings, *, framework: str, node_id: str,
+    def __init__(self, state: ClusterState, settings: ClusterConfig, *, framework: str, node_id: str,
                  completed: Callable[[], bool], clock: Callable[[], float] = time.time) -> None:
         self.state, self.settings, self.framework, self.node_id = state, settings, framework, node_id
         self.completed, self.clock = completed, clock

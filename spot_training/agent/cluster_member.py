@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
-from spot_training.agent.cluster_state import ClusterSettings, ClusterState
+from spot_training.agent.cluster_state import ClusterConfig, ClusterState
 from spot_training.agent.imds import ImdsError
 from spot_training.agent.interruption import (DEFAULT_MARGIN_S, IMDS_FORBIDDEN, REBALANCE_RECOMMENDATION,
                                               SPOT_INTERRUPTION, poll_events, stop_wait_s)
@@ -32,7 +32,7 @@ class ClusterMember:
     """Shared state and steps of a cluster node's agent.
 
     Args:
-        settings: the validated ``cluster`` section (:class:`ClusterSettings`).
+        settings: the validated ``cluster`` section (:class:`ClusterConfig`).
         role: ``scheduler``, ``server`` or ``worker``.
         node_id: the instance id.
         host: the private IPv4 address.
@@ -49,10 +49,10 @@ class ClusterMember:
         preexec_user: ``(uid, gid, groups)`` to drop privileges to, or None.
         clock: wall-clock seconds (heartbeats are compared across nodes).
         sleep: sleeps the given seconds.
-        port: the address's port (default: the role's, :meth:`ClusterSettings.port_for`).
+        port: the address's port (default: the role's, :meth:`ClusterConfig.port_for`).
     """
 
-    def __init__(self, settings: ClusterSettings, *, role: str, node_id: str, host: str, python: str,
+    def __init__(self, settings: ClusterConfig, *, role: str, node_id: str, host: str, python: str,
                  environ: Mapping[str, str], workdir: Path, checkpoint_dir: Path, dataset_dir: Path | None,
                  log_dir: Path, monitors: Iterable[Any], monitor_interval_s: float, netns: str | None,
                  preexec_user: tuple[int, int, list[int]] | None, clock: Callable[[], float],

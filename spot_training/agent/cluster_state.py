@@ -40,7 +40,7 @@ from spot_training.contract import (CLUSTER_MEMBER_TAG, DEFAULT_CLUSTER_KILL_GRA
                             MAX_TORCH_SHUTDOWN_TIMEOUT_S, shown as _shown,
                             MAX_TORCH_NPROC_PER_NODE, MAX_WORKERS, SETTINGS, write_json_atomic)
 
-__all__ = ["ClusterSettings", "ClusterState", "Plan", "make_plan", "settings_from_config", "read_json",
+__all__ = ["ClusterConfig", "ClusterState", "Plan", "make_plan", "settings_from_config", "read_json",
            "write_json_atomic", "write_state_json", "valid_record", "SCHEMAS", "RUNNING",
            "CHECKPOINT", "TEARDOWN", "WAITING", "COMPLETED", "PLAN_STATES",
            "CLUSTER_ROLES", "PORTS"]
@@ -56,8 +56,10 @@ CLUSTER_ROLES = ("scheduler", "server", "worker")
 
 # ---- settings -------------------------------------------------------------------------------------
 @dataclass(frozen=True)
-class ClusterSettings:
-    """The config's ``cluster`` section (docs/contracts.md).
+class ClusterConfig:
+    """The node config's ``cluster`` section (docs/contracts.md), named like the agent's other sections
+    (:class:`~spot_training.agent.config.AgentConfig`'s ``*Config``); the stack's side, the ``cluster_*``
+    context keys, is ``spot_training.infra.ClusterSettings``.
 
     state_dir: the EFS directory for registrations, heartbeats and the plan (absolute).
     num_servers: parameter servers per generation (>= 1). min_workers: fewest workers to train with
@@ -100,7 +102,7 @@ class ClusterSettings:
 _TAG_KEY = re.compile(r"(?!aws:)[^\x00-\x1f]{1,128}", re.IGNORECASE)
 
 
-def settings_from_config(section: Mapping[str, Any] | None, *, framework: str | None = None) -> ClusterSettings:
+def settings_from_config(section: Mapping[str, Any] | None, *, framework: str | None = None) -> ClusterConfig:
     """Validate the ``cluster`` section of the node config.
 
     Every problem is reported in one ConfigError (exit 78) naming ``cluster.<key>``, the value and what
@@ -121,7 +123,7 @@ def settings_from_config(section: Mapping[str, Any] | None, *, framework: str | 
         raise ConfigError(f"cluster: got {_shown(section)}; a cluster node (node_role scheduler/server/worker) needs a "
                           "'cluster' object with at least state_dir and num_servers")
     problems: list[str] = []
-    known = set(ClusterSettings.__dataclass_fields__)
+    known = set(ClusterConfig.__dataclass_fields__)
     for key in section:
         if key not in known:
             shown = key if isinstance(key, str) and len(key) <= 80 and key.isprintable() else _shown(key)
@@ -169,7 +171,7 @@ def settings_from_config(section: Mapping[str, Any] | None, *, framework: str | 
         else:
             values["member_tag"] = section["member_tag"]
     if not problems:
-        settings = ClusterSettings(**values)
+        settings = ClusterConfig(**values)
         if settings.min_workers > settings.max_workers:
             problems.append(f"cluster.min_workers: got {settings.min_workers}; expected at most max_workers ({settings.max_workers})")
         elif settings.heartbeat_timeout_s <= 2 * settings.heartbeat_interval_s:

@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterable, Mapping
 from spot_training.agent import launch
 from spot_training.agent.cluster_coordinator import Coordinator
 from spot_training.agent.cluster_member import ClusterMember
-from spot_training.agent.cluster_state import CHECKPOINT, CLUSTER_ROLES, COMPLETED, RUNNING, TEARDOWN, WAITING, ClusterSettings, Plan
+from spot_training.agent.cluster_state import CHECKPOINT, CLUSTER_ROLES, COMPLETED, RUNNING, TEARDOWN, WAITING, ClusterConfig, Plan
 from spot_training.agent.errors import give_up_error
 from spot_training.agent.process_group import ProcessGroup
 from spot_training.contract import TRAINER_GIVE_UP, trainer_exit_decision
@@ -60,7 +60,7 @@ class NodeAgent(ClusterMember):
     :meth:`run` returns ``"completed"`` (the trainer wrote COMPLETED) or ``"left"`` (this worker left).
     """
 
-    def __init__(self, settings: ClusterSettings, *, framework: str, role: str, node_id: str, host: str,
+    def __init__(self, settings: ClusterConfig, *, framework: str, role: str, node_id: str, host: str,
                  training_argv: list[str], python: str, environ: Mapping[str, str], workdir: Path,
                  checkpoint_dir: Path, dataset_dir: Path, log_dir: Path, monitors: Iterable[Any] = (),
                  monitor_interval_s: float = 5.0, netns: str | None = None,

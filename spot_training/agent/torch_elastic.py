@@ -53,7 +53,7 @@ from typing import Any, Callable, Iterable, Mapping
 
 from spot_training import contract
 from spot_training.agent.cluster_member import ClusterMember
-from spot_training.agent.cluster_state import ClusterSettings, read_json, valid_record, write_json_atomic, write_state_json
+from spot_training.agent.cluster_state import ClusterConfig, read_json, valid_record, write_json_atomic, write_state_json
 from spot_training.agent.errors import give_up_error
 from spot_training.agent.process_group import ProcessGroup
 from spot_training.agent.safepath import UnsafePathError, list_directory, open_directory, unlink
@@ -82,7 +82,7 @@ TORCHRUN_ENV = dict(contract.TORCHRUN_ENV)
 LAST_CALL_TIMEOUT_S = 3
 
 
-def torchrun_argv(*, python: str, settings: ClusterSettings, endpoint: str, run_id: str, local_addr: str,
+def torchrun_argv(*, python: str, settings: ClusterConfig, endpoint: str, run_id: str, local_addr: str,
                   training_argv: list[str]) -> list[str]:
     """The worker's torchrun command (``python -m torch.distributed.run``, i.e. ``torchrun``).
 
@@ -193,7 +193,7 @@ class _Base(ClusterMember):
     """What both roles share beyond :class:`ClusterMember`: the rendezvous files and one process run
     under an epoch."""
 
-    def __init__(self, settings: ClusterSettings, **kwargs: Any) -> None:
+    def __init__(self, settings: ClusterConfig, **kwargs: Any) -> None:
         super().__init__(settings, role=self.role, **kwargs)
         self.rdzv = RendezvousState(settings.state_dir)
         self.running: _Proc | None = None
@@ -295,7 +295,7 @@ class TorchCoordinator(_Base):
 
     role = "scheduler"
 
-    def __init__(self, settings: ClusterSettings, *, node_id: str, host: str, python: str, environ: Mapping[str, str],
+    def __init__(self, settings: ClusterConfig, *, node_id: str, host: str, python: str, environ: Mapping[str, str],
                  workdir: Path, checkpoint_dir: Path, log_dir: Path, netns: str | None = None,
                  preexec_user: tuple[int, int, list[int]] | None = None, bind_host: str = "0.0.0.0",
                  clock: Callable[[], float] = time.time, sleep: Callable[[float], None] = time.sleep) -> None:
@@ -397,7 +397,7 @@ class TorchWorker(_Base):
 
     role = "worker"
 
-    def __init__(self, settings: ClusterSettings, *, node_id: str, host: str, python: str, training_argv: list[str],
+    def __init__(self, settings: ClusterConfig, *, node_id: str, host: str, python: str, training_argv: list[str],
                  run_id_prefix: str, environ: Mapping[str, str], workdir: Path, checkpoint_dir: Path,
                  dataset_dir: Path, log_dir: Path, monitors: Iterable[Any] = (), monitor_interval_s: float = 5.0,
                  netns: str | None = None, preexec_user: tuple[int, int, list[int]] | None = None,

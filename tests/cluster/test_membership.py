@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from spot_training.agent.cluster_coordinator import Coordinator
-from spot_training.agent.cluster_state import (CHECKPOINT, COMPLETED, RUNNING, TEARDOWN, WAITING, ClusterSettings, ClusterState,
+from spot_training.agent.cluster_state import (CHECKPOINT, COMPLETED, RUNNING, TEARDOWN, WAITING, ClusterConfig, ClusterState,
                                      settings_from_config)
 from spot_training.agent.interruption import MemberTagMonitor
 from spot_training.agent.errors import ConfigError
@@ -27,7 +27,7 @@ class World:
 
     def __init__(self, root: Path, framework: str = "mxnet") -> None:
         self.clock = Clock()
-        self.settings = ClusterSettings(state_dir=root, num_servers=2, heartbeat_timeout_s=10.0, debounce_s=3.0,
+        self.settings = ClusterConfig(state_dir=root, num_servers=2, heartbeat_timeout_s=10.0, debounce_s=3.0,
                                         stop_timeout_s=60.0)
         self.state = ClusterState(root)
         self.done = False

@@ -25,7 +25,7 @@ from spot_training.agent.cluster_state import ClusterState, Plan, make_plan
 from spot_training.agent.safepath import UnsafePathError
 from spot_training.agent.process_group import ProcessGroup
 from spot_training.agent.torch_elastic import RendezvousState, TorchWorker
-from spot_training.agent.cluster_state import ClusterSettings
+from spot_training.agent.cluster_state import ClusterConfig
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root: the agent's situation on a node")
 USER = "nobody"
@@ -152,8 +152,8 @@ def test_planted_fifo_rendezvous_does_not_block_the_agent(efs):
 
 
 # ---- typed records --------------------------------------------------------------------------------
-def _settings(tmp_path: Path) -> ClusterSettings:
-    return ClusterSettings(state_dir=tmp_path / "cluster", num_servers=0, heartbeat_interval_s=0.2,
+def _settings(tmp_path: Path) -> ClusterConfig:
+    return ClusterConfig(state_dir=tmp_path / "cluster", num_servers=0, heartbeat_interval_s=0.2,
                            heartbeat_timeout_s=2.0, kill_grace_s=1.0, stop_timeout_s=5.0)
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from spot_training.agent.cluster_state import ClusterSettings, settings_from_config
+from spot_training.agent.cluster_state import ClusterConfig, settings_from_config
 from spot_training.agent.errors import ConfigError
 from spot_training.agent.torch_elastic import RendezvousState, TorchCoordinator, TorchWorker, torchrun_argv
 
@@ -23,13 +23,13 @@ def _coordinator_publishes(state: RendezvousState, worker: TorchWorker, *, host:
     state.publish(host=host, port=9000, epoch=epoch, node_id=node_id, since=0)
 
 
-def _settings(tmp_path: Path, **kw) -> ClusterSettings:
-    return ClusterSettings(state_dir=tmp_path / "cluster", num_servers=0, heartbeat_interval_s=0.2,
+def _settings(tmp_path: Path, **kw) -> ClusterConfig:
+    return ClusterConfig(state_dir=tmp_path / "cluster", num_servers=0, heartbeat_interval_s=0.2,
                            heartbeat_timeout_s=2.0, kill_grace_s=1.0, stop_timeout_s=5.0, **kw)
 
 
 def test_torchrun_argv_has_the_elastic_flags():
-    s = ClusterSettings(state_dir=Path("/x"), num_servers=0, min_workers=2, max_workers=5, torch_max_restarts=9,
+    s = ClusterConfig(state_dir=Path("/x"), num_servers=0, min_workers=2, max_workers=5, torch_max_restarts=9,
                         torch_shutdown_timeout_s=60.0, torch_nproc_per_node=4)
     argv = torchrun_argv(python="/p", settings=s, endpoint="10.0.0.1:9000", run_id="Stack-3", local_addr="10.0.0.7",
                          training_argv=["/p", "-m", "train", "--steps", "5"])
