@@ -365,21 +365,20 @@ class Publisher:
         new = [r for r in rows if "step" in r]
         if new:
             last = new[-1]
-            self._steps_logged_this_boot |= any(r.get("wall_time", now) >= self.started for r in new)
+            fresh = [r for r in new if r.get("wall_time", now) >= self.started]  # rows this boot's trainer wrote
+            self._steps_logged_this_boot |= bool(fresh)
             previous = self._last_published_step
-            if previous is None:  # first round: count only the rows this boot's trainer wrote
-                done = sum(1 for r in new if r.get("wall_time", now) >= self.started)
+            if previous is None:  # first round: count only the fresh rows
+                done = len(fresh)
             else:
                 done = max(0, int(last["step"]) - previous)
-            if not self._resume_measured:
-                fresh = [r for r in new if r.get("wall_time", now) >= self.started]
-                if fresh:
-                    self._resume_measured = True
-                    if int(fresh[0]["step"]) > 1:  # a resumed run, not the first start
-                        seconds = max(0.0, fresh[0].get("wall_time", now) - self.boot_time)
-                        self.metric("BootToResumeSeconds", seconds)
-                        log.info("training resumed", extra={"event": "resumed", "step": int(fresh[0]["step"]),
-                                                            "boot_to_resume_s": round(seconds, 3)})
+            if fresh and not self._resume_measured:
+                self._resume_measured = True
+                if int(fresh[0]["step"]) > 1:  # a resumed run, not the first start
+                    seconds = max(0.0, fresh[0].get("wall_time", now) - self.boot_time)
+                    self.metric("BootToResumeSeconds", seconds)
+                    log.info("training resumed", extra={"event": "resumed", "step": int(fresh[0]["step"]),
+                                                        "boot_to_resume_s": round(seconds, 3)})
             self._last_row = last
             self._last_published_step = int(last["step"])
         if self._steps_logged_this_boot:
