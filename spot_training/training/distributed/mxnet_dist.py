@@ -17,9 +17,9 @@ step races the first gradient push in MXNet 1.9.1).
 Stopping together. A ``dist_sync`` step needs every worker; a worker that stops alone leaves the
 others hanging in the kvstore. So before each step the workers sum a stop flag through the kvstore
 (one extra 4-byte push/pull on key ``STOP_KEY``): if any worker got SIGTERM, all of them stop at the
-same step, rank 0 writes the checkpoint, and every worker exits 0. After the last step rank 0 writes
-the final checkpoint and ``COMPLETED``, evaluates on the held-out digits and writes
-``<log_dir>/result.json`` (``step``, ``test_accuracy``, ``generation``, ``num_workers``). Workers then
+same step, rank 0 writes the checkpoint, and every worker exits 0. After the last step rank 0
+evaluates on the held-out digits, writes ``<log_dir>/result.json`` (``step``, ``test_accuracy``,
+``generation``, ``num_workers``), then the final checkpoint and ``COMPLETED``. Workers then
 leave with ``os._exit`` (see :func:`run`): ps-lite's exit barrier can hang.
 """
 
@@ -137,10 +137,11 @@ def main(argv=None) -> int:
             log.info("stop agreed by the workers: rank %d exits at step %d (checkpoint by rank 0)", rank, ckpt.step)
             return 0
         if rank == 0:
-            ckpt.finish()
+            # result.json before COMPLETED, whose appearance makes the coordinator tear the generation down.
             accuracy = float((net(mx.nd.array(x_test)).argmax(axis=1).asnumpy() == y_test).mean())
             write_result(args.log_dir, {"step": ckpt.step, "test_accuracy": accuracy, "generation": generation(),
                                         "num_workers": num_workers, "framework": "mxnet"})
+            ckpt.finish()
             log.info("done at step %d: test accuracy %.4f", ckpt.step, accuracy)
         return 0
     finally:

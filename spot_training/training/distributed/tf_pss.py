@@ -17,7 +17,8 @@ only writer; synchronous ``tf.train.Checkpoint`` write of the PS variables throu
 honoured at the next join: save, exit 0. A lost worker is tolerated (its closures run elsewhere and a
 worker restarted at the same address rejoins); a lost parameter server makes ``join`` raise, the chief
 exits 1 and the agents start the next generation from the newest checkpoint. After the last step:
-final checkpoint, ``COMPLETED``, test accuracy on the held-out digits in ``<log_dir>/result.json``.
+test accuracy on the held-out digits in ``<log_dir>/result.json``, then the final checkpoint and
+``COMPLETED`` (last: the coordinator tears the generation down when it appears).
 """
 
 from __future__ import annotations
@@ -127,11 +128,13 @@ def main(argv=None) -> int:
             if left > 0:
                 time.sleep(left)
         ckpt.step = step
-        ckpt.finish()
+        # result.json before COMPLETED: the coordinator tears the generation down as soon as COMPLETED
+        # appears, and the evaluation reads the variables from the parameter servers.
         logits = model(tf.constant(x_test), training=False)
         accuracy = float(np.mean(np.argmax(np.asarray(logits), axis=1) == y_test))
         write_result(args.log_dir, {"step": step, "test_accuracy": accuracy, "generation": generation(),
                                     "num_workers": num_workers, "framework": "tensorflow"})
+        ckpt.finish()
         log.info("done at step %d: test accuracy %.4f", step, accuracy)
         return 0
     finally:
